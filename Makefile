@@ -1,0 +1,36 @@
+# The two set-up commands of README.md: `make demo` and `make test`. Each installs what it needs.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.aerie-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo bench stack clean
+
+# torch==2.13.0 first: on these machines that is the local CPU wheel; any other spec would pull
+# gigabytes of CUDA wheels. The [train] extra pins the same version so nothing replaces it.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,train]'
+	@$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.13.0' else f'torch {v} crept in; expected 2.13.0')"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The whole suite, slow tests included. pytest's exit 5 (no tests collected) is not a failure.
+test: install
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m orchestrator.demo
+
+bench: install
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,424 @@
+"""Silent-failure detectors: pure functions over one sample window.
+
+Every detector takes a :class:`Window` (what the probes saw over the last minutes, already
+JSON-shaped so recorded traces replay byte for byte) and the job's :class:`HealthConfig`, and
+returns a :class:`Verdict` or ``None``. Nothing here reads files, clocks or processes, so the
+same code runs live in the agent, in trace replays and in synthetic unit tests.
+
+Verdicts are kept disjoint on purpose, so that a fault gets one name:
+
+* ``silent.hang``: no step for too long. Evidence ``state`` is ``"busy"`` when some accelerator
+  still works (a collective or a kernel spinning) and ``"idle"`` when all are quiet (a stopped
+  or blocked process).
+* ``silent.gpu_idle``: one accelerator idle for ``gpu_idle_s`` while its peers work *and steps
+  still complete* (a wasted device); once steps stop it is the hang detector's case.
+* ``silent.nic_stall``: a NIC's throughput collapses against its own recent median while steps
+  slow, corroborated by the network itself (link down, TCP retransmissions, or steps that
+  still crawl); a collapse explained by a stopped or busy-spinning rank is left to the hang.
+* ``loss.nan`` / ``loss.spike``: non-finite loss; a robust (median/MAD) z-score held for
+  ``spike_steps`` steps.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from statistics import median
+from typing import Any
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Thresholds from the job spec's ``health`` section (env ``AERIE_HEALTH``)."""
+
+    hang_floor_s: float = 30.0  # never call a hang sooner than this
+    hang_factor: float = 5.0  # ... nor sooner than this many p95 step times
+    startup_grace_s: float = 60.0  # no silent.* verdict this soon after the node started
+    first_step_timeout_s: float = 300.0  # a job that never completes step 1 hangs after this
+    pause_max_s: float = 1800.0  # a checkpoint/eval open longer than this is stuck, not paused
+    heartbeat_s: float = 5.0
+    sample_s: float = 1.0
+    window_s: float = 300.0  # how much history the monitor keeps per series
+    busy_util: float = 50.0  # % above which a stalled accelerator counts as "busy"
+    gpu_idle_util: float = 5.0  # % below which an accelerator counts as idle
+    gpu_work_util: float = 10.0  # % (median of peers) above which peers count as working
+    gpu_idle_s: float = 20.0
+    nic_drop_ratio: float = 0.1  # collapse = below this fraction of the recent median
+    nic_window_s: float = 20.0  # ... held for this long
+    nic_baseline_s: float = 120.0  # the recent median looks back this far
+    nic_min_bps: float = 256 * 1024  # baselines below this are too quiet to judge
+    nic_min_retrans: int = 5  # TCP retransmissions in the window that corroborate a stall
+    spike_z: float = 6.0
+    spike_steps: int = 3
+    spike_min_rel: float = 0.1  # ... and at least this far above the median (a flat loss has a tiny MAD)
+    spike_baseline: int = 50  # steps the median/MAD is taken over
+    spike_min_baseline: int = 20  # no spike verdict before this many steps
+
+    @classmethod
+    def from_dict(cls, health: dict | None) -> "HealthConfig":
+        """Known keys override defaults; unknown keys (other detectors' options) are ignored."""
+        health = health or {}
+        known = {f.name: f.type for f in fields(cls)}
+        kwargs = {}
+        for key, value in health.items():
+            if key in known and value is not None:
+                kwargs[key] = int(value) if key in ("spike_steps", "spike_baseline", "spike_min_baseline",
+                                                    "nic_min_retrans") else float(value)
+        return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    message: str
+    evidence: dict  # strict JSON (no NaN); always holds the "window" the verdict was taken on
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", jsonable(self.evidence))
+
+
+def jsonable(x: Any) -> Any:
+    """Strict JSON: NaN/inf become strings (PostgreSQL's jsonb and ``allow_nan=False`` reject them)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    return x
+
+
+@dataclass
+class Window:
+    """What the probes saw, JSON-shaped (string keys) so traces store and replay it as is.
+
+    ``steps`` holds training steps only, ``[t, step, loss, step_s]`` per rank; ``pauses`` the
+    closed checkpoint/eval intervals ``[t_begin, t_end]``; ``open`` the ones still running.
+    """
+
+    now: float
+    started_at: float
+    accel: dict[str, list[list[float]]] = field(default_factory=dict)  # index -> [[t, util %]]
+    nics: dict[str, list[list[float]]] = field(default_factory=dict)  # iface -> [[t, bytes/s]]
+    nic_state: dict[str, str] = field(default_factory=dict)  # iface -> operstate
+    retrans: list[list[float]] = field(default_factory=list)  # [[t, TCP RetransSegs total]]
+    steps: dict[str, list[list]] = field(default_factory=dict)  # rank -> [[t, step, loss, step_s]]
+    open: dict[str, dict[str, float]] = field(default_factory=dict)  # rank -> {"checkpoint": t0}
+    pauses: list[list[float]] = field(default_factory=list)
+    processes: list[dict] = field(default_factory=list)  # [{"rank", "pid", "state", "cpu"}]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Window":
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _since(series: list, t0: float) -> list:
+    return [s for s in series if s[0] >= t0]
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _as_loss(x: Any) -> float | None:
+    """Losses arrive as numbers, ``NaN`` tokens, or strings like ``"nan"``; ``None`` = not logged."""
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def step_times(w: Window) -> list[float]:
+    """Step durations: ``step_s`` when the trainer logs it, else gaps between consecutive steps
+    that do not straddle a checkpoint/eval pause."""
+    out: list[float] = []
+    for series in w.steps.values():
+        prev_t = None
+        for t, _step, _loss, step_s in series:
+            if _finite(step_s) and step_s >= 0:
+                out.append(float(step_s))
+            elif prev_t is not None and not any(prev_t <= b and e <= t for b, e in w.pauses):
+                out.append(t - prev_t)
+            prev_t = t
+    return out
+
+
+def _in_pause(w: Window, cfg: HealthConfig) -> bool:
+    """Inside a checkpoint/eval window (of any rank) that has not run past ``pause_max_s``."""
+    return any(w.now - t0 < cfg.pause_max_s for opened in w.open.values() for t0 in opened.values())
+
+
+def _last_pause_end(w: Window) -> float:
+    return max((e for _b, e in w.pauses), default=-math.inf)
+
+
+def _in_grace(w: Window, cfg: HealthConfig) -> bool:
+    return w.now - w.started_at < cfg.startup_grace_s
+
+
+def _stopped_processes(w: Window) -> list[dict]:
+    return [p for p in w.processes if p.get("state") in ("stopped", "zombie", "dead", "gone")]
+
+
+def _median_util(w: Window, t0: float, t1: float = math.inf) -> dict[str, float]:
+    out = {}
+    for idx, series in w.accel.items():
+        vals = [u for t, u in series if t0 <= t <= t1]
+        if vals:
+            out[idx] = median(vals)
+    return out
+
+
+def _nic_rates(w: Window, t0: float) -> dict[str, float]:
+    return {name: median([b for _t, b in _since(s, t0)]) for name, s in w.nics.items() if _since(s, t0)}
+
+
+def _window_evidence(w: Window, seconds: float) -> dict:
+    """The slice of the window a verdict was taken on (bounded, so evidence stays small)."""
+    t0 = w.now - seconds
+    return {
+        "now": w.now,
+        "started_at": w.started_at,
+        "accel": {k: _since(v, t0) for k, v in w.accel.items()},
+        "nics": {k: _since(v, t0) for k, v in w.nics.items()},
+        "nic_state": dict(w.nic_state),
+        "retrans": _since(w.retrans, t0),
+        "steps": {k: v[-20:] for k, v in w.steps.items()},
+        "open": dict(w.open),
+        "pauses": w.pauses[-5:],
+        "processes": list(w.processes),
+    }
+
+
+def _last_step_ts(w: Window) -> dict[str, float]:
+    return {r: s[-1][0] for r, s in w.steps.items() if s}
+
+
+def hang_threshold(w: Window, cfg: HealthConfig) -> tuple[float, float | None]:
+    p95 = percentile(step_times(w), 95)
+    return max(cfg.hang_floor_s, cfg.hang_factor * p95 if p95 is not None else 0.0), p95
+
+
+# ----------------------------------------------------------------------------- detectors
+
+
+def detect_hang(w: Window, cfg: HealthConfig) -> Verdict | None:
+    if _in_grace(w, cfg) or _in_pause(w, cfg):
+        return None
+    last = _last_step_ts(w)
+    if not last:  # before the first step: start-up (compile, rendezvous, data) is allowed longer
+        since, limit, p95 = w.started_at, cfg.first_step_timeout_s, None
+    else:
+        limit, p95 = hang_threshold(w, cfg)
+        since = min(last.values())  # the stalest rank: collectives wait for the slowest
+    since = max(since, _last_pause_end(w))  # a checkpoint/eval that just ended restarts the clock
+    stalled = w.now - since
+    if stalled <= limit:
+        return None
+    look = max(since, w.now - 30.0)
+    utils = _median_util(w, look)
+    before = _median_util(w, since - 30.0, since)
+    # Busy = still working as hard as while training (or past busy_util): on a shared host a
+    # spinning rank may get far less than a whole core, but it does not drop to nothing.
+    busy = sorted(i for i, u in utils.items()
+                  if u >= max(cfg.gpu_idle_util, min(cfg.busy_util, 0.5 * before.get(i, math.inf))))
+    idle = sorted(i for i, u in utils.items() if u < cfg.gpu_idle_util)
+    state = "busy" if busy else "idle"
+    stopped = _stopped_processes(w)
+    stalest = min(last, key=last.get) if last else None
+    last_step = w.steps[stalest][-1][1] if stalest is not None else None
+    why = ("accelerators busy while no step completes (hung collective or spinning kernel)"
+           if state == "busy" else "accelerators idle (stalled or blocked process)")
+    if stopped:
+        why += f"; stopped/gone: ranks {[p.get('rank') for p in stopped]}"
+    stuck = sorted({what for opened in w.open.values() for what in opened})
+    if stuck:
+        why += f"; {'/'.join(stuck)} open for over {cfg.pause_max_s:.0f}s"
+    return Verdict(
+        "silent.hang",
+        f"no step for {stalled:.0f}s (limit {limit:.0f}s, last step {last_step}); {why}",
+        {
+            "state": state,
+            "stalled_s": round(stalled, 3),
+            "limit_s": round(limit, 3),
+            "step_time_p95": p95,
+            "last_step": last_step,
+            "stalest_rank": stalest,
+            "util": utils,
+            "util_before": before,
+            "busy": busy,
+            "idle": idle,
+            "nic_bps": _nic_rates(w, look),
+            "stopped": stopped,
+            "window": _window_evidence(w, 60.0),
+        },
+    )
+
+
+def detect_gpu_idle(w: Window, cfg: HealthConfig) -> Verdict | None:
+    if _in_grace(w, cfg) or _in_pause(w, cfg) or len(w.accel) < 2:
+        return None
+    t0 = w.now - cfg.gpu_idle_s
+    if any(b <= w.now and e >= t0 for b, e in w.pauses):
+        return None  # only rank 0 works during a checkpoint or eval
+    if not any(t >= t0 for t in _last_step_ts(w).values()):
+        return None  # steps stopped: that is a hang, reported with idle/busy evidence there
+    covered = {i: s for i, s in w.accel.items() if s and s[0][0] <= t0 + cfg.sample_s}
+    for idx, series in covered.items():
+        recent = [u for _t, u in _since(series, t0)]
+        if not recent or max(recent) >= cfg.gpu_idle_util:
+            continue
+        peers = [u for j, s in w.accel.items() if j != idx for _t, u in _since(s, t0)]
+        if peers and median(peers) >= cfg.gpu_work_util:
+            return Verdict(
+                "silent.gpu_idle",
+                f"accelerator {idx} below {cfg.gpu_idle_util:g}% for {cfg.gpu_idle_s:g}s "
+                f"while its peers work (median {median(peers):.0f}%)",
+                {"index": idx, "util": max(recent), "peers_median": median(peers),
+                 "window": _window_evidence(w, cfg.gpu_idle_s + 10)},
+            )
+    return None
+
+
+def _retrans_rates(w: Window, t_recent: float) -> tuple[float, float]:
+    """TCP retransmissions during the recent window, and the background rate per second before it
+    (on a shared namespace other connections retransmit too; only a rise counts)."""
+    recent = [s for s in w.retrans if s[0] >= t_recent]
+    before = [s for s in w.retrans if s[0] <= t_recent]
+    delta = (recent[-1][1] - recent[0][1]) if len(recent) >= 2 else 0.0
+    if before and recent:
+        delta = recent[-1][1] - before[-1][1]
+    base = 0.0
+    if len(before) >= 2 and before[-1][0] > before[0][0]:
+        base = (before[-1][1] - before[0][1]) / (before[-1][0] - before[0][0])
+    return delta, base
+
+
+def detect_nic_stall(w: Window, cfg: HealthConfig) -> Verdict | None:
+    if _in_grace(w, cfg) or _in_pause(w, cfg):
+        return None
+    t_recent = w.now - cfg.nic_window_s
+    last = _last_step_ts(w)
+    if not last or any(e >= t_recent for _b, e in w.pauses):
+        return None  # no traffic is expected while checkpointing/evaluating, nor just after
+    # Steps slow: the current gap, or the recent steps, well beyond the usual step time.
+    times = step_times(w)
+    typical = median(times) if times else None
+    gap = w.now - min(last.values())
+    recent_steps = [s for series in w.steps.values() for s in series if s[0] >= t_recent]
+    slowed = typical is not None and gap > max(3 * typical, cfg.nic_window_s / 2)
+    crawling = False
+    if typical and recent_steps:
+        recent_times = [s[3] for s in recent_steps if _finite(s[3])]
+        crawling = bool(recent_times) and median(recent_times) > 3 * typical
+    if not (slowed or crawling):
+        return None
+    # A stall explained by the ranks themselves is a hang, not the network's fault.
+    if _stopped_processes(w):
+        return None
+    utils = _median_util(w, t_recent)
+    if utils and max(utils.values()) >= cfg.gpu_work_util and min(utils.values()) < cfg.gpu_idle_util:
+        return None
+    retrans_delta, retrans_base = _retrans_rates(w, t_recent)
+    retrans_up = retrans_delta >= cfg.nic_min_retrans and retrans_delta > 3 * retrans_base * cfg.nic_window_s
+    for name, series in w.nics.items():
+        base = [b for t, b in series if w.now - cfg.nic_baseline_s <= t < t_recent]
+        cur = _since(series, t_recent)
+        if len(base) < 5 or not cur or cur[0][0] > t_recent + cfg.sample_s:
+            continue
+        base_med = median(base)
+        cur_max = max(b for _t, b in cur)
+        if base_med < cfg.nic_min_bps or cur_max >= cfg.nic_drop_ratio * base_med:
+            continue
+        link = w.nic_state.get(name, "unknown")
+        corroborated = []
+        if link not in ("up", "unknown"):
+            corroborated.append(f"link {link}")
+        if retrans_up:
+            corroborated.append(f"{retrans_delta:.0f} TCP retransmissions")
+        if recent_steps:
+            corroborated.append("steps still crawl")
+        if not corroborated:
+            continue
+        return Verdict(
+            "silent.nic_stall",
+            f"{name} throughput {cur_max:.0f} B/s for {cfg.nic_window_s:g}s against its median "
+            f"{base_med:.0f} B/s while steps slow ({', '.join(corroborated)})",
+            {"interface": name, "current_bps": cur_max, "baseline_bps": base_med, "link": link,
+             "retrans": retrans_delta, "step_gap_s": round(gap, 3), "typical_step_s": typical,
+             "window": _window_evidence(w, cfg.nic_window_s + 40)},
+        )
+    return None
+
+
+def detect_loss_nan(w: Window, cfg: HealthConfig) -> Verdict | None:
+    for rank, series in sorted(w.steps.items()):
+        for t, step, loss, _s in series:
+            value = _as_loss(loss)
+            if value is not None and not math.isfinite(value):
+                return Verdict(
+                    "loss.nan",
+                    f"rank {rank} logged a non-finite loss ({loss}) at step {step}",
+                    {"rank": rank, "step": step, "loss": str(loss), "t": t,
+                     "window": {"steps": {rank: series[-20:]}, "now": w.now}},
+                )
+    return None
+
+
+def _robust_z(values: list[float], x: float) -> float:
+    med = median(values)
+    mad = median([abs(v - med) for v in values])
+    scale = 1.4826 * mad or 1e-3 * abs(med) or 1e-12
+    return (x - med) / scale
+
+
+def detect_loss_spike(w: Window, cfg: HealthConfig) -> Verdict | None:
+    n = cfg.spike_steps
+    for rank, series in sorted(w.steps.items()):
+        losses = [(s[1], v) for s in series if (v := _as_loss(s[2])) is not None and math.isfinite(v)]
+        if len(losses) < cfg.spike_min_baseline + n:
+            continue
+        tail = losses[-n:]
+        base = [v for _s, v in losses[-(n + cfg.spike_baseline):-n]]
+        zs = [_robust_z(base, v) for _s, v in tail]
+        floor = median(base) + cfg.spike_min_rel * abs(median(base))
+        if min(zs) > cfg.spike_z and min(v for _s, v in tail) > floor:
+            return Verdict(
+                "loss.spike",
+                f"rank {rank} loss spiked for {n} steps (z {min(zs):.1f}..{max(zs):.1f} > {cfg.spike_z:g}) "
+                f"at step {tail[-1][0]}, baseline median {median(base):.4g}",
+                {"rank": rank, "steps": [s for s, _v in tail], "losses": [v for _s, v in tail],
+                 "z": [round(z, 2) for z in zs], "baseline_median": median(base),
+                 "window": {"steps": {rank: series[-(n + cfg.spike_baseline):]}, "now": w.now}},
+            )
+    return None
+
+
+DETECTORS = (detect_loss_nan, detect_loss_spike, detect_nic_stall, detect_gpu_idle, detect_hang)
+
+
+def detect_all(window: Window | dict, cfg: HealthConfig) -> list[Verdict]:
+    """Every verdict the window supports, most specific cause first."""
+    w = window if isinstance(window, Window) else Window.from_dict(window)
+    return [v for d in DETECTORS if (v := d(w, cfg)) is not None]

@@ -1,0 +1,179 @@
+"""The node's monitor: samples every probe once per tick, keeps bounded windows, runs detectors.
+
+``Monitor`` is what the supervisor drives (``tick`` every ``sample_s``, ``summary`` into each
+heartbeat). ``Observations`` is the probe-free half: it folds one tick's samples into ring
+buffers and cuts :class:`agent.detect.Window`s, so recorded traces replay through exactly the
+code that runs live (:func:`replay`).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from statistics import median
+from typing import Iterable
+
+from agent.detect import HealthConfig, Verdict, Window, detect_all, percentile, step_times
+from agent.probes.gpu import CpuAcceleratorProbe, NvmlProbe, RankProcesses, make_accelerator_probe
+from agent.probes.nic import NicProbe, interfaces_from_resourceconfig
+from agent.probes.progress import ProgressProbe
+from agent.ring import Ring
+
+ACCEL_SPAN_S = 90.0  # accelerator history handed to detectors (hang looks back 30 s, evidence 60 s)
+STEPS_PER_RANK = 200  # steps handed to detectors (p95 step time, spike baseline)
+
+
+class Observations:
+    """Ring buffers of one node's samples; ``add`` one tick, ``window`` for the detectors."""
+
+    def __init__(self, progress: ProgressProbe, cfg: HealthConfig):
+        self.cfg = cfg
+        maxlen = max(16, int(cfg.window_s / max(cfg.sample_s, 0.05)) + 1)
+        self.maxlen = maxlen
+        self.progress = progress
+        self.accel: dict[str, Ring] = {}
+        self.nics: dict[str, Ring] = {}
+        self.nic_state: dict[str, str] = {}
+        self.retrans = Ring(maxlen)
+        self.processes: list[dict] = []
+
+    def add(self, sample: dict, ingest_records: bool = False) -> None:
+        """Fold one tick (the shape :meth:`Monitor.sample` returns and traces store)."""
+        now = sample["now"]
+        for idx, util in sample.get("accel", {}).items():
+            if util is not None:
+                self.accel.setdefault(str(idx), Ring(self.maxlen)).append(now, float(util))
+        for name, rate in sample.get("nics", {}).items():
+            self.nics.setdefault(name, Ring(self.maxlen)).append(now, rate["rx_bps"] + rate["tx_bps"])
+        self.nic_state.update(sample.get("nic_state", {}))
+        if sample.get("retrans") is not None:
+            self.retrans.append(now, sample["retrans"])
+        self.processes = sample.get("processes", [])
+        if ingest_records:  # replay: live records were already folded in by the progress probe
+            for rec in sample.get("records", []):
+                self.progress.ingest(rec)
+
+    def window(self, now: float, started_at: float) -> Window:
+        accel_t0 = now - ACCEL_SPAN_S
+        nic_t0 = now - self.cfg.nic_baseline_s - 10.0
+        return Window(
+            now=now,
+            started_at=started_at,
+            accel={k: [list(s) for s in r.since(accel_t0)] for k, r in self.accel.items()},
+            nics={k: [list(s) for s in r.since(nic_t0)] for k, r in self.nics.items()},
+            nic_state=dict(self.nic_state),
+            retrans=[list(s) for s in self.retrans.since(nic_t0)],
+            steps={str(r): list(s)[-STEPS_PER_RANK:] for r, s in self.progress.steps.items()},
+            open={str(r): dict(o) for r, o in self.progress.open.items() if o},
+            pauses=[list(p) for p in self.progress.pauses],
+            processes=list(self.processes),
+        )
+
+
+class Monitor:
+    """Probes + detectors for one node. ``tick`` returns only verdict kinds not reported before."""
+
+    def __init__(self, *, node_dir: Path, metrics_dir: Path, health: dict, interfaces: list[str] | None = None,
+                 host: str = "", sample_s: float = 1.0, started_at: float | None = None,
+                 accelerator: str = "auto", sys_root: Path | str = "/sys", proc_root: Path | str = "/proc"):
+        health = dict(health or {})
+        health.setdefault("sample_s", sample_s)
+        self.cfg = HealthConfig.from_dict(health)
+        self.host = host
+        self.node_dir = Path(node_dir)
+        self.started_at = time.time() if started_at is None else started_at
+        self.processes = RankProcesses(self.node_dir / "ranks")
+        maxlen = max(16, int(self.cfg.window_s / max(self.cfg.sample_s, 0.05)) + 1)
+        accelerator = health.get("accelerator", accelerator)
+        if accelerator == "cpu":
+            self.accel = CpuAcceleratorProbe(self.processes, maxlen)
+        elif accelerator == "nvml":
+            self.accel = NvmlProbe(maxlen)
+        else:
+            self.accel = make_accelerator_probe(self.processes, maxlen)
+        if interfaces is None:  # AERIE_ML_ROOT/agent is the node dir; resourceconfig sits beside it
+            interfaces = interfaces_from_resourceconfig(
+                self.node_dir.parent / "input" / "config" / "resourceconfig.json")
+        self.nic = NicProbe(interfaces, sys_root=sys_root, proc_root=proc_root, maxlen=maxlen)
+        self.obs = Observations(ProgressProbe(Path(metrics_dir), maxlen=max(maxlen, STEPS_PER_RANK)), self.cfg)
+        self.last_sample: dict | None = None
+        self.last_window: Window | None = None
+        self._accel_latest: list[dict] = []
+        self._nic_latest: dict[str, dict] = {}
+        self.reported: dict[str, Verdict] = {}
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(self, now: float) -> dict:
+        """Sample every probe once; the result is also what traces record."""
+        procs = self.processes.sample(now)
+        self._accel_latest = self.accel.sample(now, procs)
+        self._nic_latest = self.nic.sample(now)
+        retrans = self.nic.retrans.last()
+        return {
+            "now": now,
+            "accel": {str(s["index"]): s["util"] for s in self._accel_latest},
+            "nics": self._nic_latest,
+            "nic_state": dict(self.nic.state),
+            "retrans": retrans[1] if retrans and retrans[0] == now else None,
+            "records": self.obs.progress.sample(),
+            "processes": procs,
+        }
+
+    def tick(self, now: float | None = None) -> list[Verdict]:
+        now = time.time() if now is None else now
+        self.last_sample = self.sample(now)
+        self.obs.add(self.last_sample)
+        return self.judge(now)
+
+    def judge(self, now: float) -> list[Verdict]:
+        self.last_window = self.obs.window(now, self.started_at)
+        new = []
+        for v in detect_all(self.last_window, self.cfg):
+            if v.kind not in self.reported:
+                self.reported[v.kind] = v
+                new.append(v)
+        return new
+
+    # ------------------------------------------------------------------ heartbeat
+
+    def summary(self) -> dict:
+        prog = self.obs.progress
+        times = step_times(self.last_window) if self.last_window else []
+        return {
+            "host": self.host,
+            "accelerator_kind": self.accel.kind,
+            "accelerators": self._accel_latest,
+            "nics": [{"name": n, "rx_bps": r["rx_bps"], "tx_bps": r["tx_bps"]} for n, r in self._nic_latest.items()],
+            "last_step": prog.last_step(),
+            "last_loss": prog.last_loss(),
+            "step_time_p50": median(times) if times else None,
+            "step_time_p95": percentile(times, 95),
+            "processes": [{k: p[k] for k in ("rank", "pid", "state", "cpu")} for p in self.obs.processes],
+            "in_checkpoint": prog.in_pause("checkpoint"),
+            "in_eval": prog.in_pause("eval"),
+        }
+
+
+# ---------------------------------------------------------------------- traces
+
+
+def load_trace(path: Path) -> tuple[dict, list[dict]]:
+    """A trace is JSONL: a header ``{"trace", "expect", "health", "started_at"}``, then one
+    ``Monitor.sample`` per tick."""
+    lines = Path(path).read_text().splitlines()
+    return json.loads(lines[0]), [json.loads(ln) for ln in lines[1:] if ln.strip()]
+
+
+def replay(samples: Iterable[dict], health: dict, started_at: float) -> list[tuple[float, Verdict]]:
+    """Feed recorded ticks through the live code path; every verdict with the time it fired."""
+    cfg = HealthConfig.from_dict(health)
+    obs = Observations(ProgressProbe(Path("/nonexistent")), cfg)
+    out, seen = [], set()
+    for sample in samples:
+        obs.add(sample, ingest_records=True)
+        for v in detect_all(obs.window(sample["now"], started_at), cfg):
+            if v.kind not in seen:
+                seen.add(v.kind)
+                out.append((sample["now"], v))
+    return out

@@ -1,0 +1,74 @@
+"""Run one rank's command and record how it ended.
+
+torchrun reports only "1" when a rank fails; this wrapper (torch-free, one per rank) records the
+real process's pid (the probes and fault injection need it) and its exit code or signal, forwards
+SIGTERM/SIGINT, and prefixes every output line with the host and rank so node logs stay readable.
+
+    python -m agent.rank -- python train.py --lr 3e-4
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m agent.rank -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    rank = int(os.environ.get("RANK", "0"))
+    host = os.environ.get("SM_CURRENT_HOST", "localhost")
+    ranks_dir = Path(os.environ.get("AERIE_NODE_DIR", ".")) / "ranks"
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    if argv[0] in ("python", "python3"):
+        argv = [sys.executable, *argv[1:]]
+
+    try:
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        print(f"[{host} rank {rank}] cannot start {argv[0]!r}: {exc.strerror}", flush=True)
+        _write(ranks_dir / f"rank-{rank}.exit.json", {"rank": rank, "exit_code": 127, "signal": None, "t": time.time()})
+        return 127
+    _write(ranks_dir / f"rank-{rank}.pid", child.pid)
+
+    def forward(signum, _frame):
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+
+    prefix = f"[{host} rank {rank}] ".encode()
+    out = sys.stdout.buffer
+    assert child.stdout is not None
+    for line in iter(child.stdout.readline, b""):
+        out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+        out.flush()
+    code = child.wait()
+    sig = -code if code < 0 else None
+    _write(ranks_dir / f"rank-{rank}.exit.json",
+           {"rank": rank, "exit_code": 128 + sig if sig else code, "signal": sig, "t": time.time()})
+    if sig:
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return code
+
+
+def _write(path: Path, data: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,92 @@
+"""The agent's line to the control plane: heartbeats, verdicts and the node's exit, over HTTP.
+
+Heartbeats go through a one-slot queue drained by a thread, so a slow or dead API never delays
+detection; only the newest summary matters. Verdicts and the exit are sent with a few retries,
+and the exit is also written to a file the backend reads, so it is never lost with the API down.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("aerie.agent")
+
+
+class Reporter:
+    def __init__(self, api: str, token: str, attempt: str, host: str, timeout_s: float = 5.0):
+        self.enabled = bool(api and token and attempt)
+        self.base = f"/v1/attempts/{attempt}/nodes/{host}"
+        self._client = httpx.Client(base_url=api or "http://127.0.0.1:9", timeout=timeout_s,
+                                    headers={"Authorization": f"Bearer {token}"})
+        self._beats: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._drain, name="heartbeats", daemon=True)
+        # Verdicts and checkpoints: in order, retried, and never in the way of stopping a hung node
+        # (the API may be unreachable through the very link that failed).
+        self._reports: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self._sender = threading.Thread(target=self._send_reports, name="reports", daemon=True)
+        if self.enabled:
+            self._thread.start()
+            self._sender.start()
+
+    def heartbeat(self, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        try:
+            self._beats.get_nowait()  # drop the stale one: only the newest summary matters
+        except queue.Empty:
+            pass
+        try:
+            self._beats.put_nowait(summary)
+        except queue.Full:
+            pass
+
+    def _drain(self) -> None:
+        while True:
+            summary = self._beats.get()
+            self._post("/heartbeat", summary, tries=1)
+
+    def verdict(self, body: dict[str, Any]) -> None:
+        if self.enabled:
+            self._reports.put(("/verdicts", body))
+
+    def checkpoint(self, body: dict[str, Any]) -> None:
+        if self.enabled:
+            self._reports.put(("/checkpoints", body))
+
+    def _send_reports(self) -> None:
+        while True:
+            path, body = self._reports.get()
+            try:
+                self._post(path, body, tries=3)
+            finally:
+                self._reports.task_done()
+
+    def exit(self, body: dict[str, Any], budget_s: float = 10.0) -> bool:
+        """Best effort: the outcome is on disk already. Give queued reports `budget_s` to go first."""
+        if not self.enabled:
+            return False
+        deadline = time.time() + budget_s
+        while self._reports.unfinished_tasks and time.time() < deadline:
+            time.sleep(0.1)
+        return self._post("/exit", body, tries=2)
+
+    def _post(self, path: str, body: dict[str, Any], tries: int) -> bool:
+        if not self.enabled:
+            return False
+        for i in range(tries):
+            try:
+                r = self._client.post(self.base + path, json=body)
+                if r.status_code < 500:
+                    if r.status_code >= 400:
+                        log.warning("control plane refused %s: %s %s", path, r.status_code, r.text[:200])
+                    return r.status_code < 400
+            except httpx.HTTPError as exc:
+                log.debug("control plane unreachable for %s: %s", path, exc)
+            time.sleep(min(2.0, 0.3 * 2**i))
+        return False

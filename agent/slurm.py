@@ -1,0 +1,128 @@
+"""`python -m agent.slurm LAUNCH_JSON`: one Slurm task's bootstrap, run by `srun` on every node.
+
+The control plane cannot know which nodes Slurm will allocate, so each node builds its own
+container contract here, from Slurm's variables: the hosts from `scontrol show hostnames
+$SLURM_JOB_NODELIST`, the current host from `SLURMD_NODENAME`, the rendezvous address from the
+first host's `NodeAddr`. It then becomes (exec) `python -m agent.entrypoint` with the same
+environment the local backend gives a node, output appended to the node's `logs/node.log`.
+
+LAUNCH_JSON (written by `orchestrator.backends.slurm` beside the batch script) carries every user
+value, so nothing a user wrote is ever pasted into shell text. Torch-free, and it imports nothing
+from `orchestrator` (the agent speaks HTTP and reads files).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.contract import NodeContract, write_json
+
+# Torchrun's rendezvous port when the launch file names none: derived from the Slurm job id, so
+# concurrent jobs on one host (the emulated cluster) do not collide, and every node agrees on it.
+PORT_BASE, PORT_SPAN = 20000, 20000
+
+
+def main(argv: list[str]) -> int:
+    launch_path = Path(argv[0] if argv else os.environ["AERIE_SLURM_LAUNCH"])
+    launch = json.loads(launch_path.read_text())
+    root = Path(launch["root"])
+    host = current_host()
+    try:
+        hosts = job_hosts(os.environ["SLURM_JOB_NODELIST"])
+        master_addr = node_address(hosts[0])
+        job_id = int(os.environ["SLURM_JOB_ID"])
+        master_port = int(launch.get("master_port") or PORT_BASE + job_id % PORT_SPAN)
+        write_json(root / "hosts.json", {"hosts": hosts, "slurm_job_id": job_id})
+        contract = NodeContract(
+            ml_root=root / host, hosts=tuple(hosts), current_host=host,
+            hyperparameters=dict(launch.get("hyperparameters") or {}),
+            channels=dict(launch.get("channels") or {}),
+            network_interface=launch.get("network_interface") or interface_towards(master_addr),
+            num_gpus=int(launch.get("num_gpus") or 0),
+        )
+        contract.write()
+        env = compose_env(os.environ, launch.get("env") or {}, contract.env(), master_addr, master_port)
+    except Exception as exc:  # the node never started: say why where the backend looks
+        _record_failure(root / host, host, f"slurm bootstrap failed on {host}: {exc!r}")
+        print(f"aerie slurm bootstrap failed on {host}: {exc!r}", file=sys.stderr, flush=True)
+        return 1
+    log = os.open(contract.ml_root / "logs" / "node.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.chdir(launch.get("workdir") or os.getcwd())
+    # exec: the Slurm task *is* the node's entrypoint, so scancel's signals reach it directly.
+    os.execve(sys.executable, [sys.executable, "-m", "agent.entrypoint"], env)
+    return 1  # pragma: no cover - execve does not return
+
+
+def compose_env(inherited: dict[str, str] | Any, layers: dict[str, dict[str, str]], contract_env: dict[str, str],
+                master_addr: str, master_port: int) -> dict[str, str]:
+    """The node's environment, layered exactly as `orchestrator.backends.nodeenv.node_env` does."""
+    env = {k: v for k, v in dict(inherited).items() if not k.startswith(("AERIE_", "SM_"))}
+    env.update(layers.get("user") or {})
+    env.update(contract_env)
+    env.update(layers.get("extra") or {})
+    env.update(layers.get("attempt") or {})
+    env.update({"AERIE_MASTER_ADDR": master_addr, "AERIE_MASTER_PORT": str(master_port)})
+    return env
+
+
+def current_host() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def job_hosts(nodelist: str) -> list[str]:
+    """`node[1-2]` -> ["node1", "node2"], in Slurm's order (the same on every node)."""
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True,
+                         text=True, timeout=30).stdout
+    hosts = [h.strip() for h in out.splitlines() if h.strip()]
+    if not hosts:
+        raise RuntimeError(f"scontrol show hostnames {nodelist!r} listed no hosts")
+    return hosts
+
+
+def node_address(node: str) -> str:
+    """The address Slurm itself uses for `node` (NodeAddr: 127.0.0.1 on the emulated cluster)."""
+    out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
+                         timeout=30).stdout
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1]
+    return node  # a resolvable host name is also a fine rendezvous address
+
+
+def interface_towards(addr: str) -> str:
+    """The NIC the rendezvous traffic uses: `lo` for a loopback master, else the default route's."""
+    try:
+        if ipaddress.ip_address(addr).is_loopback:
+            return "lo"
+    except ValueError:
+        pass
+    try:
+        for line in Path("/proc/net/route").read_text().splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 1 and fields[1] == "00000000":
+                return fields[0]
+    except OSError:
+        pass
+    return "lo"
+
+
+def _record_failure(ml_root: Path, host: str, message: str) -> None:
+    node_dir = ml_root / "agent"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    write_json(node_dir / "exit.json", {"exit_code": 1, "t": time.time(), "host": host,
+                                        "reason": {"kind": "launch.failed", "host": host, "message": message}})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,258 @@
+"""Run the node's ranks, watch them, and end them fast when something is silently wrong.
+
+One supervisor per node. It starts the entrypoint (through torchrun when the job has more than
+one rank), ticks the monitor every `sample_s`, sends heartbeats every `heartbeat_s`, and on a
+verdict posts it and stops the ranks' process tree (SIGTERM, grace, SIGKILL), so the attempt
+fails in seconds with a named cause instead of waiting out a collective timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.contract import read_json, write_json
+
+log = logging.getLogger("aerie.agent")
+
+TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
+VERDICT_GRACE_S = 3.0  # after a verdict: the ranks are hung or diverged, there is nothing to save
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the agent needs, read once from the contract environment."""
+
+    ml_root: Path
+    node_dir: Path
+    metrics_dir: Path
+    hosts: tuple[str, ...]
+    host: str
+    entrypoint: tuple[str, ...]
+    procs_per_node: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    workdir: Path = Path(".")
+    api: str = ""
+    token: str = ""
+    attempt: str = ""
+    health: dict[str, Any] = field(default_factory=dict)
+    interfaces: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "AgentConfig":
+        env = dict(os.environ if env is None else env)
+        ml_root = Path(env.get("AERIE_ML_ROOT", "/opt/ml"))
+        hosts = tuple(json.loads(env.get("SM_HOSTS", '["algo-1"]')))
+        resource = read_json(ml_root / "input" / "config" / "resourceconfig.json", {}) or {}
+        iface = env.get("SM_NETWORK_INTERFACE_NAME") or resource.get("network_interface_name") or ""
+        entry = json.loads(env["AERIE_ENTRYPOINT"]) if env.get("AERIE_ENTRYPOINT") else []
+        if not entry:
+            raise SystemExit("agent: AERIE_ENTRYPOINT is empty: nothing to run")
+        return cls(
+            ml_root=ml_root,
+            node_dir=Path(env.get("AERIE_NODE_DIR", str(ml_root / "agent"))),
+            metrics_dir=Path(env.get("AERIE_METRICS_PATH", str(ml_root / "output" / "metrics"))),
+            hosts=hosts,
+            host=env.get("SM_CURRENT_HOST", hosts[0]),
+            entrypoint=tuple(entry),
+            procs_per_node=int(env.get("AERIE_PROCS_PER_NODE", "1")),
+            master_addr=env.get("AERIE_MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("AERIE_MASTER_PORT", "29500")),
+            workdir=Path(env.get("AERIE_WORKDIR", os.getcwd())),
+            api=env.get("AERIE_API", ""),
+            token=env.get("AERIE_AGENT_TOKEN", ""),
+            attempt=env.get("AERIE_ATTEMPT", ""),
+            health=json.loads(env.get("AERIE_HEALTH") or "{}"),
+            interfaces=tuple(i for i in iface.split(",") if i),
+        )
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts) * self.procs_per_node
+
+
+def rank_command(cfg: AgentConfig) -> list[str]:
+    """The argv that starts this node's ranks, each under the `agent.rank` wrapper."""
+    wrapped = [sys.executable, "-m", "agent.rank", "--", *cfg.entrypoint]
+    if cfg.world_size == 1:
+        return wrapped
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={len(cfg.hosts)}", f"--nproc-per-node={cfg.procs_per_node}",
+        f"--node-rank={cfg.hosts.index(cfg.host)}",
+        f"--master-addr={cfg.master_addr}", f"--master-port={cfg.master_port}",
+        "--max-restarts=0", "--monitor-interval=1", "--no-python", *wrapped,
+    ]
+
+
+class Supervisor:
+    def __init__(self, cfg: AgentConfig, monitor: Any = None, reporter: Any = None):
+        from agent.report import Reporter
+
+        self.cfg = cfg
+        self.monitor = monitor if monitor is not None else _make_monitor(cfg)
+        self.reporter = reporter or Reporter(cfg.api, cfg.token, cfg.attempt, cfg.host)
+        self.proc: subprocess.Popen | None = None
+        self.verdict: dict[str, Any] | None = None
+        self.stop_requested = False
+        self._term_sent_at: float | None = None
+        self._grace_s = TERM_GRACE_S
+        self._reported_checkpoints: set[str] = set()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.cfg
+        cfg.node_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.node_dir / "ranks").mkdir(exist_ok=True)
+        cfg.metrics_dir.mkdir(parents=True, exist_ok=True)
+        write_json(cfg.node_dir / "agent.pid", os.getpid())
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
+        if cfg.world_size == 1:
+            env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "GROUP_RANK": "0", "MASTER_ADDR": cfg.master_addr, "MASTER_PORT": str(cfg.master_port)})
+        cmd = rank_command(cfg)
+        log.info("starting %d rank(s) on %s: %s", cfg.procs_per_node, cfg.host, " ".join(cfg.entrypoint))
+        # Own session: the whole rank tree can be signalled at once, and only it.
+        self.proc = subprocess.Popen(cmd, cwd=str(cfg.workdir), env=env, start_new_session=True,
+                                     stdin=subprocess.DEVNULL)
+        write_json(cfg.node_dir / "trainer.pgid", self.proc.pid)
+
+        sample_s = float(cfg.health.get("sample_s", 1.0))
+        heartbeat_s = float(cfg.health.get("heartbeat_s", 5.0))
+        next_beat = 0.0
+        while self.proc.poll() is None:
+            now = time.time()
+            self._tick(now)
+            if now >= next_beat:
+                self.reporter.heartbeat(self._summary())
+                next_beat = now + heartbeat_s
+            self._escalate(now)
+            time.sleep(min(sample_s, 0.5) if self._term_sent_at else sample_s)
+        self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
+        _killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the rank tree, if any
+        return self._finish(self.proc.returncode)
+
+    def _on_stop_signal(self, signum, _frame) -> None:
+        self.stop_requested = True
+        self._terminate_ranks()
+
+    def _terminate_ranks(self, grace_s: float = TERM_GRACE_S) -> None:
+        self._grace_s = min(self._grace_s, grace_s)
+        if self.proc and self.proc.poll() is None and self._term_sent_at is None:
+            self._term_sent_at = time.time()
+            _killpg(self.proc.pid, signal.SIGTERM)
+            _killpg(self.proc.pid, signal.SIGCONT)  # a stopped rank can only act on SIGTERM once resumed
+
+    def _escalate(self, now: float) -> None:
+        if self._term_sent_at and now - self._term_sent_at > self._grace_s and self.proc:
+            _killpg(self.proc.pid, signal.SIGKILL)
+
+    # --- monitoring -----------------------------------------------------------------------
+
+    def _tick(self, now: float, detect: bool = True) -> None:
+        if self.monitor is None:
+            return
+        try:
+            verdicts = self.monitor.tick(now)
+        except Exception:  # a probe bug must never take the node down
+            log.exception("monitor tick failed")
+            return
+        self._report_checkpoints()
+        if not detect or self.verdict is not None or self.stop_requested or not verdicts:
+            return
+        v = verdicts[0]
+        self.verdict = {"kind": v.kind, "message": v.message, "evidence": v.evidence, "t": now, "host": self.cfg.host}
+        log.error("verdict %s on %s: %s", v.kind, self.cfg.host, v.message)
+        self.reporter.verdict(self.verdict)
+        self._terminate_ranks(VERDICT_GRACE_S)
+
+    def _report_checkpoints(self) -> None:
+        """Tell the control plane about committed checkpoints seen in the metrics stream."""
+        sample = getattr(self.monitor, "last_sample", None) or {}
+        for rec in sample.get("records", []):
+            uri = rec.get("uri")
+            if rec.get("event") == "checkpoint_committed" and uri and uri not in self._reported_checkpoints:
+                self._reported_checkpoints.add(uri)
+                self.reporter.checkpoint({"step": rec.get("step"), "uri": uri, "meta": rec})
+
+    def _summary(self) -> dict[str, Any]:
+        if self.monitor is None:
+            return {"t": time.time()}
+        try:
+            return {"t": time.time(), **self.monitor.summary()}
+        except Exception:
+            log.exception("monitor summary failed")
+            return {"t": time.time()}
+
+    # --- outcome --------------------------------------------------------------------------
+
+    def _finish(self, returncode: int) -> int:
+        code, reason = self._outcome(returncode)
+        outcome = {"exit_code": code, "reason": reason, "t": time.time(), "host": self.cfg.host}
+        write_json(self.cfg.node_dir / "exit.json", outcome)
+        if code != 0 and reason:
+            failure = self.cfg.ml_root / "output" / "failure"
+            failure.parent.mkdir(parents=True, exist_ok=True)
+            failure.write_text(f"{reason.get('kind')}: {reason.get('message', '')}\n")
+        self.reporter.exit(outcome)
+        log.info("node %s finished: exit %s %s", self.cfg.host, code, reason or "")
+        return code
+
+    def _outcome(self, returncode: int) -> tuple[int, dict[str, Any] | None]:
+        if self.verdict is not None:
+            v = self.verdict
+            return 1, {"kind": v["kind"], "message": v["message"], "host": self.cfg.host, "at": v["t"]}
+        if self.stop_requested:
+            return 143, {"kind": "user.stop", "message": "stopped on request", "host": self.cfg.host}
+        failed = self._first_failed_rank()
+        if failed is not None:
+            return failed["exit_code"] or 1, {
+                "kind": "exit.nonzero", "host": self.cfg.host, "rank": failed["rank"],
+                "exit_code": failed["exit_code"], "signal": failed.get("signal"), "at": failed.get("t"),
+                "message": f"rank {failed['rank']} exited with code {failed['exit_code']}"
+                + (f" (signal {failed['signal']})" if failed.get("signal") else ""),
+            }
+        if returncode != 0:
+            code = 128 - returncode if returncode < 0 else returncode
+            return code, {"kind": "exit.nonzero", "host": self.cfg.host, "exit_code": code,
+                          "message": f"launcher exited with code {code}"}
+        return 0, None
+
+    def _first_failed_rank(self) -> dict[str, Any] | None:
+        exits = [read_json(p) for p in (self.cfg.node_dir / "ranks").glob("rank-*.exit.json")]
+        failed = [e for e in exits if isinstance(e, dict) and e.get("exit_code")]
+        # Ranks torchrun stopped because a peer failed end with SIGTERM later; the first one is the cause.
+        return min(failed, key=lambda e: e.get("t", 0.0)) if failed else None
+
+
+def _make_monitor(cfg: AgentConfig) -> Any:
+    if not cfg.health.get("enabled", True):
+        return None
+    try:
+        from agent.monitor import Monitor
+    except ImportError:  # pragma: no cover - the monitor ships with the agent
+        return None
+    return Monitor(node_dir=cfg.node_dir, metrics_dir=cfg.metrics_dir, health=cfg.health,
+                   interfaces=list(cfg.interfaces) or None, host=cfg.host,
+                   sample_s=float(cfg.health.get("sample_s", 1.0)), started_at=time.time())
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,119 @@
+"""Stage the handlers' Lambda code at synth time, in Python, without Docker.
+
+The asset is a directory holding:
+- `lambdas/` from the repo (the four handlers),
+- a skeleton `trainer/` with only `__init__.py` and `checkpoint/{__init__,manifest,s3io}.py`,
+  the torch-free part the handlers may import (`manifest` uses `s3io`'s boto3 half; `s3io`
+  imports its torch half lazily); the rest of `trainer/` needs torch and must not ship,
+- the pure-Python third-party distributions the handlers use (`slack_sdk`, `httpx` and their
+  requirements), copied file by file from the environment that runs the synth.
+
+Copying installed distributions keeps synth offline and reproducible for one environment; it is
+safe only for pure-Python code, so any compiled file stops the synth with a clear error. boto3 and
+its family come with the Lambda runtime and are left out.
+"""
+
+from __future__ import annotations
+
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+# What the handlers import besides the standard library and boto3.
+HANDLER_DISTRIBUTIONS = ("slack_sdk", "httpx")
+
+# Provided by the AWS Lambda Python runtime.
+RUNTIME_PROVIDED = frozenset(
+    canonicalize_name(n) for n in ("boto3", "botocore", "s3transfer", "jmespath", "python-dateutil", "urllib3", "six")
+)
+
+TRAINER_FILES = (
+    "trainer/__init__.py",
+    "trainer/checkpoint/__init__.py",
+    "trainer/checkpoint/manifest.py",
+    "trainer/checkpoint/s3io.py",
+)
+
+COMPILED_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
+
+
+def lambda_environment(python_version: str) -> dict[str, str]:
+    """Marker environment of the Lambda runtime, to pick the requirements it needs."""
+    env = dict(default_environment())
+    env.update(
+        python_version=python_version,
+        python_full_version=f"{python_version}.0",
+        sys_platform="linux",
+        platform_system="Linux",
+        os_name="posix",
+        implementation_name="cpython",
+        platform_python_implementation="CPython",
+    )
+    return env
+
+
+def requirement_closure(roots: tuple[str, ...], python_version: str) -> list[str]:
+    """Installed distributions `roots` need on the Lambda runtime, runtime-provided ones excluded."""
+    env = lambda_environment(python_version)
+    seen: dict[str, str] = {}
+    todo = list(roots)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen or name in RUNTIME_PROVIDED:
+            continue
+        dist = metadata.distribution(name)
+        seen[name] = dist.metadata["Name"]
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
+                todo.append(req.name)
+    return sorted(seen.values(), key=str.lower)
+
+
+def _copy_distribution(name: str, dest: Path) -> None:
+    dist = metadata.distribution(name)
+    for file in dist.files or []:
+        parts = Path(str(file)).parts
+        if not parts or parts[0] == ".." or parts[0].endswith((".dist-info", ".egg-info")) or "__pycache__" in parts:
+            continue
+        source = Path(dist.locate_file(file))
+        if not source.is_file():
+            continue
+        if source.suffix in COMPILED_SUFFIXES or ".cpython-" in source.name:
+            raise RuntimeError(
+                f"{name} ships compiled code ({file}); it cannot be copied into a Lambda bundle "
+                "built on this machine. Use a Lambda layer built for the target platform instead."
+            )
+        target = dest / file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def stage_handler_bundle(dest: Path, python_version: str = "3.12", repo_root: Path = REPO_ROOT) -> Path:
+    """Write the Lambda asset directory at `dest` (replaced if present) and return it."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copytree(
+        repo_root / "lambdas",
+        dest / "lambdas",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests", "fixtures"),
+    )
+    for rel in TRAINER_FILES:
+        source = repo_root / rel
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_file():
+            shutil.copy2(source, target)
+        elif rel.endswith("__init__.py"):
+            target.write_text("")
+        # A missing manifest.py is left missing: the handlers that import it fail their own tests.
+    for name in requirement_closure(HANDLER_DISTRIBUTIONS, python_version):
+        _copy_distribution(name, dest)
+    return dest

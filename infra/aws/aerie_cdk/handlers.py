@@ -1,0 +1,173 @@
+"""The four `lambdas/` handlers as Lambda functions, and what triggers them.
+
+- `chain_restart`: Aerie's own failed attempts (custom bus) and SageMaker's training-job state
+  changes (default bus, where AWS services publish) to Failed/Stopped/Completed.
+- `checkpoint_gc`, `eval_dispatch`: "Aerie Checkpoint Committed".
+- `slack_interactions`: `POST /v1/slack/interactions` on an HTTP API (the same path as the
+  control plane's route); Slack signs each request and the handler verifies the signature.
+
+Every function gets its own role with only what it calls, its own log group (no
+AWSLambdaBasicExecutionRole, whose log statements apply to every log group), and failures that
+exhaust retries land in one dead-letter queue so no event is silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import (
+    Duration,
+    RemovalPolicy,
+    aws_apigatewayv2 as apigwv2,
+    aws_apigatewayv2_integrations as integrations,
+    aws_events as events,
+    aws_events_targets as targets,
+    aws_iam as iam,
+    aws_lambda as lambda_,
+    aws_lambda_destinations as destinations,
+    aws_logs as logs,
+    aws_secretsmanager as secretsmanager,
+    aws_sqs as sqs,
+)
+from constructs import Construct
+
+from .storage import CheckpointBucket
+
+AERIE_SOURCE = "aerie.orchestrator"
+ATTEMPT_FAILED = events.EventPattern(
+    source=[AERIE_SOURCE], detail_type=["Aerie Attempt State Change"], detail={"state": ["Failed"]}
+)
+CHECKPOINT_COMMITTED = events.EventPattern(source=[AERIE_SOURCE], detail_type=["Aerie Checkpoint Committed"])
+SAGEMAKER_JOB_ENDED = events.EventPattern(
+    source=["aws.sagemaker"],
+    detail_type=["SageMaker Training Job State Change"],
+    detail={"TrainingJobStatus": ["Failed", "Stopped", "Completed"]},
+)
+SLACK_ROUTE = "/v1/slack/interactions"
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    module: str
+    timeout_s: int
+    memory_mb: int
+    checkpoint_access: str  # "", "read" or "delete"
+    secrets: tuple[str, ...]
+
+
+HANDLERS = (
+    HandlerSpec("chain_restart", 60, 256, "read", ("service_token",)),
+    HandlerSpec("checkpoint_gc", 300, 256, "delete", ("service_token",)),
+    HandlerSpec("eval_dispatch", 300, 512, "read", ("service_token", "slack_bot_token")),
+    # Slack wants an answer within 3 s; the handler acknowledges and updates the message itself.
+    HandlerSpec("slack_interactions", 10, 256, "", ("service_token", "slack_signing_secret", "slack_bot_token")),
+)
+
+
+class Handlers(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        cid: str,
+        *,
+        name: str,
+        code: lambda_.Code,
+        api_url: str,
+        aerie_bus: events.IEventBus,
+        checkpoints: CheckpointBucket,
+        secrets: dict[str, secretsmanager.ISecret],
+    ) -> None:
+        super().__init__(scope, cid)
+        self.dead_letters = sqs.Queue(
+            self,
+            "DeadLetters",
+            queue_name=f"{name}-handler-dead-letters",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        self.functions: dict[str, lambda_.Function] = {}
+        for spec in HANDLERS:
+            self.functions[spec.module] = self._function(spec, name, code, api_url, checkpoints, secrets)
+
+        target_options = dict(dead_letter_queue=self.dead_letters, retry_attempts=8, max_event_age=Duration.hours(6))
+        chain_restart = targets.LambdaFunction(self.functions["chain_restart"], **target_options)
+        events.Rule(
+            self, "AttemptFailed", event_bus=aerie_bus, event_pattern=ATTEMPT_FAILED, targets=[chain_restart],
+            description="Failed Aerie attempts -> chain_restart",
+        )
+        # SageMaker publishes only to the account's default bus.
+        events.Rule(
+            self, "SageMakerTrainingJobEnded", event_pattern=SAGEMAKER_JOB_ENDED, targets=[chain_restart],
+            description="SageMaker training jobs that ended -> chain_restart (it ignores jobs Aerie did not start)",
+        )
+        events.Rule(
+            self, "CheckpointCommitted", event_bus=aerie_bus, event_pattern=CHECKPOINT_COMMITTED,
+            targets=[
+                targets.LambdaFunction(self.functions["checkpoint_gc"], **target_options),
+                targets.LambdaFunction(self.functions["eval_dispatch"], **target_options),
+            ],
+            description="Committed checkpoints -> checkpoint_gc and eval_dispatch",
+        )
+
+        self.slack_api = apigwv2.HttpApi(self, "SlackApi", api_name=f"{name}-slack", create_default_stage=False)
+        apigwv2.HttpStage(
+            self, "SlackApiStage", http_api=self.slack_api, stage_name="$default", auto_deploy=True,
+            throttle=apigwv2.ThrottleSettings(rate_limit=50, burst_limit=100),
+        )
+        self.slack_api.add_routes(
+            path=SLACK_ROUTE,
+            methods=[apigwv2.HttpMethod.POST],
+            integration=integrations.HttpLambdaIntegration("SlackInteractions", self.functions["slack_interactions"]),
+        )
+        self.slack_url = self.slack_api.api_endpoint + SLACK_ROUTE
+
+    def _function(
+        self,
+        spec: HandlerSpec,
+        name: str,
+        code: lambda_.Code,
+        api_url: str,
+        checkpoints: CheckpointBucket,
+        secrets: dict[str, secretsmanager.ISecret],
+    ) -> lambda_.Function:
+        cid = "".join(part.title() for part in spec.module.split("_"))
+        role = iam.Role(self, f"{cid}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+        log_group = logs.LogGroup(
+            self,
+            f"{cid}Logs",
+            log_group_name=f"/{name}/lambda/{spec.module}",
+            retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        log_group.grant_write(role)
+        environment = {
+            "AERIE_API": api_url,
+            "AERIE_CHECKPOINT_BUCKET": checkpoints.bucket.bucket_name,
+            "AERIE_CHECKPOINT_PREFIX": checkpoints.prefix,
+        }
+        for key in spec.secrets:
+            secrets[key].grant_read(role)
+            # The handler reads the value at run time (boto3), so it never sits in the function config.
+            environment[f"AERIE_{key.upper()}_ARN"] = secrets[key].secret_arn
+        if spec.checkpoint_access:
+            checkpoints.grant(role, delete=spec.checkpoint_access == "delete")
+        function = lambda_.Function(
+            self,
+            cid,
+            function_name=f"{name}-{spec.module.replace('_', '-')}",
+            description=f"Aerie handler lambdas/{spec.module}.py",
+            runtime=lambda_.Runtime.PYTHON_3_12,
+            architecture=lambda_.Architecture.ARM_64,
+            handler=f"lambdas.{spec.module}.handler",
+            code=code,
+            role=role,
+            log_group=log_group,
+            timeout=Duration.seconds(spec.timeout_s),
+            memory_size=spec.memory_mb,
+            environment=environment,
+        )
+        function.configure_async_invoke(
+            retry_attempts=2, on_failure=destinations.SqsDestination(self.dead_letters)
+        )
+        return function

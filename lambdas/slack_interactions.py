@@ -1,0 +1,174 @@
+"""Slack's button clicks on eval samples: verify, parse, record the rating, update the message.
+
+Slack signs every interaction request with the app's signing secret: `X-Slack-Signature` is
+`v0=` + HMAC-SHA256 of `v0:<X-Slack-Request-Timestamp>:<raw body>`. That signature is the only
+credential Slack can present (it sends no bearer token), so this endpoint is authenticated by it
+instead of an Aerie token: `verify_request` refuses, before anything is parsed or stored,
+  - a body over the size limit (413; Slack's payloads are a few KB),
+  - missing headers (401), a timestamp more than 5 minutes off (401: replay window),
+  - a wrong signature (401; `slack_sdk.signature.SignatureVerifier`, `hmac.compare_digest`), which
+    also covers an old body replayed with a fresh timestamp (the timestamp is signed),
+and `parse_actions` refuses anything that is not a block_actions payload naming our samples (400).
+
+Two ways in, one logic:
+  - `POST /v1/slack/interactions` in the API (`orchestrator/api/routes/slack.py`) uses the
+    functions here and writes to the store directly;
+  - `handler(event, context)` is the same endpoint as an AWS Lambda behind API Gateway (proxy
+    event): it verifies, then records through the API with the service token
+    (`POST /v1/eval/samples/{id}/ratings`) and updates the message with `chat_update`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from slack_sdk.signature import SignatureVerifier
+
+from lambdas import slack_blocks
+
+log = logging.getLogger("aerie.lambdas.slack_interactions")
+
+REPLAY_WINDOW_S = 5 * 60
+MAX_BODY_BYTES = 64 * 1024
+SLACK_API_URL = "https://slack.com/api/"
+
+
+class Refused(Exception):
+    """A request to turn away, with the HTTP status to answer."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RatingAction:
+    sample_id: str
+    user_id: str
+    user_name: str
+    score: int | None
+    toggle_hallucination: bool
+    channel: str | None
+    message_ts: str | None
+    response_url: str | None
+
+
+def verify_request(headers: Mapping[str, str], body: bytes, signing_secret: str, *,
+                   max_bytes: int = MAX_BODY_BYTES, now: float | None = None) -> None:
+    """Raise Refused unless Slack signed exactly this body within the replay window."""
+    if len(body) > max_bytes:
+        raise Refused(413, f"body over {max_bytes} bytes")
+    if not signing_secret:  # nothing can be verified: as if the endpoint were not there
+        raise Refused(404, "Slack interactions are not configured here (no signing secret)")
+    lower = {k.lower(): v for k, v in headers.items()}
+    timestamp, signature = lower.get("x-slack-request-timestamp"), lower.get("x-slack-signature")
+    if not timestamp or not signature:
+        raise Refused(401, "missing X-Slack-Request-Timestamp or X-Slack-Signature")
+    try:
+        ts = int(timestamp)
+    except ValueError:
+        raise Refused(401, "X-Slack-Request-Timestamp is not an integer") from None
+    if abs((time.time() if now is None else now) - ts) > REPLAY_WINDOW_S:
+        raise Refused(401, "request timestamp outside the 5-minute window")
+    try:
+        ok = SignatureVerifier(signing_secret).is_valid(body=body, timestamp=timestamp, signature=signature)
+    except (UnicodeDecodeError, ValueError):
+        raise Refused(400, "body is not UTF-8 form data") from None
+    if not ok:
+        raise Refused(401, "invalid signature")
+
+
+def parse_actions(body: bytes) -> list[RatingAction]:
+    """The rating clicks in a signed `block_actions` payload (form field `payload`, JSON)."""
+    try:
+        form = urllib.parse.parse_qs(body.decode("utf-8"), strict_parsing=True, max_num_fields=10)
+        payload = json.loads(form["payload"][0])
+    except (UnicodeDecodeError, ValueError, KeyError, IndexError):
+        raise Refused(400, "expected a form field `payload` holding JSON") from None
+    if not isinstance(payload, dict) or payload.get("type") != "block_actions":
+        raise Refused(400, "only block_actions payloads are handled")
+    user = payload.get("user") or {}
+    actions = payload.get("actions")
+    if not isinstance(user, dict) or not isinstance(user.get("id"), str) or not isinstance(actions, list) or not actions:
+        raise Refused(400, "payload lacks user or actions")
+    container = payload.get("container") or {}
+    channel = (payload.get("channel") or {}).get("id") or container.get("channel_id")
+    message_ts = (payload.get("message") or {}).get("ts") or container.get("message_ts")
+    out = []
+    for action in actions:
+        if not isinstance(action, dict):
+            raise Refused(400, "malformed action")
+        aid = action.get("action_id", "")
+        if not (aid == slack_blocks.HALLUCINATION or str(aid).startswith(slack_blocks.RATE_PREFIX)):
+            raise Refused(400, f"unknown action {aid!r}")
+        try:
+            sample_id, score, toggle = slack_blocks.parse_value(action.get("value", ""))
+        except ValueError as exc:
+            raise Refused(400, str(exc)) from None
+        out.append(RatingAction(sample_id, user["id"], str(user.get("username") or user.get("name") or "")[:128],
+                                score, toggle, channel, message_ts, payload.get("response_url")))
+    return out
+
+
+# --- Slack's Web API ------------------------------------------------------------------------------
+
+def web_client(token: str | None = None, base_url: str | None = None, max_retries: int = 3):
+    """A WebClient that waits out 429s (Retry-After) with slack_sdk's own retry handler.
+
+    Token: `SLACK_BOT_TOKEN` (or `AERIE_SLACK_BOT_TOKEN`); API: `AERIE_SLACK_API_URL`, which tests
+    point at a local stand-in because Slack's servers cannot be reached from here."""
+    from slack_sdk import WebClient
+    from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
+
+    token = token or os.environ.get("AERIE_SLACK_BOT_TOKEN") or os.environ.get("SLACK_BOT_TOKEN")
+    base_url = base_url or os.environ.get("AERIE_SLACK_API_URL") or SLACK_API_URL
+    if not base_url.endswith("/"):
+        base_url += "/"
+    return WebClient(token=token, base_url=base_url, timeout=30,
+                     retry_handlers=[RateLimitErrorRetryHandler(max_retry_count=max_retries)])
+
+
+def update_message(client, channel: str, ts: str, sample: dict[str, Any], job: dict[str, Any],
+                   tally: dict[str, Any], raters_needed: int) -> None:
+    """Rewrite the sample's message in place with the current tally."""
+    message = slack_blocks.sample_message(sample, job, tally, raters_needed)
+    client.chat_update(channel=channel, ts=ts, text=message["text"], blocks=message["blocks"])
+
+
+# --- the Lambda form (API Gateway proxy event) -------------------------------------------------------
+
+def _response(status: int, body: str = "") -> dict[str, Any]:
+    return {"statusCode": status, "headers": {"Content-Type": "text/plain"}, "body": body}
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    from lambdas.api import Api
+
+    raw = event.get("body") or ""
+    body = base64.b64decode(raw) if event.get("isBase64Encoded") else raw.encode("utf-8")
+    secret = os.environ.get("AERIE_SLACK_SIGNING_SECRET") or os.environ.get("SLACK_SIGNING_SECRET") or ""
+    try:
+        verify_request(event.get("headers") or {}, body, secret)
+        actions = parse_actions(body)
+    except Refused as exc:
+        log.warning("refused a Slack interaction: %s", exc.reason)
+        return _response(exc.status, exc.reason)
+    api = Api.from_context(context)
+    client = web_client()
+    for action in actions:
+        result = api.call("POST", f"/v1/eval/samples/{urllib.parse.quote(action.sample_id)}/ratings", {
+            "user_id": action.user_id, "user_name": action.user_name, "score": action.score,
+            "toggle_hallucination": action.toggle_hallucination})
+        sample = result["sample"]
+        channel, ts = sample.get("slack_channel") or action.channel, sample.get("slack_ts") or action.message_ts
+        if channel and ts:
+            update_message(client, channel, ts, sample, result["job"], result["tally"], result["raters_needed"])
+    return _response(200)

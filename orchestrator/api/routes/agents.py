@@ -1,0 +1,67 @@
+"""What node agents report: heartbeats, verdicts, exits and committed checkpoints.
+
+Each call is authorised for one attempt (`agent_of`): an agent token minted for attempt A is
+refused on attempt B, so a compromised node can't speak for another job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
+from sqlalchemy.orm import Session
+
+from orchestrator.api.deps import Principal, agent_of, get_session
+from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, VerdictIn
+from orchestrator.store import repo
+from orchestrator.store.models import Attempt
+
+router = APIRouter(prefix="/v1/attempts/{attempt_id}/nodes/{host}", tags=["agents"], responses=AUTH_ERRORS)
+
+
+def _attempt(s: Session, who: Principal, attempt_id: str) -> Attempt:
+    attempt = s.get(Attempt, attempt_id)
+    if attempt is None or attempt.job.tenant != who.tenant:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
+    return attempt
+
+
+@router.post("/heartbeat", response_model=HeartbeatOut)
+async def heartbeat(request: Request, attempt_id: str, host: str,
+                    body: dict[str, Any] = Body(..., openapi_examples={"summary": {"value": {"t": 1.0, "last_step": 10}}}),
+                    who: Principal = Depends(agent_of)) -> HeartbeatOut:
+    """Buffered: no transaction of its own (see orchestrator/heartbeats.py); async because the
+    cached path does no I/O (a cache miss runs one short query)."""
+    buffer = request.app.state.heartbeats
+    info = buffer.attempt_info(attempt_id)
+    if info is None or info.tenant != who.tenant:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
+    buffer.add(attempt_id, host, body)  # a JSON object, stored as sent (size capped by the middleware)
+    # The answer tells the agent to stop when nobody needs its work any more (backends that
+    # cannot signal nodes directly rely on this).
+    return HeartbeatOut(stop=info.stop)
+
+
+@router.post("/verdicts", status_code=status.HTTP_201_CREATED)
+def verdict(attempt_id: str, host: str, body: VerdictIn, who: Principal = Depends(agent_of),
+            s: Session = Depends(get_session, scope="function")) -> dict:
+    attempt = _attempt(s, who, attempt_id)
+    repo.record_verdict(s, attempt, host, body.kind, body.message, body.evidence)
+    return {"ok": True}
+
+
+@router.post("/exit")
+def node_exit(attempt_id: str, host: str, body: ExitIn, who: Principal = Depends(agent_of),
+              s: Session = Depends(get_session, scope="function")) -> dict:
+    attempt = _attempt(s, who, attempt_id)
+    row = repo.node(s, attempt, host)
+    row.exit = {"exit_code": body.exit_code, "reason": body.reason, "t": body.t}
+    return {"ok": True}
+
+
+@router.post("/checkpoints")
+def checkpoint(attempt_id: str, host: str, body: CheckpointIn, who: Principal = Depends(agent_of),
+               s: Session = Depends(get_session, scope="function")) -> dict:
+    attempt = _attempt(s, who, attempt_id)
+    created = repo.record_checkpoint(s, attempt, body.step, body.uri, body.meta)
+    return {"ok": True, "new": created is not None}

@@ -1,0 +1,171 @@
+"""Jobs: submit, list, describe, stop, and what they produced (attempts, events, logs, checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from orchestrator.api.deps import Principal, get_session, user, writer
+from orchestrator.api.schemas import (
+    AUTH_ERRORS, ErrorOut,
+    AttemptOut, CheckpointOut, EventOut, FailIn, JobDetail, JobOut, LogsOut, NodeOut, RestartIn, VerdictOut,
+)
+from orchestrator.spec import JobSpec
+from orchestrator.store import repo
+from orchestrator.store.models import Attempt, Job
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses={**AUTH_ERRORS, 409: {"model": ErrorOut, "description": "Conflicts with the job's state"}})
+
+
+def _job(s: Session, who: Principal, ref: str) -> Job:
+    try:
+        return repo.get_job(s, who.tenant, ref)
+    except repo.NotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {ref!r}") from None
+
+
+def job_out(job: Job, with_spec: bool = False) -> dict:
+    return dict(id=job.id, name=job.name, tenant=job.tenant, state=job.state, backend=job.backend,
+                reason=job.reason, created_at=job.created_at, updated_at=job.updated_at,
+                ended_at=job.ended_at, attempts=len(job.attempts), spec=job.spec if with_spec else None)
+
+
+def _step_of(uri: str | None) -> int | None:
+    match = re.search(r"step_(\d+)", uri or "")
+    return int(match.group(1)) if match else None
+
+
+def _last_step(a: Attempt) -> int | None:
+    steps = [n.summary.get("last_step") for n in a.nodes if n.summary and n.summary.get("last_step") is not None]
+    return max(steps) if steps else None
+
+
+def attempt_out(a: Attempt, previous: Attempt | None = None) -> AttemptOut:
+    """An attempt, with what the chain cost: steps redone and time from failure to resume."""
+    resumed = _step_of(a.resume_from)
+    prev_last = _last_step(previous) if previous else None
+    return AttemptOut(
+        id=a.id, number=a.number, state=a.state, reason=a.reason, exit_code=a.exit_code,
+        resume_from=a.resume_from, exclude_nodes=list(a.exclude_nodes or []), cause=a.cause,
+        last_step=_last_step(a), resumed_step=resumed,
+        steps_lost=(prev_last - (resumed or 0)) if previous and prev_last is not None else None,
+        time_to_resume_s=(a.started_at - previous.ended_at) if previous and a.started_at and previous.ended_at else None,
+        created_at=a.created_at, started_at=a.started_at, ended_at=a.ended_at,
+        nodes=[NodeOut(host=n.host, state=n.state, last_heartbeat_at=n.last_heartbeat_at,
+                       summary=n.summary, exit=n.exit) for n in a.nodes],
+    )
+
+
+def attempts_out(job: Job) -> list[AttemptOut]:
+    return [attempt_out(a, job.attempts[i - 1] if i else None) for i, a in enumerate(job.attempts)]
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
+def submit(spec: JobSpec, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> dict:
+    """Submit a job. The spec is validated whole: a 422 names every bad field."""
+    job = repo.create_job(s, spec.model_dump(mode="json"), who.tenant)
+    return job_out(job, with_spec=True)
+
+
+@router.get("", response_model=list[JobOut])
+def list_jobs(state: str | None = None, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
+              who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[dict]:
+    return [job_out(j) for j in repo.list_jobs(s, who.tenant, state, limit, offset)]
+
+
+@router.get("/{job_ref}", response_model=JobDetail)
+def describe(job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> dict:
+    job = _job(s, who, job_ref)
+    verdicts = repo.verdicts_of(s, [a.id for a in job.attempts])
+    return dict(
+        **job_out(job, with_spec=True),
+        attempt_list=attempts_out(job),
+        verdicts=[VerdictOut(attempt_id=v.attempt_id, host=v.host, kind=v.kind, message=v.message, t=v.t,
+                             evidence=v.evidence) for v in verdicts],
+    )
+
+
+@router.post("/{job_ref}/stop", response_model=JobOut)
+def stop(job_ref: str, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> dict:
+    """Ask for the job to stop; the controller stops its running attempt (idempotent)."""
+    job = _job(s, who, job_ref)
+    if job.state not in repo.JOB_TERMINAL:
+        job.stop_requested = True
+    return job_out(job)
+
+
+@router.post("/{job_ref}/attempts", status_code=status.HTTP_201_CREATED, response_model=AttemptOut)
+def restart(job_ref: str, body: RestartIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> AttemptOut:
+    """Create attempt N+1 after attempt N failed (what chaining calls). 409 if it exists already:
+    the store's (job, number) constraint makes a duplicated restart decision harmless."""
+    job = _job(s, who, job_ref)
+    if job.state in repo.JOB_TERMINAL or job.stop_requested:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job is {job.state}; nothing to restart")
+    latest = job.attempts[-1] if job.attempts else None
+    if latest is None or body.number != latest.number + 1 or latest.state != "Failed":
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"attempt {body.number} can only follow a failed attempt {body.number - 1}")
+    try:
+        with s.begin_nested():
+            attempt = repo.create_attempt(s, job, body.number, body.resume_from, body.exclude_nodes)
+            attempt.cause = body.cause
+    except IntegrityError:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"attempt {body.number} exists already") from None
+    return attempt_out(attempt)
+
+
+@router.post("/{job_ref}/fail", response_model=JobOut)
+def fail(job_ref: str, body: FailIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> dict:
+    """End the job as Failed (chaining decided not to retry). Idempotent."""
+    job = _job(s, who, job_ref)
+    if job.state not in repo.JOB_TERMINAL:
+        repo.set_job_state(s, job, "Failed", body.reason)
+    return job_out(job)
+
+
+@router.get("/{job_ref}/attempts", response_model=list[AttemptOut])
+def attempts(job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[AttemptOut]:
+    return attempts_out(_job(s, who, job_ref))
+
+
+@router.get("/{job_ref}/events", response_model=list[EventOut])
+def events(job_ref: str, after: int = Query(0, ge=0, description="Only events with seq > after"),
+           limit: int = Query(1000, ge=1, le=10000), who: Principal = Depends(user),
+           s: Session = Depends(get_session, scope="function")) -> list[EventOut]:
+    job = _job(s, who, job_ref)
+    return [EventOut(seq=e.seq, status=e.status, deliveries=e.deliveries, event=repo.eventbridge(e))
+            for e in repo.list_events(s, job, after=after, limit=limit)]
+
+
+@router.get("/{job_ref}/checkpoints", response_model=list[CheckpointOut])
+def checkpoints(job_ref: str, limit: int = Query(1000, ge=1, le=10000), offset: int = Query(0, ge=0),
+                who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[CheckpointOut]:
+    job = _job(s, who, job_ref)
+    return [CheckpointOut(step=c.step, uri=c.uri, state=c.state, attempt_id=c.attempt_id, size_bytes=c.size_bytes,
+                          created_at=c.created_at, meta=c.meta or {}) for c in repo.list_checkpoints(s, job)[offset:offset + limit]]
+
+
+@router.get("/{job_ref}/logs", response_model=LogsOut)
+def logs(request: Request, job_ref: str, attempt: int | None = Query(None, ge=1),
+         offsets: str | None = Query(None, description='JSON {"host": byte offset}; negative = last N bytes'),
+         tail: int | None = Query(None, ge=1, description="Without offsets: only the last TAIL bytes of each node"),
+         who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> LogsOut:
+    """New output of every node of an attempt (the latest by default) since the given offsets."""
+    job = _job(s, who, job_ref)
+    chosen = [a for a in job.attempts if attempt is None or a.number == attempt]
+    if not chosen or not chosen[-1].handle:
+        return LogsOut(attempt=chosen[-1].number if chosen else None, nodes={})
+    try:
+        parsed = {str(k): int(v) for k, v in json.loads(offsets).items()} if offsets else {}
+    except (ValueError, AttributeError):
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, 'offsets must be a JSON object {"host": int}') from None
+    backend = request.app.state.backends.get(job.backend)
+    if backend is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"backend {job.backend!r} is not configured here")
+    if not parsed:
+        parsed = {h: -tail if tail else 0 for h in chosen[-1].handle.get("hosts", [])}
+    return LogsOut(attempt=chosen[-1].number, nodes=backend.logs(chosen[-1].handle, parsed))

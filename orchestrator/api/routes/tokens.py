@@ -1,0 +1,80 @@
+"""API tokens: create (shown once), list (never the secret), revoke. Admins only.
+
+An admin manages its own tenant's tokens; the operator's bootstrap admin (tenant "default") may
+create tokens for any tenant, which is how new tenants come to exist.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from orchestrator.api.deps import Principal, admin, get_session
+from orchestrator.api.schemas import AUTH_ERRORS
+from orchestrator.store import repo
+from orchestrator.store.models import now
+
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=AUTH_ERRORS)
+OPERATOR_TENANT = "default"
+
+
+class TokenIn(BaseModel):
+    role: Literal["admin", "member", "viewer", "service"] = "member"
+    name: str = Field(default="", max_length=128)
+    tenant: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    expires_in_s: int | None = Field(default=None, ge=60, le=10 * 365 * 86400)
+
+
+class TokenOut(BaseModel):
+    id: int
+    role: str
+    tenant: str
+    name: str
+    created_at: float
+    expires_at: float | None = None
+    revoked: bool = False
+
+
+class NewTokenOut(TokenOut):
+    token: str
+
+
+def _scope(who: Principal) -> str | None:
+    return None if who.tenant == OPERATOR_TENANT else who.tenant
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=NewTokenOut)
+def create(body: TokenIn, who: Principal = Depends(admin), s: Session = Depends(get_session, scope="function")) -> NewTokenOut:
+    tenant = body.tenant or who.tenant
+    if tenant != who.tenant and who.tenant != OPERATOR_TENANT:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "admins create tokens for their own tenant only")
+    expires = now() + body.expires_in_s if body.expires_in_s else None
+    token = repo.mint_token(s, body.role, tenant=tenant, name=body.name, expires_at=expires)
+    s.flush()
+    row = repo.find_token(s, token)
+    assert row is not None
+    return NewTokenOut(token=token, **_out(row).model_dump())
+
+
+@router.get("", response_model=list[TokenOut])
+def list_tokens(who: Principal = Depends(admin), s: Session = Depends(get_session, scope="function")) -> list[TokenOut]:
+    return [_out(t) for t in repo.list_tokens(s, _scope(who))]
+
+
+@router.delete("/{token_id}", response_model=TokenOut)
+def revoke(request: Request, token_id: int, who: Principal = Depends(admin),
+           s: Session = Depends(get_session, scope="function")) -> TokenOut:
+    try:
+        row = repo.revoke_token(s, token_id, _scope(who))
+        request.app.state.tokens.evict(token_id)
+        return _out(row)
+    except repo.NotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token {token_id}") from None
+
+
+def _out(t) -> TokenOut:
+    return TokenOut(id=t.id, role=t.kind, tenant=t.tenant, name=t.name, created_at=t.created_at,
+                    expires_at=t.expires_at, revoked=t.revoked_at is not None)

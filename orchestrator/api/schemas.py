@@ -1,0 +1,143 @@
+"""Response and request bodies of the API (the job spec itself is `orchestrator.spec.JobSpec`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class NodeOut(BaseModel):
+    host: str
+    state: str
+    last_heartbeat_at: float | None = None
+    summary: dict[str, Any] | None = None
+    exit: dict[str, Any] | None = None
+
+
+class VerdictOut(BaseModel):
+    attempt_id: str
+    host: str
+    kind: str
+    message: str
+    t: float
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class AttemptOut(BaseModel):
+    id: str
+    number: int
+    state: str
+    reason: dict[str, Any] | None = None
+    exit_code: int | None = None
+    resume_from: str | None = None
+    exclude_nodes: list[str] = Field(default_factory=list)
+    cause: dict[str, Any] | None = None
+    last_step: int | None = None
+    resumed_step: int | None = None
+    steps_lost: int | None = None
+    time_to_resume_s: float | None = None
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    nodes: list[NodeOut] = Field(default_factory=list)
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    tenant: str
+    state: str
+    backend: str
+    reason: dict[str, Any] | None = None
+    created_at: float
+    updated_at: float
+    ended_at: float | None = None
+    attempts: int = 0
+    spec: dict[str, Any] | None = None
+
+
+class JobDetail(JobOut):
+    attempt_list: list[AttemptOut] = Field(default_factory=list)
+    verdicts: list[VerdictOut] = Field(default_factory=list)
+
+
+class EventOut(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    seq: int
+    status: str
+    deliveries: int
+    event: dict[str, Any]
+
+
+class CheckpointOut(BaseModel):
+    step: int
+    uri: str
+    state: str
+    attempt_id: str | None = None
+    size_bytes: int | None = None
+    created_at: float
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class LogsOut(BaseModel):
+    attempt: int | None
+    nodes: dict[str, dict[str, Any]]
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    t: float | None = None
+
+
+class HeartbeatOut(BaseModel):
+    ok: bool = True
+    stop: bool = False
+
+
+class VerdictIn(BaseModel):
+    kind: str = Field(pattern=r"^[a-z]+(\.[a-z_]+)+$", max_length=64)
+    message: str = Field(default="", max_length=4000)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    t: float | None = None
+    host: str | None = None
+
+
+class ExitIn(BaseModel):
+    exit_code: int
+    reason: dict[str, Any] | None = None
+    t: float | None = None
+    host: str | None = None
+
+
+class CheckpointIn(BaseModel):
+    step: int = Field(ge=0)
+    uri: str = Field(min_length=1, max_length=2048)
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class RestartIn(BaseModel):
+    number: int = Field(ge=2)
+    resume_from: str | None = Field(default=None, max_length=2048)
+    exclude_nodes: list[str] = Field(default_factory=list, max_length=4096)
+    cause: dict[str, Any] = Field(default_factory=dict)
+
+
+class FailIn(BaseModel):
+    reason: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorOut(BaseModel):
+    detail: Any
+
+
+# What every authenticated route may answer besides its success (documented in OpenAPI).
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "Malformed request (e.g. a body that is not JSON)"},
+    401: {"model": ErrorOut, "description": "Missing, invalid, expired or revoked token"},
+    403: {"model": ErrorOut, "description": "The token may not do this"},
+    404: {"model": ErrorOut, "description": "No such object (in your tenant)"},
+    413: {"model": ErrorOut, "description": "Request body too large"},
+    429: {"model": ErrorOut, "description": "Too many writes with this token (see Retry-After)"},
+}

@@ -1,0 +1,129 @@
+"""The small interface every backend implements (after SkyPilot's `Backend`).
+
+A backend turns one attempt into running nodes and reports how they are doing. It keeps no state
+of its own in memory: everything needed to find the attempt again lives in the JSON `handle` it
+returns, which the controller stores, so a restarted control plane re-adopts running attempts.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from orchestrator.spec import JobSpec
+
+AttemptState = Literal["Starting", "Running", "Completed", "Failed", "Stopped"]
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    job_id: str
+    job_name: str
+    attempt_id: str
+    attempt_number: int
+    spec: JobSpec
+    api_url: str
+    agent_token: str
+    resume_from: str | None = None
+    exclude_nodes: tuple[str, ...] = ()
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    host: str
+    state: AttemptState
+    exit_code: int | None = None
+    reason: dict[str, Any] | None = None
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class PollResult:
+    state: AttemptState
+    nodes: tuple[NodeStatus, ...] = ()
+    reason: dict[str, Any] | None = None
+    exit_code: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in ("Completed", "Failed", "Stopped")
+
+
+class Backend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        """Start the attempt's nodes; idempotent for one attempt id. Returns the handle."""
+
+    @abc.abstractmethod
+    def poll(self, handle: dict[str, Any]) -> PollResult:
+        """Where the attempt stands now."""
+
+    @abc.abstractmethod
+    def stop(self, handle: dict[str, Any]) -> None:
+        """Ask every node to stop (non-blocking; later polls escalate if needed)."""
+
+    @abc.abstractmethod
+    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
+             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+        """Per host: {"text": new output since offsets[host], "offset": next offset}."""
+
+
+def read_log_chunk(path: Path, start: int, max_bytes: int) -> dict[str, Any]:
+    """Up to `max_bytes` of a node's log from byte `start` (negative: the last |start| bytes), as
+    {"text", "offset"} where `offset` is where the next read continues."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if start < 0:
+                start = max(0, size + start)
+            f.seek(start)
+            data = f.read(max_bytes)
+    except FileNotFoundError:
+        data = b""
+        start = max(start, 0)
+    return {"text": data.decode("utf-8", "replace"), "offset": start + len(data)}
+
+
+def node_outcome(ml_root: Path, host: str) -> NodeStatus | None:
+    """How a node ended, from the `agent/exit.json` its agent wrote (None while it runs)."""
+    try:
+        outcome = json.loads((ml_root / "agent" / "exit.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(outcome, dict):
+        return None
+    code = int(outcome.get("exit_code", 1))
+    reason = outcome.get("reason")
+    if reason and reason.get("kind") == "user.stop":
+        state: AttemptState = "Stopped"
+    else:
+        state = "Completed" if code == 0 else "Failed"
+    return NodeStatus(host, state, code, reason if code else None, outcome.get("t"))
+
+
+def summarize_nodes(nodes: list[NodeStatus]) -> PollResult:
+    """The attempt's state from its nodes': the first node to fail decides the reason."""
+    failed = [n for n in nodes if n.state == "Failed"]
+    if failed:
+        # The cause is what went wrong first: a rank's own exit or a verdict ("at"), which precedes
+        # the node's exit by however long its launcher took to notice.
+        first = min(failed, key=lambda n: (n.reason or {}).get("at") or n.ended_at or float("inf"))
+        return PollResult("Failed", tuple(nodes), first.reason, first.exit_code)
+    if nodes and all(n.state == "Stopped" for n in nodes):
+        return PollResult("Stopped", tuple(nodes))
+    if nodes and all(n.state == "Completed" for n in nodes):
+        return PollResult("Completed", tuple(nodes), exit_code=0)
+    if any(n.state in ("Completed", "Stopped") for n in nodes) and all(
+        n.state in ("Completed", "Stopped") for n in nodes
+    ):
+        return PollResult("Stopped", tuple(nodes))
+    if any(n.state == "Running" for n in nodes):
+        return PollResult("Running", tuple(nodes))
+    return PollResult("Starting", tuple(nodes))

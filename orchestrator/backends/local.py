@@ -1,0 +1,201 @@
+"""The `local` backend: N nodes x M processes on this machine, the embedded default.
+
+Each node is a real agent process tree (`python -m agent.entrypoint` -> agent -> torchrun -> ranks)
+with its own contract directory. The agents run in their own sessions and record their pid and
+outcome in files, so they outlive a killed control plane and a restarted one can read how they
+ended: the handle is only the attempt's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from urllib.parse import urlsplit, urlunsplit
+
+import psutil
+
+from agent.contract import NodeContract, read_json, write_json
+from orchestrator.backends import netns
+from orchestrator.backends.base import (
+    Backend, LaunchRequest, NodeStatus, PollResult, node_outcome, read_log_chunk, summarize_nodes,
+)
+from orchestrator.backends.nodeenv import node_env
+
+# A node whose agent has not written its pid this long after launch never started.
+START_TIMEOUT_S = 60.0
+# After a stop request, how long agents get to stop their ranks before SIGKILL.
+STOP_GRACE_S = 20.0
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, jobs_dir: Path):
+        self.jobs_dir = Path(jobs_dir)
+
+    # --- launch -----------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        spec = request.spec
+        root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
+        hosts = [f"algo-{i + 1}" for i in range(spec.resources.instance_count)]
+        # Namespaces are planned from the attempt id alone, so a re-adopted handle names them too.
+        net = netns.plan(request.attempt_id, hosts) if spec.backend_options.get("netns") else None
+        handle: dict[str, Any] = {"root": str(root), "hosts": hosts}
+        if net:
+            handle["netns"] = net.to_dict()
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            # The marker makes launch idempotent: a controller that died after spawning
+            # must not spawn the nodes a second time when it re-adopts this attempt.
+            fd = os.open(root / "launched", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return handle
+        with os.fdopen(fd, "w") as marker:
+            marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
+
+        master_port = _free_port()
+        workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
+        if net:
+            netns.create(request.attempt_id, hosts)
+        for host in hosts:
+            contract = NodeContract(
+                ml_root=root / host, hosts=tuple(hosts), current_host=host,
+                hyperparameters=dict(spec.hyperparameters),
+                channels={c.channel: c.s3_uri for c in spec.inputs},
+                network_interface=netns.NS_IFACE if net else "lo",
+            )
+            contract.write()
+            env = node_env(request, contract, net.nodes[0].ip if net else "127.0.0.1", master_port, workdir)
+            argv = [sys.executable, "-m", "agent.entrypoint"]
+            if net:
+                # Inside its namespace the node reaches the control plane through the bridge
+                # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
+                env["AERIE_API"] = _via(request.api_url, net.bridge_ip)
+                env["GLOO_SOCKET_IFNAME"] = netns.NS_IFACE
+                argv = ["ip", "netns", "exec", net.node(host).ns, *argv]
+            log = open(contract.ml_root / "logs" / "node.log", "ab", buffering=0)
+            # start_new_session: the node survives the control plane and can be signalled as a group.
+            # The command is a fixed argv; user strings only travel in the environment.
+            psutil.Popen(
+                argv, cwd=str(workdir), env=env,
+                stdin=open(os.devnull), stdout=log, stderr=log, start_new_session=True, close_fds=True,
+            )
+            log.close()
+        write_json(root / "handle.json", handle)
+        return handle
+
+    # --- poll -------------------------------------------------------------------------------
+
+    def poll(self, handle: dict[str, Any]) -> PollResult:
+        root = Path(handle["root"])
+        marker = read_json(root / "launched", {}) or {}
+        launched_at = float(marker.get("t", 0.0)) if isinstance(marker, dict) else 0.0
+        stop = read_json(root / "stop.json")
+        nodes = [self._node_status(root / host, host, launched_at, stop) for host in handle["hosts"]]
+        if stop and isinstance(stop, dict) and time.time() - stop["t"] > STOP_GRACE_S:
+            for host in handle["hosts"]:
+                _kill_node(root / host, signal.SIGKILL)
+        result = summarize_nodes(nodes)
+        if stop and result.state == "Failed":
+            # A node that died of our own stop request did not fail.
+            result = PollResult("Stopped", result.nodes)
+        if result.terminal and handle.get("netns") and all(n.state != "Running" for n in result.nodes):
+            netns.destroy(handle["netns"])
+        return result
+
+    def _node_status(self, ml_root: Path, host: str, launched_at: float, stop: Any) -> NodeStatus:
+        node_dir = ml_root / "agent"
+        ended = node_outcome(ml_root, host)
+        if ended is not None:
+            return ended
+        pid = _read_pid(node_dir / "agent.pid")
+        if pid is not None and _alive(pid, "agent"):
+            return NodeStatus(host, "Running")
+        if pid is None and time.time() - launched_at < START_TIMEOUT_S:
+            return NodeStatus(host, "Starting")
+        if stop:
+            return NodeStatus(host, "Stopped")
+        # The agent is gone without writing its outcome: killed, or the machine lost it.
+        return NodeStatus(host, "Failed", None, {"kind": "node.lost", "host": host,
+                                                  "message": "agent process vanished without reporting an exit"},
+                          time.time())
+
+    # --- stop and logs ----------------------------------------------------------------------
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        root = Path(handle["root"])
+        if not (root / "stop.json").exists():
+            write_json(root / "stop.json", {"t": time.time()})
+        for host in handle["hosts"]:
+            _kill_node(root / host, signal.SIGTERM)
+        if handle.get("netns"):
+            # The controller stops polling a finished attempt: tear the network down once its
+            # nodes have had their grace period.
+            timer = threading.Timer(STOP_GRACE_S + 5, netns.destroy, [handle["netns"]])
+            timer.daemon = True
+            timer.start()
+
+    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
+             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for host in handle["hosts"]:
+            path = Path(handle["root"]) / host / "logs" / "node.log"
+            out[host] = read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes)
+        return out
+
+
+def _via(url: str, host: str) -> str:
+    """`url` with its host replaced (the control plane as seen from inside a namespace)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int, needle: str) -> bool:
+    """True if `pid` runs and is ours (pids are reused: check the command line too)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return any(needle in part for part in proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _kill_node(ml_root: Path, sig: int) -> None:
+    """Signal the node's agent; on SIGKILL also its ranks' process group, which it can't do itself."""
+    pid = _read_pid(ml_root / "agent" / "agent.pid")
+    if pid is not None and _alive(pid, "agent"):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    if sig == signal.SIGKILL:
+        for name in ("trainer.pgid", "entrypoint.pgid"):
+            pgid = _read_pid(ml_root / "agent" / name)
+            if pgid:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass

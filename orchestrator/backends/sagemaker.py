@@ -1,0 +1,266 @@
+"""The `sagemaker` backend: one SageMaker training job per attempt, through boto3.
+
+Launch sends `CreateTrainingJob` built from `JobSpec.to_create_training_job()`, with an
+attempt-unique `TrainingJobName`, Aerie's environment (API URL, agent token, attempt, resume
+point, checkpoint URI) and `aerie:*` tags that let SageMaker's own events be traced back to the
+attempt. Inside the container the image's agent (`python -m agent.entrypoint`) runs the user's
+entrypoint, exactly as on the local and Slurm backends, and reports to the control plane.
+Poll maps `DescribeTrainingJob` onto Aerie's states, keeping `SecondaryStatusTransitions`; stop is
+`StopTrainingJob`; logs come from CloudWatch Logs (`/aws/sagemaker/TrainingJobs`, one stream per
+instance, `<job>/algo-N-<epoch>`). `event_from_sagemaker` turns SageMaker's EventBridge
+"SageMaker Training Job State Change" into Aerie's "Aerie Attempt State Change", so chaining reacts
+to either the same way.
+
+AWS cannot be reached from this project's machines: the tests drive this module through
+botocore's `Stubber`, which checks every request against the real SageMaker and CloudWatch Logs
+service models.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+# The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
+from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-exported for callers
+    _epoch, attempt_state, event_from_sagemaker, failure_reason, transitions,
+)
+from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
+from orchestrator.backends.nodeenv import attempt_env, checkpoint_uri
+
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+NAME_MAX = 63
+# The Aerie image's entrypoint: PID 1 wrapper -> agent -> the user's entrypoint (AERIE_ENTRYPOINT).
+AGENT_ENTRYPOINT = ["python", "-m", "agent.entrypoint"]
+ENV_VALUE_MAX = 512  # SageMaker's limit on one Environment value
+# SageMaker's SecondaryStatus values before the user's code runs.
+
+
+@dataclass(frozen=True)
+class SageMakerPollResult(PollResult):
+    """A PollResult that also carries SageMaker's own step history, for the controller to emit."""
+
+    transitions: tuple[dict[str, Any], ...] = ()
+    secondary_status: str | None = None
+
+
+class SageMakerBackend(Backend):
+    name = "sagemaker"
+
+    def __init__(self, client: Any = None, logs_client: Any = None, region: str | None = None,
+                 defaults: dict[str, Any] | None = None):
+        self._client = client
+        self._logs = logs_client
+        self.region = region
+        # Request fields every job gets unless its spec says otherwise (RoleArn, VpcConfig, ...).
+        self.defaults = dict(defaults or {})
+
+    @classmethod
+    def from_env(cls) -> "SageMakerBackend":
+        """Defaults from AERIE_SAGEMAKER_ROLE_ARN, _SUBNETS and _SECURITY_GROUPS (comma-separated)."""
+        env = os.environ
+        defaults: dict[str, Any] = {}
+        if env.get("AERIE_SAGEMAKER_ROLE_ARN"):
+            defaults["RoleArn"] = env["AERIE_SAGEMAKER_ROLE_ARN"]
+        if env.get("AERIE_SAGEMAKER_SUBNETS"):
+            defaults["VpcConfig"] = {
+                "Subnets": _csv(env["AERIE_SAGEMAKER_SUBNETS"]),
+                "SecurityGroupIds": _csv(env.get("AERIE_SAGEMAKER_SECURITY_GROUPS", "")),
+            }
+        return cls(region=_region(), defaults=defaults)
+
+    @staticmethod
+    def available() -> bool:
+        """Configured when boto3 finds credentials and a region (AERIE_SAGEMAKER=0 turns it off)."""
+        if os.environ.get("AERIE_SAGEMAKER", "").lower() in {"0", "false", "no", "off"}:
+            return False
+        return _region() is not None and _credentials() is not None
+
+    def check(self) -> tuple[bool, str]:
+        region, creds = _region(), _credentials()
+        if region is None:
+            return False, "no AWS region configured (AWS_REGION)"
+        if creds is None:
+            return False, "no AWS credentials found"
+        return True, f"credentials ({creds.method}) and region {region} configured (not contacted)"
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("sagemaker", region_name=self.region)
+        return self._client
+
+    @property
+    def logs_client(self) -> Any:
+        if self._logs is None:
+            import boto3
+
+            self._logs = boto3.client("logs", region_name=self.region)
+        return self._logs
+
+    # --- launch -----------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        body = create_training_job_request(request, self.defaults)
+        name = body["TrainingJobName"]
+        try:
+            self.client.create_training_job(**body)
+        except Exception as exc:
+            # Idempotent: the controller may launch an attempt again after a crash.
+            if _error_code(exc) != "ResourceInUse":
+                raise
+        hosts = [f"algo-{i + 1}" for i in range(request.spec.resources.instance_count)]
+        return {"training_job_name": name, "hosts": hosts, "region": self.region}
+
+    # --- poll, stop, logs -------------------------------------------------------------------
+
+    def poll(self, handle: dict[str, Any]) -> SageMakerPollResult:
+        described = self.client.describe_training_job(TrainingJobName=handle["training_job_name"])
+        return poll_result(described, handle.get("hosts") or [])
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        try:
+            self.client.stop_training_job(TrainingJobName=handle["training_job_name"])
+        except Exception as exc:
+            # Stopping a job that already ended is not an error for Aerie.
+            if _error_code(exc) != "ValidationException":
+                raise
+
+    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
+             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+        """Per host (algo-N): new lines of its CloudWatch stream. Offsets count events read."""
+        job = handle["training_job_name"]
+        streams = self.logs_client.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=job + "/")
+        out: dict[str, dict[str, Any]] = {}
+        for stream in streams.get("logStreams", []):
+            name = stream["logStreamName"]
+            host = name[len(job) + 1:].rsplit("-", 1)[0]  # "<job>/algo-1-1700000000" -> "algo-1"
+            start = max(int((offsets or {}).get(host, 0)), 0)
+            text, taken = self._read_stream(name, start, max_bytes)
+            out[host] = {"text": text, "offset": start + taken}
+        return out
+
+    def _read_stream(self, stream: str, start: int, max_bytes: int) -> tuple[str, int]:
+        """Events `start`.. of one stream, paging with CloudWatch's forward token, up to max_bytes."""
+        parts: list[str] = []
+        size = index = taken = 0
+        token = None
+        while size < max_bytes:
+            kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True,
+                                      "limit": 10000}
+            if token:
+                kwargs["nextToken"] = token
+            page = self.logs_client.get_log_events(**kwargs)
+            for e in page.get("events", []):
+                if index >= start:
+                    line = e["message"].rstrip("\n") + "\n"
+                    if size + len(line) > max_bytes and taken:
+                        return "".join(parts), taken
+                    parts.append(line)
+                    size += len(line)
+                    taken += 1
+                index += 1
+            # CloudWatch hands back the same token once the stream's end is reached.
+            if not page.get("events") or page.get("nextForwardToken") in (None, token):
+                break
+            token = page["nextForwardToken"]
+        return "".join(parts), taken
+
+
+# --- the request ---------------------------------------------------------------------------------
+
+def training_job_name(request: LaunchRequest) -> str:
+    """`<job id>-a<N>`: unique per attempt (SageMaker names are unique per account and region)."""
+    suffix = f"-a{request.attempt_number}"
+    return request.job_id[: NAME_MAX - len(suffix)].rstrip("-") + suffix
+
+
+def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The CreateTrainingJob request of one attempt."""
+    spec = request.spec
+    options = dict(spec.backend_options or {})
+    carried = {**(defaults or {}), **(options.get("sagemaker") or {})}
+    agent_entrypoint = list(options.get("agent_entrypoint") or AGENT_ENTRYPOINT)
+    workdir = options.get("container_workdir") or "/opt/ml/code"
+    body = spec.model_copy(update={"backend_options": {**options, "sagemaker": carried}}).to_create_training_job()
+    body["TrainingJobName"] = training_job_name(request)
+    # No RetryStrategy: Aerie chains attempts itself (a new training job per attempt, resumed from
+    # the last good checkpoint, bad nodes excluded); SageMaker's own retries would hide failures
+    # from chaining and restart without the resume point.
+    body.pop("RetryStrategy", None)
+    # The image's agent runs the user's entrypoint (AERIE_ENTRYPOINT), as on every backend.
+    algo = body["AlgorithmSpecification"]
+    algo["ContainerEntrypoint"] = agent_entrypoint
+    algo.pop("ContainerArguments", None)
+    uri = checkpoint_uri(spec, request.job_id)
+    if uri:  # every attempt of the job shares one prefix: attempt N+1 resumes from N's checkpoints
+        body["CheckpointConfig"] = {**body.get("CheckpointConfig", {}), "S3Uri": uri}
+    aerie = attempt_env(request, workdir)
+    aerie.update({"AERIE_MASTER_ADDR": "algo-1", "AERIE_MASTER_PORT": str(options.get("master_port") or 29500)})
+    # Only the health fields the spec changed: the whole section nears SageMaker's 512-character cap
+    # on one Environment value, and the agent fills the rest with the same defaults (tested).
+    aerie["AERIE_HEALTH"] = spec.health.model_dump_json(exclude_defaults=True)
+    environment = {**body.get("Environment", {}), **request.extra_env, **aerie}
+    too_long = sorted(k for k, v in environment.items() if len(v) > ENV_VALUE_MAX)
+    if too_long:
+        raise ValueError(f"SageMaker limits Environment values to {ENV_VALUE_MAX} characters; too long: "
+                         f"{too_long} (move long entrypoint arguments into hyperparameters)")
+    body["Environment"] = environment
+    tags = [t for t in body.get("Tags", []) if not t["Key"].startswith("aerie:")]
+    tags += [{"Key": "aerie:job", "Value": request.job_id}, {"Key": "aerie:job-name", "Value": request.job_name},
+             {"Key": "aerie:attempt", "Value": request.attempt_id}]
+    body["Tags"] = tags
+    return body
+
+
+# --- state ---------------------------------------------------------------------------------------
+
+def poll_result(described: dict[str, Any], hosts: list[str]) -> SageMakerPollResult:
+    """One DescribeTrainingJob answer as the attempt's PollResult."""
+    status = described["TrainingJobStatus"]
+    secondary = described.get("SecondaryStatus")
+    state = attempt_state(status, secondary)
+    reason, code = (None, None)
+    if state == "Failed":
+        reason, code = failure_reason(described.get("FailureReason"))
+        code = code if code is not None else 1
+    elif state == "Completed":
+        code = 0
+    ended = _epoch(described.get("TrainingEndTime"))
+    nodes = tuple(NodeStatus(h, state, code if state in ("Completed", "Failed") else None,
+                             reason, ended) for h in hosts)
+    return SageMakerPollResult(state, nodes, reason, code, transitions(described), secondary)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def _error_code(exc: Exception) -> str | None:
+    response = getattr(exc, "response", None)
+    return (response or {}).get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def _region() -> str | None:
+    try:
+        import boto3
+
+        region = boto3.session.Session().region_name
+    except Exception:
+        region = None
+    return region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def _credentials() -> Any:
+    try:
+        import boto3
+
+        return boto3.session.Session().get_credentials()
+    except Exception:
+        return None
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+

@@ -1,0 +1,374 @@
+"""The `slurm` backend: one `sbatch` per attempt, whose `srun` starts one agent per node.
+
+Launch renders a batch script and a `launch.json` beside it under the attempt's directory (which
+must be on a filesystem the nodes share: the same machine on the emulated cluster). The script
+holds only `#SBATCH` lines whose values are checked against a strict pattern and a fixed `srun`
+line; every user value (entrypoint, hyperparameters, env, token) travels in `launch.json`, read
+on each node by `agent.slurm`, which builds the node's contract and execs the agent.
+
+State comes from Slurm (`scontrol show job`, then `sacct` for jobs slurmctld has forgotten)
+combined with the nodes' own `agent/exit.json`,
+which say why a node ended (a verdict, a rank's exit code, a stop). Stop is `scancel`: Slurm sends
+SIGTERM to every process of the job, then SIGKILL after `KillWait`. The handle is plain JSON, so a
+restarted control plane re-adopts running jobs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.contract import read_json, write_json
+from orchestrator.backends.base import (
+    Backend, LaunchRequest, NodeStatus, PollResult, node_outcome, read_log_chunk, summarize_nodes,
+)
+from orchestrator.backends.nodeenv import attempt_env, inherited_env
+
+# A value that may appear on an #SBATCH line: no spaces, quotes, newlines or shell syntax.
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:\[\]=/@+%-]{1,256}$")
+SLURM_TIMEOUT_S = 30.0
+# Slurm states, grouped by what they mean for the attempt.
+PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
+RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+# A job Slurm has forgotten and `sacct` does not list: after this long, call it lost.
+FORGOTTEN_AFTER_S = 60.0
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message carries its stderr."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What the batch script asks Slurm for, from `backend_options.slurm` over control-plane defaults."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    network_interface: str | None = None
+    master_port: int | None = None
+
+    @classmethod
+    def resolve(cls, spec: Any, defaults: "SlurmOptions") -> "SlurmOptions":
+        raw = dict((spec.backend_options or {}).get("slurm") or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"unknown backend_options.slurm keys {sorted(unknown)}; known: {sorted(known)}")
+        merged = {k: raw.get(k, getattr(defaults, k)) for k in known}
+        if merged["time"] is None:
+            merged["time"] = str(math.ceil(spec.stopping.max_runtime_s / 60))  # minutes
+        return cls(**merged)
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def __init__(self, jobs_dir: Path, defaults: SlurmOptions | None = None, python: str | None = None):
+        self.jobs_dir = Path(jobs_dir)
+        self.defaults = defaults or SlurmOptions()
+        # The interpreter the nodes run: this one, on a filesystem they share.
+        self.python = python or sys.executable
+
+    @classmethod
+    def from_env(cls, jobs_dir: Path) -> "SlurmBackend":
+        """Cluster-wide defaults from AERIE_SLURM_PARTITION / _ACCOUNT / _PYTHON."""
+        env = os.environ
+        return cls(jobs_dir, SlurmOptions(partition=env.get("AERIE_SLURM_PARTITION") or None,
+                                          account=env.get("AERIE_SLURM_ACCOUNT") or None),
+                   python=env.get("AERIE_SLURM_PYTHON") or None)
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("sbatch") is not None
+
+    def check(self) -> tuple[bool, str]:
+        """Reachable when `sinfo` answers; the detail names the partitions' node states."""
+        try:
+            out = _run(["sinfo", "-h", "-o", "%P %a %D %t"])
+        except (SlurmError, OSError) as exc:
+            return False, str(exc).strip().splitlines()[-1]  # the fatal line says it best
+        return True, "; ".join(line.strip() for line in out.splitlines() if line.strip()) or "no partitions"
+
+    # --- launch -----------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        spec = request.spec
+        root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
+        handle: dict[str, Any] = {"root": str(root), "hosts": [], "slurm_job_id": None,
+                                  "job_name": request.attempt_id, "nodes": spec.resources.instance_count}
+        root.mkdir(parents=True, exist_ok=True)
+        recorded = read_json(root / "handle.json")
+        if isinstance(recorded, dict) and recorded.get("slurm_job_id"):
+            return recorded
+        # Idempotent: a controller that died between sbatch and recording the id finds the job by name.
+        existing = _find_job_by_name(request.attempt_id)
+        if existing is None:
+            options = SlurmOptions.resolve(spec, self.defaults)
+            workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
+            launch_path = root / "launch.json"
+            write_json(launch_path, launch_document(request, root, workdir, options))
+            os.chmod(launch_path, 0o600)  # it holds the agent token
+            script = root / "job.sbatch"
+            script.write_text(render_script(request, options))
+            # Slurm copies the submitting environment into the job: never the control plane's own
+            # AERIE_* (database URL, tokens); the nodes get theirs from launch.json.
+            env = {**inherited_env(), "AERIE_SLURM_LAUNCH": str(launch_path), "AERIE_SLURM_PYTHON": self.python}
+            existing = int(_run(["sbatch", "--parsable", "--export=ALL", str(script)], cwd=root, env=env)
+                           .strip().split(";")[0])
+        handle["slurm_job_id"] = existing
+        write_json(root / "handle.json", handle)
+        return handle
+
+    # --- poll -------------------------------------------------------------------------------
+
+    def poll(self, handle: dict[str, Any]) -> PollResult:
+        root = Path(handle["root"])
+        job = slurm_job_state(int(handle["slurm_job_id"]))
+        stop = read_json(root / "stop.json")
+        hosts = _hosts(root) or list(handle.get("hosts") or [])
+        slurm_state = job["state"] if job else None
+        if slurm_state is None:
+            # Neither scontrol nor sacct knows it (yet): give a fresh submission time to show up.
+            age = time.time() - (root / "handle.json").stat().st_mtime if (root / "handle.json").exists() else 0
+            slurm_state = "PENDING" if age < FORGOTTEN_AFTER_S else "LOST"
+        if slurm_state in PENDING:
+            return PollResult("Starting", tuple(NodeStatus(h, "Starting") for h in hosts))
+
+        ended = slurm_state not in RUNNING
+        nodes = [_node_status(root / h, h, ended, bool(stop), slurm_state) for h in hosts]
+        if ended and not nodes:
+            # The job ended before any node started (bad partition, node failure at boot, ...).
+            if stop or slurm_state == "CANCELLED":
+                return PollResult("Stopped")
+            reason = _slurm_reason(slurm_state, job, root)
+            return PollResult("Failed", reason=reason, exit_code=(job or {}).get("exit_code") or 1)
+        result = summarize_nodes(nodes)
+        if stop and result.state == "Failed":
+            result = PollResult("Stopped", result.nodes)  # nodes that died of our own stop request
+        if ended and not result.terminal:
+            result = PollResult("Failed", result.nodes, _slurm_reason(slurm_state, job, root), 1)
+        return result
+
+    # --- stop and logs ----------------------------------------------------------------------
+
+    def stop(self, handle: dict[str, Any]) -> None:
+        root = Path(handle["root"])
+        first = not (root / "stop.json").exists()
+        if first:
+            write_json(root / "stop.json", {"t": time.time()})
+        stop = read_json(root / "stop.json") or {}
+        # scancel once, and again if Slurm still runs it much later (a lost cancel, a slurmctld restart).
+        if first or time.time() - float(stop.get("t", 0)) > 45:
+            try:
+                _run(["scancel", str(handle["slurm_job_id"])])
+            except SlurmError:
+                pass  # already gone
+            if not first:
+                write_json(root / "stop.json", {"t": time.time()})
+
+    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
+             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+        """Every node's `logs/node.log`, plus Slurm's own output of the batch step under `slurm`."""
+        root = Path(handle["root"])
+        files = {h: root / h / "logs" / "node.log" for h in _hosts(root) or handle.get("hosts") or []}
+        batch = root / f"slurm-{handle['slurm_job_id']}.out"
+        if batch.exists() and batch.stat().st_size:
+            files["slurm"] = batch
+        return {host: read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes) for host, path in files.items()}
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
+    """The batch script: checked #SBATCH values and a fixed srun line; nothing else from the user."""
+    spec = request.spec
+    lines = ["#!/bin/bash",
+             f"# Aerie attempt {_safe(request.attempt_id, 'attempt id')} of job {_safe(request.job_id, 'job id')}.",
+             "# Rendered by orchestrator/backends/slurm.py. Every user value is in launch.json beside",
+             "# this script ($AERIE_SLURM_LAUNCH); agent.slurm reads it on each node.",
+             f"#SBATCH --job-name={_safe(request.attempt_id, 'attempt id')}",
+             f"#SBATCH --nodes={int(spec.resources.instance_count)}",
+             "#SBATCH --ntasks-per-node=1",
+             "#SBATCH --output=slurm-%j.out",
+             "#SBATCH --open-mode=append"]
+    if request.exclude_nodes:
+        lines.append(f"#SBATCH --exclude={_safe(','.join(request.exclude_nodes), 'exclude_nodes')}")
+    if options.partition:
+        lines.append(f"#SBATCH --partition={_safe(options.partition, 'partition')}")
+    if options.account:
+        lines.append(f"#SBATCH --account={_safe(options.account, 'account')}")
+    if options.time:
+        lines.append(f"#SBATCH --time={_safe(str(options.time), 'time')}")
+    if options.gpus_per_node:
+        lines.append(f"#SBATCH --gres=gpu:{int(options.gpus_per_node)}")
+    if options.cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={int(options.cpus_per_task)}")
+    lines += [
+        "set -eu",
+        # One task per node; if one node's agent fails, Slurm ends the others (the attempt has failed).
+        'exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 "$AERIE_SLURM_PYTHON" -m agent.slurm "$AERIE_SLURM_LAUNCH"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def launch_document(request: LaunchRequest, root: Path, workdir: Path, options: SlurmOptions) -> dict[str, Any]:
+    """launch.json: what `agent.slurm` needs to build each node's contract and environment."""
+    spec = request.spec
+    return {
+        "root": str(root),
+        "workdir": str(workdir),
+        "hyperparameters": dict(spec.hyperparameters),
+        "channels": {c.channel: c.s3_uri for c in spec.inputs},
+        "num_gpus": int(options.gpus_per_node or 0),
+        "network_interface": options.network_interface,
+        "master_port": options.master_port,
+        "env": {"user": dict(spec.env), "extra": dict(request.extra_env),
+                "attempt": attempt_env(request, workdir)},
+    }
+
+
+def _safe(value: str, what: str) -> str:
+    if not SAFE_VALUE.match(value):
+        raise ValueError(f"{what} {value!r} cannot go on an #SBATCH line (allowed: {SAFE_VALUE.pattern})")
+    return value
+
+
+# --- talking to Slurm ------------------------------------------------------------------------------
+
+def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    try:
+        r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} is not installed (infra/local/slurm/up.sh installs Slurm)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(argv)} did not answer in {SLURM_TIMEOUT_S:.0f} s") from None
+    if r.returncode != 0:
+        raise SlurmError(f"{' '.join(argv)} exited {r.returncode}: {(r.stderr or r.stdout).strip()[:500]}")
+    return r.stdout
+
+
+def slurm_job_state(job_id: int) -> dict[str, Any] | None:
+    """{"state", "reason", "exit_code", "nodes"} of a job, or None if Slurm knows nothing of it.
+
+    `scontrol show job` while slurmctld remembers the job (MinJobAge after it ends), then `sacct`
+    (accounting, or the jobcomp file with -c). Not `squeue --json`: in Slurm 22.05 it ignores
+    `--jobs` and dumps every job in the cluster, too much for a poll every second. Raises
+    SlurmError when slurmctld does not answer, so the poll fails and is retried instead of
+    declaring a running job lost.
+    """
+    try:
+        out = _run(["scontrol", "show", "job", "-o", str(job_id)])
+    except SlurmError as exc:
+        if "Invalid job id" not in str(exc):
+            raise
+        return _from_sacct(job_id)
+    line = out.strip().splitlines()[0] if out.strip() else ""
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    return {"state": _state_word(fields.get("JobState")), "reason": fields.get("Reason"),
+            "exit_code": _exit_code(fields.get("ExitCode")), "nodes": fields.get("NodeList", "")}
+
+
+def _state_word(value: Any) -> str:
+    if isinstance(value, list):  # JSON output of Slurm >= 23.02: a list of flags, the base state first
+        value = value[0] if value else ""
+    return str(value or "").split()[0].upper() if value else ""
+
+
+def _exit_code(value: Any) -> int | None:
+    if isinstance(value, dict):  # JSON output of Slurm >= 23.02: {"status", "return_code": {"number"}}
+        rc = value.get("return_code")
+        return int(rc.get("number", 0)) if isinstance(rc, dict) else int(rc or 0)
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return int(value.split(":")[0])  # "2:0" = exit code 2, signal 0
+    return int(value)
+
+
+def _from_sacct(job_id: int) -> dict[str, Any] | None:
+    """Finished jobs slurmctld has forgotten: the accounting database, or the jobcomp file (-c)."""
+    for extra in ([], ["-c"]):
+        try:
+            out = _run(["sacct", *extra, "-n", "-P", "-X", "-j", str(job_id), "-o", "JobID,State,ExitCode,NodeList"])
+        except SlurmError:
+            continue
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) >= 4 and parts[0] == str(job_id):
+                return {"state": _state_word(parts[1]), "reason": None, "exit_code": _exit_code(parts[2]),
+                        "nodes": parts[3]}
+    return None
+
+
+def _find_job_by_name(name: str) -> int | None:
+    try:
+        out = _run(["squeue", "-h", "--states=all", f"--name={name}", "-o", "%i"])
+    except SlurmError:
+        return None
+    ids = [int(x) for x in out.split() if x.strip().isdigit()]
+    return max(ids) if ids else None
+
+
+# --- reading the nodes' files ----------------------------------------------------------------------
+
+def _hosts(root: Path) -> list[str]:
+    data = read_json(root / "hosts.json")
+    if isinstance(data, dict):
+        return list(data.get("hosts") or [])
+    # Before the first node wrote hosts.json, the node directories tell which nodes started.
+    return sorted(p.parent.parent.name for p in root.glob("*/agent/agent.pid"))
+
+
+def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_state: str) -> NodeStatus:
+    ended = node_outcome(ml_root, host)
+    if ended is not None:
+        return ended
+    if not job_ended:
+        running = (ml_root / "agent" / "agent.pid").exists()
+        return NodeStatus(host, "Running" if running else "Starting")
+    if stop or slurm_state == "CANCELLED":
+        return NodeStatus(host, "Stopped")
+    # Slurm ended the job and this node's agent never wrote its outcome: killed or lost with its node.
+    return NodeStatus(host, "Failed", None, {
+        "kind": "node.lost", "host": host,
+        "message": f"agent ended without reporting an exit (Slurm job state {slurm_state})"}, time.time())
+
+
+def _slurm_reason(state: str, job: dict[str, Any] | None, root: Path) -> dict[str, Any]:
+    detail = (job or {}).get("reason")
+    kind = {"NODE_FAIL": "node.lost", "BOOT_FAIL": "node.lost", "LOST": "node.lost",
+            "TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "exit.oom",
+            "PREEMPTED": "node.preempted"}.get(state, "launch.failed")
+    message = f"Slurm job ended {state}" + (f" ({detail})" if detail and detail != "None" else "")
+    tail = _tail(root / f"slurm-{_job_id_of(root)}.out")
+    if tail:
+        message += f": {tail}"
+    return {"kind": kind, "message": message[:1000], "slurm_state": state}
+
+
+def _job_id_of(root: Path) -> Any:
+    handle = read_json(root / "handle.json") or {}
+    return handle.get("slurm_job_id") if isinstance(handle, dict) else None
+
+
+def _tail(path: Path, n: int = 400) -> str:
+    try:
+        return path.read_bytes()[-n:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+

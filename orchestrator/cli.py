@@ -1,0 +1,352 @@
+"""`aerie`: the command line. Talks to the API over HTTP; `aerie up` runs the control plane."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.client import ApiError, Client
+from orchestrator.spec import JobSpec, SpecError, format_validation_error, load_document
+
+app = typer.Typer(help="Aerie: run LLM training jobs that recover from silent failures by themselves.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+console = Console()
+err = Console(stderr=True)
+
+TERMINAL = {"Completed", "Failed", "Stopped"}
+
+
+def _client() -> Client:
+    try:
+        return Client()
+    except ApiError as exc:
+        _die(str(exc))
+
+
+def _die(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except ApiError as exc:
+        _die(str(exc))
+
+
+def _age(t: float | None) -> str:
+    if not t:
+        return "-"
+    s = int(time.time() - t)
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
+# --- control plane ---------------------------------------------------------------------------
+
+@app.command()
+def up(
+    host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1, AERIE_HOST)."),
+    port: int = typer.Option(None, help="Port to listen on (default 8470, AERIE_PORT)."),
+    s3: bool = typer.Option(True, "--s3/--no-s3", help="Start a loopback S3 server for checkpoints when no "
+                            "endpoint is configured (AERIE_S3_ENDPOINT / AWS_ENDPOINT_URL)."),
+    api_only: bool = typer.Option(False, "--api-only", help="Serve the API without taking part in leader "
+                                  "election (an extra replica behind a load balancer)."),
+) -> None:
+    """Start the control plane (API + controller) on the embedded defaults (SQLite under ~/.aerie)."""
+    import uvicorn
+
+    from orchestrator.server import build_app
+    from orchestrator.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if host:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    settings = Settings(**overrides)
+    if s3 and not (os.environ.get("AERIE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")):
+        from orchestrator.devstack import ensure_s3
+
+        # A separate process that outlives this one: checkpoints survive a control-plane restart.
+        server = ensure_s3(log_path=settings.home_dir / "devstack" / "s3.log")
+        os.environ.update(server.env())  # jobs and the in-process handlers inherit it
+        console.print(f"  s3: {server.endpoint_url} (loopback moto server, bucket s3://{server.bucket}; "
+                      f"stop it with `python -m orchestrator.devstack down`)")
+    app_ = build_app(settings, with_controller=not api_only)
+    settings.api_url_path.write_text(settings.api_url + "\n")
+    console.print(f"Aerie control plane on [bold]{settings.api_url}[/bold]  (docs: {settings.api_url}/docs)")
+    console.print(f"  store: {settings.db_url}")
+    console.print(f"  admin token: {settings.admin_token_path} (mode 0600)")
+    console.print(f"  jobs: {settings.jobs_dir}")
+    uvicorn.run(app_, host=settings.host, port=settings.port, log_level="warning")
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+@app.command()
+def submit(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Job spec (YAML/JSON) or a CreateTrainingJob request (JSON)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Stream logs until the job ends; exit 0 only if it completed."),
+    name: Optional[str] = typer.Option(None, help="Override the spec's name."),
+    backend: Optional[str] = typer.Option(None, help="Override the spec's backend: local, slurm or sagemaker."),
+    fault: list[str] = typer.Option([], "--fault", metavar="KIND@STEP[:rank=R][:attempt=N]",
+                                    help="Inject a fault to rehearse recovery (repeatable): nan, busy_hang, "
+                                         "sigstop, sigkill, exit, slow. E.g. --fault busy_hang@30:rank=1"),
+) -> None:
+    """Submit a job. The spec is checked here first, so every bad field is named at once."""
+    try:
+        data = load_document(spec_path)
+        if name:
+            data["name" if "AlgorithmSpecification" not in data else "TrainingJobName"] = name
+        spec = JobSpec.from_dict(data)
+    except SpecError as exc:
+        _die(str(exc), 2)
+    except ValidationError as exc:
+        _die(f"{spec_path} is not a valid job spec:\n{format_validation_error(exc)}", 2)
+    if backend:
+        spec = spec.model_copy(update={"backend": backend})
+    if fault:
+        from trainer.faults import parse_cli
+
+        try:
+            faults = [parse_cli(f) for f in fault]
+        except ValueError as exc:
+            _die(str(exc), 2)
+        spec = spec.model_copy(update={"env": {**spec.env, "AERIE_FAULTS": json.dumps(faults)}})
+    if spec.backend in ("local", "slurm") and "workdir" not in spec.backend_options:
+        # Like SkyPilot's workdir: local and Slurm nodes (shared filesystem) run the code from where you submitted.
+        spec = spec.model_copy(update={"backend_options": {**spec.backend_options, "workdir": os.getcwd()}})
+    client = _client()
+    job = _call(client.submit, spec.model_dump(mode="json"))
+    console.print(f"submitted [bold]{job['id']}[/bold] ({spec.resources.instance_count} node(s) x "
+                  f"{spec.resources.procs_per_node} process(es), backend {spec.backend})")
+    if follow:
+        state = _follow(client, job["id"])
+        raise typer.Exit(0 if state == "Completed" else 1)
+
+
+@app.command("ls")
+def list_jobs(state: Optional[str] = typer.Option(None, help="Only jobs in this state.")) -> None:
+    """List jobs, newest first."""
+    jobs = _call(_client().jobs, state)
+    table = Table("ID", "NAME", "STATE", "BACKEND", "ATTEMPTS", "AGE", "REASON")
+    for j in jobs:
+        reason = (j.get("reason") or {}).get("kind", "")
+        table.add_row(j["id"], j["name"], _state(j["state"]), j["backend"], str(j["attempts"]), _age(j["created_at"]), reason)
+    console.print(table)
+
+
+@app.command()
+def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
+    """Show a job: its state, every attempt with its reason, nodes and verdicts."""
+    d = _call(_client().job, job)
+    console.print(f"[bold]{d['id']}[/bold]  {_state(d['state'])}  backend={d['backend']}  created {_age(d['created_at'])} ago")
+    if d.get("reason"):
+        console.print(f"  reason: {d['reason'].get('kind')}: {d['reason'].get('message', '')}")
+    table = Table("ATTEMPT", "STATE", "REASON", "EXIT", "RESUMED FROM", "NODES", "DURATION")
+    for a in d["attempt_list"]:
+        reason = a.get("reason") or {}
+        dur = (a["ended_at"] or time.time()) - a["started_at"] if a.get("started_at") else None
+        nodes = ", ".join(f"{n['host']}:{n['state']}" for n in a["nodes"])
+        table.add_row(str(a["number"]), _state(a["state"]), reason.get("kind", ""),
+                      "" if a["exit_code"] is None else str(a["exit_code"]), a.get("resume_from") or "",
+                      nodes, f"{dur:.0f}s" if dur is not None else "")
+    console.print(table)
+    if d["verdicts"]:
+        vt = Table("VERDICT", "ATTEMPT", "HOST", "MESSAGE")
+        for v in d["verdicts"]:
+            vt.add_row(v["kind"], v["attempt_id"], v["host"], v["message"])
+        console.print(vt)
+
+
+@app.command()
+def events(job: str = typer.Argument(..., help="Job id or name.")) -> None:
+    """The job's event history (the outbox), oldest first."""
+    rows = _call(_client().events, job)
+    table = Table("SEQ", "TIME", "TYPE", "DETAIL", "DELIVERY")
+    for row in rows:
+        e = row["event"]
+        d = e["detail"]
+        parts = [f"attempt {d['attempt']}" if "attempt" in d else "", d.get("state", ""), d.get("kind", "")]
+        if d.get("reason"):
+            parts.append(f"reason={d['reason'].get('kind')}")
+        if d.get("exit_code") is not None:
+            parts.append(f"exit_code={d['exit_code']}")
+        if d.get("step") is not None:
+            parts.append(f"step={d['step']}")
+        table.add_row(str(row["seq"]), e["time"][11:19], e["detail-type"].removeprefix("Aerie "), " ".join(p for p in parts if p), row["status"])
+    console.print(table)
+
+
+@app.command()
+def logs(
+    job: str = typer.Argument(..., help="Job id or name."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
+    attempt: Optional[int] = typer.Option(None, help="Attempt number (default: the latest)."),
+) -> None:
+    """Print every node's output (ranks are prefixed with host and rank)."""
+    client = _client()
+    if follow:
+        _follow(client, job, attempt)
+        return
+    offsets: dict[str, int] = {}
+    while True:  # the API returns at most 1 MB per node per call
+        out = _call(client.logs, job, attempt, offsets or None)
+        for host, chunk in out["nodes"].items():
+            sys.stdout.write(chunk["text"])
+            offsets[host] = chunk["offset"]
+        sys.stdout.flush()
+        if not any(chunk["text"] for chunk in out["nodes"].values()):
+            break
+
+
+@app.command()
+def stop(job: str = typer.Argument(..., help="Job id or name.")) -> None:
+    """Stop a job: its nodes get SIGTERM, then SIGKILL after a grace period."""
+    j = _call(_client().stop, job)
+    console.print(f"stopping {j['id']} (state {j['state']})")
+
+
+@app.command()
+def checkpoints(job: str = typer.Argument(..., help="Job id or name.")) -> None:
+    """The job's committed checkpoints: step, size, good/bad, age."""
+    rows = _call(_client().checkpoints, job)
+    table = Table("STEP", "STATE", "SIZE", "AGE", "ATTEMPT", "URI")
+    for c in rows:
+        size = f"{c['size_bytes'] / 1e6:.1f} MB" if c.get("size_bytes") else "-"
+        table.add_row(str(c["step"]), c["state"], size, _age(c["created_at"]), c.get("attempt_id") or "", c["uri"])
+    console.print(table)
+
+
+@app.command()
+def backends() -> None:
+    """The backends this control plane's settings configure, and whether each is reachable."""
+    from orchestrator.server import build_backends
+    from orchestrator.settings import Settings
+
+    table = Table("BACKEND", "REACHABLE", "DETAIL")
+    for name, backend in build_backends(Settings()).items():
+        check = getattr(backend, "check", None)
+        ok, detail = check() if check else (True, "runs on this machine")
+        table.add_row(name, "[green]yes[/green]" if ok else "[red]no[/red]", detail)
+    console.print(table)
+
+
+token_app = typer.Typer(help="API tokens: create (shown once), list, revoke. Admin tokens only.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    role: str = typer.Option("member", help="admin, member (submit/stop), viewer (read-only) or service."),
+    name: str = typer.Option("", help="Who or what the token is for."),
+    tenant: Optional[str] = typer.Option(None, help="Tenant (default: yours; only the operator's admin may pick another)."),
+    expires_in: Optional[int] = typer.Option(None, "--expires-in", help="Lifetime in seconds (default: no expiry)."),
+) -> None:
+    """Create a token; the secret is printed once and stored only as a hash."""
+    body = {"role": role, "name": name, "tenant": tenant, "expires_in_s": expires_in}
+    t = _call(_client().request, "POST", "/v1/tokens", json={k: v for k, v in body.items() if v is not None})
+    err.print(f"token {t['id']} ({t['role']}, tenant {t['tenant']}); store it now, it is not shown again:")
+    print(t["token"])
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """List tokens (never their secrets)."""
+    rows = _call(_client().request, "GET", "/v1/tokens")
+    table = Table("ID", "ROLE", "TENANT", "NAME", "AGE", "EXPIRES", "REVOKED")
+    for t in rows:
+        expires = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t["expires_at"])) if t.get("expires_at") else "never"
+        table.add_row(str(t["id"]), t["role"], t["tenant"], t["name"], _age(t["created_at"]), expires,
+                      "yes" if t["revoked"] else "")
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: int = typer.Argument(..., help="Token id (from `aerie token list`).")) -> None:
+    """Revoke a token: it stops working at once."""
+    t = _call(_client().request, "DELETE", f"/v1/tokens/{token_id}")
+    console.print(f"revoked token {t['id']} ({t['role']}, {t['name'] or 'unnamed'})")
+
+
+def _state(state: str) -> str:
+    color = {"Completed": "green", "Failed": "red", "Stopped": "yellow", "InProgress": "cyan", "Running": "cyan"}.get(state)
+    return f"[{color}]{state}[/{color}]" if color else state
+
+
+def _follow(client: Client, job: str, attempt: int | None = None) -> str:
+    """Print new log output of the latest attempt until the job reaches a terminal state."""
+    offsets: dict[str, int] = {}
+    current: int | None = attempt
+    state = ""
+    while True:
+        j = _call(client.job, job)
+        state = j["state"]
+        latest = j["attempt_list"][-1]["number"] if j["attempt_list"] else None
+        if attempt is None and latest != current:
+            if current is not None:
+                console.print(f"[yellow]--- attempt {latest} ---[/yellow]")
+            current, offsets = latest, {}
+        if current is not None:
+            out = _call(client.logs, job, current, offsets or None)
+            for host, chunk in out["nodes"].items():
+                if chunk["text"]:
+                    sys.stdout.write(chunk["text"])
+                offsets[host] = chunk["offset"]
+            sys.stdout.flush()
+        if state in TERMINAL:
+            break
+        time.sleep(1.0)
+    reason = j.get("reason") or {}
+    console.print(f"job {j['id']}: {_state(state)}" + (f" ({reason.get('kind')}: {reason.get('message', '')})" if reason else ""))
+    return state
+
+
+@app.command()
+def ratings(job: str = typer.Argument(..., help="Job id or name.")) -> None:
+    """Human eval ratings per checkpoint: mean score (1-5) and hallucination rate, from Slack."""
+    rows = _call(_client().request, "GET", f"/v1/jobs/{job}/ratings")
+    if not rows:
+        console.print(f"no rated checkpoints for {job} (is the spec's eval section set?)")
+        return
+    table = Table("STEP", "SAMPLES", "RATERS", "RATINGS", "MEAN SCORE", "HALLUCINATION", "COMPLETE", "URI",
+                  title=f"human eval of {job}")
+    for r in rows:
+        mean = "-" if r["mean_score"] is None else f"{r['mean_score']:.2f}"
+        rate = "-" if r["hallucination_rate"] is None else f"{r['hallucination_rate']:.0%}"
+        table.add_row(str(r["step"]), f"{r['posted']}/{r['samples']}", str(r["raters"]), str(r["ratings"]), mean,
+                      rate, "[green]yes[/green]" if r["complete"] else "no", r["uri"])
+    console.print(table)
+
+
+def _mount_optional_apps() -> None:
+    """Sub-commands whose code lives in the trainer (torch-free at import time)."""
+    try:
+        from trainer.data.cli import data_app
+    except ImportError:
+        return
+    app.add_typer(data_app, name="data", help="Prepare training data (Megatron .bin/.idx).")
+    from trainer.export_cli import export
+
+    app.command("export")(export)
+
+
+_mount_optional_apps()
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,218 @@
+"""The reconcile loop: make every job's attempts match what the store says they should be.
+
+Each pass reads the store, acts on backends, and writes state changes with their events in one
+transaction. It keeps nothing important in memory: a control plane killed with SIGKILL and
+started again picks up exactly where the store says it was (attempts being launched are launched
+idempotently, running ones re-adopted through their backend handle).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from orchestrator import failpoints
+from orchestrator.backends.base import Backend, LaunchRequest, PollResult
+from orchestrator.events import Dispatcher
+from orchestrator.leader import LeaderLock
+from orchestrator.settings import Settings
+from orchestrator.spec import JobSpec
+from orchestrator.store import repo
+from orchestrator.store.db import Database
+from orchestrator.store.models import Attempt, Job
+
+log = logging.getLogger("aerie.controller")
+
+ACTIVE = {"Pending", "Launching", "Running"}
+
+
+class Controller:
+    def __init__(self, db: Database, settings: Settings, backends: dict[str, Backend], chaining: bool = False,
+                 dispatcher: Dispatcher | None = None, leader_lock: LeaderLock | None = None):
+        self.db = db
+        self.settings = settings
+        self.backends = backends
+        # Outbox delivery runs in the same loop, so it too happens only on the leader.
+        self.dispatcher = dispatcher
+        self.leader_lock = leader_lock
+        self.leading = leader_lock is None
+        # With chaining, the chain_restart handler decides what a failed attempt means for its
+        # job (restart or fail); without it a failed attempt fails the job.
+        self.chaining = chaining
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Heartbeats missed while this control plane was down are not the nodes' fault.
+        self._started_at = time.time()
+
+    # --- loop -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="controller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._lead():
+                    self.reconcile_once()
+                    if self.dispatcher is not None:
+                        self.dispatcher.deliver_once()
+            except Exception:  # keep reconciling: one bad job must not stop the others
+                log.exception("reconcile pass failed")
+            self._stop.wait(self.settings.reconcile_interval_s)
+        if self.leader_lock is not None:
+            self.leader_lock.release()
+
+    def _lead(self) -> bool:
+        """Take or keep leadership; only the leader launches, polls and delivers."""
+        if self.leader_lock is None:
+            return True
+        try:
+            held = self.leader_lock.try_acquire()
+        except Exception:
+            log.exception("leader election failed")
+            held = False
+        if held and not self.leading:
+            log.warning("this control plane now leads the reconcile loop")
+            self._started_at = time.time()  # heartbeats missed before we led are not the nodes' fault
+        self.leading = held
+        return held
+
+    def reconcile_once(self) -> None:
+        self._start_submitted()
+        self._handle_stop_requests()
+        self._launch_pending()
+        self._poll_running()
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def _start_submitted(self) -> None:
+        with self.db.session() as s:
+            for job in repo.list_jobs_in_state(s, "Submitted"):
+                if job.stop_requested:
+                    continue
+                repo.create_attempt(s, job, 1)
+                repo.set_job_state(s, job, "InProgress")
+
+    def _handle_stop_requests(self) -> None:
+        with self.db.session() as s:
+            for job in repo.jobs_stopping(s):
+                live = [a for a in job.attempts if a.state in ACTIVE]
+                for attempt in live:
+                    if attempt.state == "Running" and attempt.handle:
+                        self._backend(job).stop(attempt.handle)
+                    else:
+                        repo.set_attempt_state(s, attempt, "Stopped")
+                if not any(a.state in {"Launching", "Running"} for a in job.attempts):
+                    repo.set_job_state(s, job, "Stopped", {"kind": "user.stop", "message": "stopped on request"})
+
+    def _launch_pending(self) -> None:
+        with self.db.session() as s:
+            todo = [a.id for a in repo.attempts_in(s, {"Pending", "Launching"})]
+        for attempt_id in todo:
+            with self.db.session() as s:
+                attempt = repo.get_attempt(s, attempt_id)
+                job = attempt.job
+                if attempt.state == "Pending":
+                    repo.set_attempt_state(s, attempt, "Launching")
+                token = repo.mint_token(s, "agent", tenant=job.tenant, attempt_id=attempt.id,
+                                        name=f"agent for {attempt.id}")
+                request = LaunchRequest(
+                    job_id=job.id, job_name=job.name, attempt_id=attempt.id, attempt_number=attempt.number,
+                    spec=JobSpec.model_validate(job.spec), api_url=self.settings.api_url, agent_token=token,
+                    resume_from=attempt.resume_from, exclude_nodes=tuple(attempt.exclude_nodes or ()),
+                )
+            failpoints.hit("controller.before_launch")
+            # Outside the transaction: launching can take a while and must not hold locks.
+            try:
+                handle = self._backend(job).launch(request)
+                failpoints.hit("controller.after_launch")
+            except Exception as exc:
+                log.exception("launch of %s failed", attempt_id)
+                with self.db.session() as s:
+                    attempt = repo.get_attempt(s, attempt_id)
+                    reason = {"kind": "launch.failed", "message": str(exc)[:500]}
+                    repo.set_attempt_state(s, attempt, "Failed", reason)
+                    self._attempt_failed(s, attempt, reason)
+                continue
+            with self.db.session() as s:
+                attempt = repo.get_attempt(s, attempt_id)
+                attempt.handle = handle
+                repo.set_attempt_state(s, attempt, "Running")
+
+    def _poll_running(self) -> None:
+        with self.db.session() as s:
+            running = [(a.id, a.handle, a.job.backend) for a in repo.attempts_in(s, {"Running"})]
+        for attempt_id, handle, backend_name in running:
+            backend = self.backends[backend_name]
+            try:
+                result = backend.poll(handle)
+            except Exception:
+                log.exception("poll of %s failed", attempt_id)
+                continue
+            if not result.terminal:
+                result = self._check_heartbeats(attempt_id, result)
+            self._record_poll(attempt_id, result)
+            if result.state == "Failed":
+                backend.stop(handle)  # the surviving nodes would only wait for their dead peer
+
+    def _check_heartbeats(self, attempt_id: str, result: PollResult) -> PollResult:
+        """`node.lost`: a node that stopped heartbeating for `lost_after_heartbeats` intervals."""
+        now = time.time()
+        with self.db.session() as s:
+            attempt = repo.get_attempt(s, attempt_id)
+            heartbeat_s = float((attempt.job.spec.get("health") or {}).get("heartbeat_s", 5.0))
+            limit = self.settings.lost_after_heartbeats * heartbeat_s
+            if now - self._started_at < limit:
+                return result
+            for node in attempt.nodes:
+                if node.last_heartbeat_at is not None and now - node.last_heartbeat_at > limit and node.state == "Running":
+                    reason = {"kind": "node.lost", "host": node.host,
+                              "message": f"no heartbeat from {node.host} for {now - node.last_heartbeat_at:.0f}s"}
+                    repo.record_verdict(s, attempt, node.host, "node.lost", reason["message"],
+                                        {"last_heartbeat_at": node.last_heartbeat_at, "limit_s": limit})
+                    return PollResult("Failed", result.nodes, reason)
+        return result
+
+    def _record_poll(self, attempt_id: str, result: PollResult) -> None:
+        with self.db.session() as s:
+            attempt = repo.get_attempt(s, attempt_id)
+            for node in result.nodes:
+                row = repo.node(s, attempt, node.host)
+                row.state = node.state
+                if node.exit_code is not None or node.reason:
+                    row.exit = {"exit_code": node.exit_code, "reason": node.reason}
+            if not result.terminal:
+                return
+            job = attempt.job
+            if result.state == "Stopped" and not job.stop_requested:
+                # Nodes that stopped without being asked to have failed, as far as the job is concerned.
+                result = PollResult("Failed", result.nodes, {"kind": "node.lost", "message": "nodes stopped unexpectedly"})
+            repo.set_attempt_state(s, attempt, result.state, result.reason, result.exit_code)
+            if result.state == "Completed":
+                repo.set_job_state(s, job, "Completed")
+            elif result.state == "Stopped":
+                repo.set_job_state(s, job, "Stopped", {"kind": "user.stop", "message": "stopped on request"})
+            else:
+                self._attempt_failed(s, attempt, result.reason or {"kind": "exit.nonzero"})
+
+    def _attempt_failed(self, s, attempt: Attempt, reason: dict) -> None:
+        job = attempt.job
+        if job.stop_requested:
+            repo.set_job_state(s, job, "Stopped", {"kind": "user.stop", "message": "stopped on request"})
+        elif not self.chaining:
+            repo.set_job_state(s, job, "Failed", reason)
+        # else: the chaining handler reacts to the attempt's Failed event and decides.
+
+    def _backend(self, job: Job) -> Backend:
+        try:
+            return self.backends[job.backend]
+        except KeyError:
+            raise RuntimeError(f"backend {job.backend!r} is not configured on this control plane") from None
+

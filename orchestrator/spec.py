@@ -1,0 +1,226 @@
+"""The job spec: Aerie's public contract, shaped after SageMaker's CreateTrainingJob.
+
+Users bring what they know from SageMaker (names, channels, resource config) and add Aerie's own
+health, retry and eval sections. A raw CreateTrainingJob request is accepted too and converted,
+so an existing SageMaker launcher can point at Aerie unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
+CHANNEL_PATTERN = r"^[A-Za-z0-9\.\-_]{1,64}$"
+S3_OR_FILE_URI = r"^(s3://[^/]+(/.*)?|file://.+|/.+)$"
+
+
+class _Strict(BaseModel):
+    # Unknown fields are errors: a typo in a spec must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputChannel(_Strict):
+    channel: str = Field(pattern=CHANNEL_PATTERN)
+    s3_uri: str = Field(pattern=S3_OR_FILE_URI)
+    mode: Literal["File", "Pipe", "FastFile"] = "File"
+
+
+class OutputConfig(_Strict):
+    s3_uri: str | None = Field(default=None, pattern=S3_OR_FILE_URI)
+
+
+class Resources(_Strict):
+    instance_type: str = "local"
+    instance_count: int = Field(default=1, ge=1, le=4096)
+    procs_per_node: int = Field(default=1, ge=1, le=64)
+    volume_gb: int = Field(default=30, ge=1, le=16384)
+
+
+class Stopping(_Strict):
+    max_runtime_s: int = Field(default=86400, ge=1, le=28 * 86400)
+
+
+class CheckpointConfig(_Strict):
+    s3_uri: str | None = Field(default=None, pattern=S3_OR_FILE_URI)
+    every_steps: int = Field(default=100, ge=1)
+    keep_last: int = Field(default=3, ge=1)
+    keep_every: int | None = Field(default=None, ge=1)
+
+
+class RetryConfig(_Strict):
+    max_restarts: int = Field(default=3, ge=0, le=100)
+    exclude_bad_nodes: bool = True
+    # Exit codes that mean "the user's code or input is wrong": retrying cannot help.
+    non_retryable_exit_codes: list[int] = Field(default_factory=lambda: [2])
+
+
+class HealthConfig(_Strict):
+    """Thresholds of the node agent's detectors (agent/detect.py documents each)."""
+
+    hang_floor_s: float = Field(default=30.0, gt=0)
+    hang_factor: float = Field(default=5.0, gt=0)
+    startup_grace_s: float = Field(default=60.0, ge=0)
+    first_step_timeout_s: float = Field(default=300.0, gt=0)
+    pause_max_s: float = Field(default=1800.0, gt=0)
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    sample_s: float = Field(default=1.0, gt=0)
+    window_s: float = Field(default=300.0, gt=0)
+    busy_util: float = Field(default=50.0, ge=0, le=100)
+    gpu_idle_util: float = Field(default=5.0, ge=0, le=100)
+    gpu_work_util: float = Field(default=10.0, ge=0, le=100)
+    gpu_idle_s: float = Field(default=20.0, gt=0)
+    nic_drop_ratio: float = Field(default=0.1, gt=0, lt=1)
+    nic_window_s: float = Field(default=20.0, gt=0)
+    nic_baseline_s: float = Field(default=120.0, gt=0)
+    nic_min_bps: float = Field(default=256 * 1024, ge=0)
+    nic_min_retrans: int = Field(default=5, ge=0)
+    spike_z: float = Field(default=6.0, gt=0)
+    spike_steps: int = Field(default=3, ge=1)
+    spike_min_rel: float = Field(default=0.1, ge=0)
+    spike_baseline: int = Field(default=50, ge=2)
+    spike_min_baseline: int = Field(default=20, ge=2)
+    accelerator: Literal["auto", "nvml", "cpu"] = "auto"
+    enabled: bool = True
+
+
+class SamplingConfig(_Strict):
+    """How eval answers are sampled from a checkpoint (trainer/generate.py)."""
+
+    max_new_tokens: int = Field(default=64, ge=1, le=4096)
+    temperature: float = Field(default=0.8, ge=0, le=5)
+    top_k: int = Field(default=50, ge=0)
+    seed: int = 0
+
+
+class EvalConfig(_Strict):
+    """Human eval in Slack: each chosen good checkpoint's answers are posted for people to rate.
+
+    Which checkpoints: every `every_n_checkpoints`-th good one, or (instead) the first good one
+    after each firing of `schedule`, a 5-field cron expression ("0 */6 * * *", UTC). Neither: all.
+    """
+
+    schedule: str | None = None
+    every_n_checkpoints: int | None = Field(default=None, ge=1)
+    prompts: list[str] = Field(default_factory=list)
+    prompts_file: str | None = None  # one prompt per line, or a JSON list; relative to the workdir
+    slack_channel: str | None = None
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    raters_needed: int = Field(default=3, ge=1, le=100)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            from lambdas.cron import parse_cron
+
+            parse_cron(value)  # raises ValueError naming the bad field
+        return value
+
+    @field_validator("every_n_checkpoints")
+    @classmethod
+    def _one_rule(cls, value: int | None, info) -> int | None:
+        if value is not None and info.data.get("schedule"):
+            raise ValueError("give either schedule or every_n_checkpoints, not both")
+        return value
+
+
+class JobSpec(_Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    image: str = "aerie/trainer:latest"
+    entrypoint: list[str] = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    hyperparameters: dict[str, str] = Field(default_factory=dict)
+    inputs: list[InputChannel] = Field(default_factory=list)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    resources: Resources = Field(default_factory=Resources)
+    stopping: Stopping = Field(default_factory=Stopping)
+    checkpoint: CheckpointConfig | None = None
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    env: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(default_factory=dict)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    eval: EvalConfig | None = None
+    backend: Literal["local", "slurm", "sagemaker"] = "local"
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("hyperparameters", mode="before")
+    @classmethod
+    def _stringify_hyperparameters(cls, value: Any) -> Any:
+        # SageMaker hyperparameters are strings; YAML users write numbers. Accept both.
+        if isinstance(value, dict):
+            return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in value.items()}
+        return value
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _at_most_100(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 100:
+            raise ValueError(f"at most 100 hyperparameters (SageMaker's limit), got {len(value)}")
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_channels(cls, value: list[InputChannel]) -> list[InputChannel]:
+        names = [c.channel for c in value]
+        if len(names) != len(set(names)):
+            raise ValueError("input channel names must be unique")
+        return value
+
+    # --- loading -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+        """Validate a spec, or convert a raw CreateTrainingJob request (recognised by its keys)."""
+        if isinstance(data, dict) and "AlgorithmSpecification" in data:
+            return cls.from_create_training_job(data)
+        return cls.model_validate(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "JobSpec":
+        return cls.from_dict(load_document(Path(path)))
+
+    # --- SageMaker ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_create_training_job(cls, request: dict[str, Any]) -> "JobSpec":
+        from orchestrator.sagemaker_mapping import spec_dict_from_request
+
+        return cls.model_validate(spec_dict_from_request(request))
+
+    def to_create_training_job(self) -> dict[str, Any]:
+        from orchestrator.sagemaker_mapping import request_from_spec
+
+        return request_from_spec(self)
+
+
+def load_document(path: Path) -> dict[str, Any]:
+    """Read a YAML or JSON document (JSON is YAML) into a dict, with a clear error otherwise."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path} is not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must hold a mapping (a job spec), not {type(data).__name__}")
+    return data
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names every problem."""
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per bad field, e.g. `resources.instance_count: Input should be >= 1`."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(spec)"
+        lines.append(f"{loc}: {err['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""SQLAlchemy 2 models: the control plane's durable state.
+
+Times are UNIX seconds (floats) so SQLite and PostgreSQL sort and compare them the same way.
+Every state change goes with an `Event` row written in the same transaction (the outbox).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def now() -> float:
+    return time.time()
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True, default="default")
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    backend: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now, onupdate=now)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    attempts: Mapped[list["Attempt"]] = relationship(back_populates="job", order_by="Attempt.number")
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    # One attempt per (job, number): a duplicated restart decision fails here, not later.
+    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempt_number"),)
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    resume_from: Mapped[str | None] = mapped_column(Text, nullable=True)
+    exclude_nodes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Why this attempt exists: the failure of the previous one, as chaining saw it.
+    cause: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    reason: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="attempts")
+    nodes: Mapped[list["Node"]] = relationship(back_populates="attempt", order_by="Node.host")
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), primary_key=True)
+    host: Mapped[str] = mapped_column(String(128), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), default="Starting")
+    last_heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    exit: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+    attempt: Mapped[Attempt] = relationship(back_populates="nodes")
+
+
+class Verdict(Base):
+    __tablename__ = "verdicts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    t: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Event(Base):
+    """The outbox: written with the state change it describes, delivered at least once."""
+
+    __tablename__ = "events"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    job_id: Mapped[str] = mapped_column(String(80), index=True)
+    tenant: Mapped[str] = mapped_column(String(64), default="default")
+    detail_type: Mapped[str] = mapped_column(String(64), index=True)
+    source: Mapped[str] = mapped_column(String(64), default="aerie.orchestrator")
+    time: Mapped[float] = mapped_column(Float, default=now)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "uri", name="uq_checkpoint_uri"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    step: Mapped[int] = mapped_column(Integer)
+    uri: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), default="good")
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Token(Base):
+    """API credentials, stored as SHA-256 hashes: a leaked database leaks no usable token."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # admin | agent | service
+    tenant: Mapped[str] = mapped_column(String(64), default="default")
+    attempt_id: Mapped[str | None] = mapped_column(String(80), nullable=True, index=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class EvalSample(Base):
+    """One prompt + answer of one checkpoint, posted once to Slack for people to rate.
+
+    The (job, checkpoint, prompt) unique key is what makes posting idempotent: a redelivered
+    "checkpoint committed" event finds the row, and `slack_ts` says it was posted already.
+    """
+
+    __tablename__ = "eval_samples"
+    __table_args__ = (UniqueConstraint("job_id", "checkpoint_uri", "prompt_index", name="uq_eval_sample"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    checkpoint_uri: Mapped[str] = mapped_column(Text)
+    step: Mapped[int] = mapped_column(Integer)
+    prompt_index: Mapped[int] = mapped_column(Integer)
+    prompt: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # tokens, loss, sampling settings
+    slack_channel: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    slack_ts: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Who is posting it now (a delivery's id) and since when: one poster at a time.
+    claim: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    posted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Rating(Base):
+    """One person's rating of one sample; rating again replaces it (unique per sample and user)."""
+
+    __tablename__ = "ratings"
+    __table_args__ = (UniqueConstraint("sample_id", "user_id", name="uq_rating_user"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sample_id: Mapped[str] = mapped_column(ForeignKey("eval_samples.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str] = mapped_column(String(128), default="")
+    score: Mapped[int | None] = mapped_column(Integer, nullable=True)  # 1..5; None: only flagged so far
+    hallucination: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)

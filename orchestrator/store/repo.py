@@ -1,0 +1,405 @@
+"""The one data-access layer: every read and state change the API and controller make.
+
+State changes and their events are written together here, inside the caller's transaction, so
+an event exists if and only if its change was committed (the transactional outbox).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from typing import Any, Sequence
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from orchestrator.store.models import (
+    Attempt, Checkpoint, EvalSample, Event, Job, Node, Rating, Token, Verdict, now,
+)
+
+SOURCE = "aerie.orchestrator"
+JOB_STATE_CHANGE = "Aerie Job State Change"
+ATTEMPT_STATE_CHANGE = "Aerie Attempt State Change"
+CHECKPOINT_COMMITTED = "Aerie Checkpoint Committed"
+VERDICT_RAISED = "Aerie Verdict Raised"
+
+JOB_TERMINAL = {"Completed", "Failed", "Stopped"}
+ATTEMPT_TERMINAL = {"Completed", "Failed", "Stopped"}
+
+
+class NotFound(LookupError):
+    pass
+
+
+# --- events --------------------------------------------------------------------------------------
+
+def emit(s: Session, job: Job, detail_type: str, detail: dict[str, Any]) -> Event:
+    event = Event(
+        id=str(uuid.uuid4()), job_id=job.id, tenant=job.tenant, detail_type=detail_type,
+        source=SOURCE, time=now(), detail={"job_id": job.id, "job_name": job.name, **detail},
+        status="pending",
+    )
+    s.add(event)
+    return event
+
+
+def eventbridge(event: Event) -> dict[str, Any]:
+    """The event as EventBridge delivers it, so one handler runs in Lambda and in-process."""
+    from datetime import datetime, timezone
+
+    return {
+        "version": "0",
+        "id": event.id,
+        "detail-type": event.detail_type,
+        "source": event.source,
+        "account": "000000000000",
+        "time": datetime.fromtimestamp(event.time, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": "local",
+        "resources": [f"aerie:job/{event.job_id}"],
+        "detail": event.detail,
+    }
+
+
+def list_events(s: Session, job: Job, after: int = 0, limit: int | None = None) -> Sequence[Event]:
+    q = select(Event).where(Event.job_id == job.id, Event.seq > after).order_by(Event.seq)
+    return s.scalars(q.limit(limit) if limit else q).all()
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+def create_job(s: Session, spec: dict[str, Any], tenant: str) -> Job:
+    job = Job(
+        id=f"{spec['name'][:50]}-{secrets.token_hex(3)}", tenant=tenant, name=spec["name"],
+        spec=spec, backend=spec.get("backend", "local"), state="Submitted",
+    )
+    s.add(job)
+    s.flush()
+    emit(s, job, JOB_STATE_CHANGE, {"state": "Submitted"})
+    return job
+
+
+def get_job(s: Session, tenant: str, ref: str) -> Job:
+    """A job by id, or by name (the newest of that name), within the tenant."""
+    job = s.scalars(
+        select(Job).where(Job.tenant == tenant, or_(Job.id == ref, Job.name == ref))
+        .order_by((Job.id == ref).desc(), Job.created_at.desc()).limit(1)
+    ).first()
+    if job is None:
+        raise NotFound(f"no job {ref!r}")
+    return job
+
+
+def list_jobs(s: Session, tenant: str, state: str | None = None, limit: int = 100, offset: int = 0) -> Sequence[Job]:
+    q = select(Job).where(Job.tenant == tenant)
+    if state:
+        q = q.where(Job.state == state)
+    return s.scalars(q.order_by(Job.created_at.desc()).limit(limit).offset(offset)).all()
+
+
+def list_jobs_in_state(s: Session, state: str) -> Sequence[Job]:
+    return s.scalars(select(Job).where(Job.state == state).order_by(Job.created_at)).all()
+
+
+def jobs_stopping(s: Session) -> Sequence[Job]:
+    return s.scalars(select(Job).where(Job.stop_requested.is_(True), Job.state.not_in(JOB_TERMINAL))).all()
+
+
+def set_job_state(s: Session, job: Job, state: str, reason: dict[str, Any] | None = None) -> None:
+    if job.state == state:
+        return
+    job.state = state
+    if reason is not None:
+        job.reason = reason
+    if state in JOB_TERMINAL:
+        job.ended_at = now()
+    detail: dict[str, Any] = {"state": state}
+    if reason is not None:
+        detail["reason"] = reason
+    emit(s, job, JOB_STATE_CHANGE, detail)
+
+
+# --- attempts ------------------------------------------------------------------------------------
+
+def create_attempt(
+    s: Session, job: Job, number: int, resume_from: str | None = None, exclude_nodes: list[str] | None = None
+) -> Attempt:
+    attempt = Attempt(
+        id=f"{job.id}-a{number}", job_id=job.id, number=number, state="Pending",
+        resume_from=resume_from, exclude_nodes=exclude_nodes or [],
+    )
+    s.add(attempt)
+    s.flush()  # the (job, number) unique constraint fires here for a duplicate
+    return attempt
+
+
+def get_attempt(s: Session, attempt_id: str) -> Attempt:
+    attempt = s.get(Attempt, attempt_id)
+    if attempt is None:
+        raise NotFound(f"no attempt {attempt_id!r}")
+    return attempt
+
+
+def attempts_in(s: Session, states: set[str]) -> Sequence[Attempt]:
+    return s.scalars(select(Attempt).where(Attempt.state.in_(states)).order_by(Attempt.created_at)).all()
+
+
+def set_attempt_state(
+    s: Session, attempt: Attempt, state: str, reason: dict[str, Any] | None = None, exit_code: int | None = None
+) -> None:
+    if attempt.state == state:
+        return
+    attempt.state = state
+    if reason is not None:
+        attempt.reason = reason
+    if exit_code is not None:
+        attempt.exit_code = exit_code
+    if state == "Running":
+        attempt.started_at = now()
+    if state in ATTEMPT_TERMINAL:
+        attempt.ended_at = now()
+    if state in {"Launching"}:
+        return  # internal bookkeeping, not an event users care about
+    detail: dict[str, Any] = {"attempt_id": attempt.id, "attempt": attempt.number, "state": state}
+    if reason is not None:
+        detail["reason"] = reason
+    if exit_code is not None:
+        detail["exit_code"] = exit_code
+    if attempt.resume_from:
+        detail["resume_from"] = attempt.resume_from
+    emit(s, attempt.job, ATTEMPT_STATE_CHANGE, detail)
+
+
+# --- nodes and verdicts --------------------------------------------------------------------------
+
+def node(s: Session, attempt: Attempt, host: str) -> Node:
+    row = s.get(Node, (attempt.id, host))
+    if row is None:
+        row = Node(attempt_id=attempt.id, host=host, state="Starting")
+        s.add(row)
+    return row
+
+
+def record_heartbeat(s: Session, attempt: Attempt, host: str, summary: dict[str, Any]) -> Node:
+    row = node(s, attempt, host)
+    row.last_heartbeat_at = now()
+    row.summary = summary
+    if row.state == "Starting":
+        row.state = "Running"
+    return row
+
+
+def record_verdict(s: Session, attempt: Attempt, host: str, kind: str, message: str, evidence: dict[str, Any]) -> Verdict:
+    verdict = Verdict(attempt_id=attempt.id, host=host, kind=kind, message=message, evidence=evidence)
+    s.add(verdict)
+    emit(s, attempt.job, VERDICT_RAISED, {
+        "attempt_id": attempt.id, "attempt": attempt.number, "host": host, "kind": kind, "message": message,
+    })
+    return verdict
+
+
+def verdicts_of(s: Session, attempt_ids: list[str]) -> Sequence[Verdict]:
+    return s.scalars(select(Verdict).where(Verdict.attempt_id.in_(attempt_ids)).order_by(Verdict.t)).all()
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+def record_checkpoint(s: Session, attempt: Attempt, step: int, uri: str, meta: dict[str, Any]) -> Checkpoint | None:
+    exists = s.scalars(select(Checkpoint).where(Checkpoint.job_id == attempt.job_id, Checkpoint.uri == uri)).first()
+    if exists:
+        return None  # already known: reported twice, by two ranks or on a re-sent line
+    ckpt = Checkpoint(job_id=attempt.job_id, attempt_id=attempt.id, step=step, uri=uri,
+                      size_bytes=meta.get("size_bytes"), meta=meta, state="good")
+    s.add(ckpt)
+    emit(s, attempt.job, CHECKPOINT_COMMITTED, {"attempt_id": attempt.id, "step": step, "uri": uri})
+    return ckpt
+
+
+def list_checkpoints(s: Session, job: Job) -> Sequence[Checkpoint]:
+    return s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)).all()
+
+
+# --- tokens --------------------------------------------------------------------------------------
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def mint_token(s: Session, kind: str, tenant: str = "default", attempt_id: str | None = None,
+               name: str = "", token: str | None = None, expires_at: float | None = None) -> str:
+    """Store a token's hash and return the token itself (shown once)."""
+    token = token or f"aer_{kind[:3]}_{secrets.token_urlsafe(32)}"
+    s.add(Token(token_hash=hash_token(token), kind=kind, tenant=tenant, attempt_id=attempt_id,
+                name=name, expires_at=expires_at))
+    return token
+
+
+def list_tokens(s: Session, tenant: str | None) -> Sequence[Token]:
+    """User and service tokens (agents' are per attempt and not listed); all tenants when None."""
+    q = select(Token).where(Token.kind != "agent")
+    if tenant is not None:
+        q = q.where(Token.tenant == tenant)
+    return s.scalars(q.order_by(Token.id)).all()
+
+
+def revoke_token(s: Session, token_id: int, tenant: str | None) -> Token:
+    row = s.get(Token, token_id)
+    if row is None or (tenant is not None and row.tenant != tenant):
+        raise NotFound(f"no token {token_id}")
+    if row.revoked_at is None:
+        row.revoked_at = now()
+    return row
+
+
+def find_token(s: Session, token: str) -> Token | None:
+    row = s.scalars(select(Token).where(Token.token_hash == hash_token(token))).first()
+    if row is None or row.revoked_at is not None:
+        return None
+    if row.expires_at is not None and row.expires_at < now():
+        return None
+    return row
+
+
+# --- human eval: samples and ratings ---------------------------------------------------------------
+
+def eval_sample_id(job_id: str, checkpoint_uri: str, prompt_index: int) -> str:
+    """Deterministic, so every delivery of one checkpoint's event names the same samples."""
+    digest = hashlib.sha256(f"{job_id}\n{checkpoint_uri}\n{prompt_index}".encode()).hexdigest()
+    return f"es_{digest[:32]}"
+
+
+def add_eval_samples(s: Session, job: Job, checkpoint_uri: str, step: int, attempt_id: str | None,
+                     answers: list[dict[str, Any]], channel: str | None) -> list[EvalSample]:
+    """Store a checkpoint's samples; ones that exist already are kept as they are (first answer
+    wins), so two deliveries racing here end up posting the same text. Returns all of them."""
+    from sqlalchemy.exc import IntegrityError
+
+    for item in answers:
+        sid = eval_sample_id(job.id, checkpoint_uri, int(item["prompt_index"]))
+        if s.get(EvalSample, sid) is not None:
+            continue
+        try:
+            with s.begin_nested():
+                s.add(EvalSample(id=sid, job_id=job.id, attempt_id=attempt_id, checkpoint_uri=checkpoint_uri,
+                                 step=step, prompt_index=int(item["prompt_index"]), prompt=item["prompt"],
+                                 answer=item["answer"], meta=item.get("meta") or {}, slack_channel=channel))
+        except IntegrityError:  # another delivery stored it first
+            pass
+    return list(eval_samples_of(s, job, checkpoint_uri))
+
+
+def eval_samples_of(s: Session, job: Job, checkpoint_uri: str | None = None) -> Sequence[EvalSample]:
+    q = select(EvalSample).where(EvalSample.job_id == job.id)
+    if checkpoint_uri is not None:
+        q = q.where(EvalSample.checkpoint_uri == checkpoint_uri)
+    return s.scalars(q.order_by(EvalSample.step, EvalSample.prompt_index)).all()
+
+
+def get_eval_sample(s: Session, sample_id: str) -> EvalSample:
+    sample = s.get(EvalSample, sample_id)
+    if sample is None:
+        raise NotFound(f"no eval sample {sample_id!r}")
+    return sample
+
+
+def claim_eval_sample(s: Session, sample_id: str, claim: str, lease_s: float) -> str | None:
+    """Take the right to post a sample: one atomic conditional UPDATE, so two deliveries never
+    both post. Returns None (posted already, or someone else holds a fresh claim), "new", or
+    "takeover" (a previous poster's claim expired: it may have posted before dying)."""
+    from sqlalchemy import and_, update
+
+    t = now()
+    row = s.get(EvalSample, sample_id)
+    if row is None:
+        raise NotFound(f"no eval sample {sample_id!r}")
+    previous = row.claim
+    result = s.execute(
+        update(EvalSample)
+        .where(EvalSample.id == sample_id, EvalSample.slack_ts.is_(None),
+               or_(EvalSample.claim.is_(None), EvalSample.claim == claim,
+                   and_(EvalSample.claimed_at.is_not(None), EvalSample.claimed_at < t - lease_s)))
+        .values(claim=claim, claimed_at=t)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:
+        return None
+    s.refresh(row)
+    return "takeover" if previous not in (None, claim) else "new"
+
+
+def mark_eval_sample_posted(s: Session, sample: EvalSample, channel: str, ts: str) -> None:
+    if sample.slack_ts is None:
+        sample.slack_channel, sample.slack_ts, sample.posted_at = channel, ts, now()
+
+
+def record_rating(s: Session, sample: EvalSample, user_id: str, user_name: str = "", score: int | None = None,
+                  toggle_hallucination: bool = False) -> Rating:
+    """Upsert one person's rating: a new score replaces theirs; the toggle flips their flag."""
+    from sqlalchemy.exc import IntegrityError
+
+    def current() -> Rating | None:
+        return s.scalars(select(Rating).where(Rating.sample_id == sample.id, Rating.user_id == user_id)).first()
+
+    rating = current()
+    if rating is None:
+        try:
+            with s.begin_nested():
+                rating = Rating(sample_id=sample.id, user_id=user_id, user_name=user_name, hallucination=False)
+                s.add(rating)
+        except IntegrityError:  # the same person's other click landed first
+            rating = current()
+    assert rating is not None
+    if score is not None:
+        rating.score = score
+    if toggle_hallucination:
+        rating.hallucination = not rating.hallucination
+    if user_name:
+        rating.user_name = user_name
+    rating.updated_at = now()
+    s.flush()
+    return rating
+
+
+def ratings_of(s: Session, sample_ids: list[str]) -> Sequence[Rating]:
+    if not sample_ids:
+        return []
+    return s.scalars(select(Rating).where(Rating.sample_id.in_(sample_ids)).order_by(Rating.id)).all()
+
+
+def tally(ratings: Sequence[Rating]) -> dict[str, Any]:
+    """Mean of the scores given, and the share of raters who flagged a hallucination."""
+    scores = [r.score for r in ratings if r.score is not None]
+    flagged = sum(1 for r in ratings if r.hallucination)
+    return {
+        "raters": len({r.user_id for r in ratings}),
+        "ratings": len(ratings),
+        "scored": len(scores),
+        "mean_score": sum(scores) / len(scores) if scores else None,
+        "hallucinations": flagged,
+        "hallucination_rate": flagged / len(ratings) if ratings else None,
+    }
+
+
+def ratings_by_checkpoint(s: Session, job: Job, raters_needed: int = 1) -> list[dict[str, Any]]:
+    """Per rated checkpoint (by step): samples, tally over all its ratings, and whether every
+    sample has `raters_needed` scores (`complete`)."""
+    samples = eval_samples_of(s, job)
+    ratings = ratings_of(s, [x.id for x in samples])
+    by_sample: dict[str, list[Rating]] = {}
+    for r in ratings:
+        by_sample.setdefault(r.sample_id, []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for x in samples:
+        row = out.setdefault(x.checkpoint_uri, {"step": x.step, "uri": x.checkpoint_uri,
+                                                "attempt_id": x.attempt_id, "samples": 0, "posted": 0,
+                                                "_ratings": [], "complete": True})
+        row["samples"] += 1
+        row["posted"] += x.slack_ts is not None
+        mine = by_sample.get(x.id, [])
+        row["_ratings"].extend(mine)
+        if sum(1 for r in mine if r.score is not None) < raters_needed:
+            row["complete"] = False
+    result = []
+    for row in sorted(out.values(), key=lambda r: r["step"]):
+        result.append({**{k: v for k, v in row.items() if k != "_ratings"}, **tally(row.pop("_ratings"))})
+    return result

@@ -1,0 +1,101 @@
+"""The node's process chain: entrypoint (PID-1 role) -> agent -> rank wrapper -> entrypoint command.
+
+Real processes and signals; no control plane (the reporter is disabled without AERIE_API), so the
+outcome is read from the files the backends read: agent/exit.json and output/failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.contract import NodeContract
+from agent.supervisor import AgentConfig, rank_command
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _node(tmp_path: Path, command: list[str], health: dict | None = None) -> tuple[NodeContract, dict]:
+    contract = NodeContract(ml_root=tmp_path / "algo-1", hosts=("algo-1",), current_host="algo-1",
+                            hyperparameters={"lr": "0.1"})
+    contract.write()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERIE_", "SM_"))}
+    env.update(contract.env())
+    env.update({"AERIE_ENTRYPOINT": json.dumps(command), "AERIE_PROCS_PER_NODE": "1",
+                "AERIE_HEALTH": json.dumps(health or {"startup_grace_s": 600}), "AERIE_WORKDIR": str(REPO)})
+    return contract, env
+
+
+def _start(env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent.entrypoint"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_exit_code_and_rank_output_are_preserved(tmp_path):
+    contract, env = _node(tmp_path, ["python", "-c", "print('hello from rank'); raise SystemExit(3)"])
+    proc = _start(env)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert "[algo-1 rank 0] hello from rank" in out
+    outcome = json.loads((contract.node_dir / "exit.json").read_text())
+    assert outcome["exit_code"] == 3
+    assert outcome["reason"]["kind"] == "exit.nonzero" and outcome["reason"]["exit_code"] == 3
+    assert "exit.nonzero" in (contract.ml_root / "output" / "failure").read_text()
+    rank_exit = json.loads((contract.node_dir / "ranks" / "rank-0.exit.json").read_text())
+    assert rank_exit["exit_code"] == 3
+
+
+def test_success_writes_no_failure_file(tmp_path):
+    contract, env = _node(tmp_path, ["python", "-c", "import os; print(os.environ['SM_CURRENT_HOST'])"])
+    proc = _start(env)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "[algo-1 rank 0] algo-1" in out
+    assert json.loads((contract.node_dir / "exit.json").read_text())["exit_code"] == 0
+    assert not (contract.ml_root / "output" / "failure").exists()
+
+
+def test_sigterm_to_the_entrypoint_stops_the_whole_tree(tmp_path):
+    contract, env = _node(tmp_path, ["python", "-c", "import time; print('up', flush=True); time.sleep(600)"])
+    proc = _start(env)
+    pid_file = contract.node_dir / "ranks" / "rank-0.pid"
+    deadline = time.time() + 30
+    while not pid_file.exists():
+        assert time.time() < deadline, "the rank never started"
+        time.sleep(0.1)
+    rank_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    outcome = json.loads((contract.node_dir / "exit.json").read_text())
+    assert outcome["reason"]["kind"] == "user.stop"
+    with pytest.raises(ProcessLookupError):
+        os.kill(rank_pid, 0)
+
+
+def test_a_rank_killed_by_a_signal_is_reported_with_it(tmp_path):
+    contract, env = _node(tmp_path, ["python", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    proc = _start(env)
+    proc.communicate(timeout=60)
+    outcome = json.loads((contract.node_dir / "exit.json").read_text())
+    assert outcome["reason"]["kind"] == "exit.nonzero"
+    assert outcome["reason"]["signal"] == signal.SIGKILL
+    assert outcome["exit_code"] == 128 + signal.SIGKILL
+
+
+def test_multi_rank_nodes_go_through_torchrun_with_static_rendezvous(tmp_path):
+    cfg = AgentConfig(ml_root=tmp_path, node_dir=tmp_path / "agent", metrics_dir=tmp_path / "m",
+                      hosts=("algo-1", "algo-2"), host="algo-2", entrypoint=("python", "t.py"),
+                      procs_per_node=4, master_addr="10.0.0.1", master_port=1234)
+    cmd = rank_command(cfg)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=1" in cmd
+    assert "--master-addr=10.0.0.1" in cmd and "--master-port=1234" in cmd
+    assert cmd[-6:] == [sys.executable, "-m", "agent.rank", "--", "python", "t.py"]

@@ -1,0 +1,75 @@
+"""The chaos run: a job survives kill -9 of a rank, a SIGSTOP hang, a busy hang, a NaN loss, S3
+going unreachable during a save, and kill -9 of the control plane, and finishes every step with
+exactly the losses of an uninterrupted run after each resume point.
+
+Everything is real: `aerie up`, agents, torchrun/gloo, the loopback S3 server (moto, paused with
+SIGSTOP for the outage so its in-memory objects survive), the chain_restart handler.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.chaos import EXPECTED_REASONS, STEPS, TRAINER_FAULTS, run_chaos
+from tests.helpers.control_plane import ControlPlane
+from trainer.checkpoint.manifest import verify
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cp(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    plane = ControlPlane(home, s3=True).start()
+    yield plane
+    plane.stop()
+    plane.cleanup_nodes()
+
+
+def test_chaos_run_finishes_with_the_uninterrupted_losses(cp, tmp_path, monkeypatch):
+    result = run_chaos(cp, tmp_path)
+    job = result.job
+    assert job["state"] == "Completed", (job["state"], job.get("reason"), result.timeline)
+    attempts = job["attempt_list"]
+    # One attempt per injected trainer fault, plus the one that finished.
+    assert len(attempts) == len(TRAINER_FAULTS) + 1
+    assert [a["reason"]["kind"] for a in attempts[:-1]] == EXPECTED_REASONS
+    assert attempts[-1]["state"] == "Completed"
+
+    # Every resume point was a good checkpoint, strictly later each time.
+    import json
+
+    s3_env = json.loads((cp.home / "devstack" / "s3.json").read_text())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["endpoint_url"])
+    monkeypatch.setenv("AERIE_S3_ENDPOINT", s3_env["endpoint_url"])
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    resumed = [a["resumed_step"] for a in attempts[1:]]
+    assert all(step and step > 0 for step in resumed), resumed
+    assert resumed == sorted(resumed)
+    for a in attempts[1:]:
+        v = verify(a["resume_from"])
+        assert v.good, (a["resume_from"], v.reasons)
+
+    # The stitched loss curve (each step as trained by the last attempt that trained it) equals the
+    # uninterrupted run's at every step; every attempt after the first trained steps past its resume point.
+    reference = result.reference
+    assert max(reference) == STEPS
+    stitched: dict[int, float] = {}
+    for a in attempts:
+        mine = result.losses[a["number"]]
+        start = a["resumed_step"] or 0
+        after = {s: l for s, l in mine.items() if s > start}
+        assert after, f"attempt {a['number']} trained no step"
+        stitched = {s: l for s, l in stitched.items() if s <= start}
+        stitched.update(after)
+    assert sorted(stitched) == list(range(1, STEPS + 1))
+    mismatched = {s: (l, reference[s]) for s, l in stitched.items() if l != reference[s]}
+    assert not mismatched, f"diverged from the uninterrupted run: {dict(list(mismatched.items())[:5])}"
+
+    # The outbox kept every state change across the control-plane restart: one Running per attempt.
+    events = cp.events("chaos")
+    running = [e for e in events if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Running"]
+    assert len(running) == len(attempts)

@@ -1,0 +1,53 @@
+"""Shared fixtures: isolated Aerie homes and real databases (SQLite file, PostgreSQL on loopback)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("AERIE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+# The loopback S3 server fixtures (moto), shared by the checkpoint and chaining tests.
+pytest_plugins = ["tests.fixtures.s3"]
+
+
+@pytest.fixture
+def aerie_home(tmp_path, monkeypatch):
+    """A fresh AERIE_HOME so no test sees another's store, token or jobs."""
+    home = tmp_path / "aerie-home"
+    home.mkdir()
+    monkeypatch.setenv("AERIE_HOME", str(home))
+    for var in ("AERIE_DATABASE_URL", "AERIE_API", "AERIE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@pytest.fixture
+def pg_url():
+    """A PostgreSQL database of its own on the local server, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    name = f"aerie_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # the suite needs the real server; say how to start it
+        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is not usable ({exc}); start it with "
+                    "'pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start'")
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path):
+    """Each store test runs on both supported databases."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'aerie.db'}"
+    return request.getfixturevalue("pg_url")

@@ -1,0 +1,141 @@
+"""A real control plane for end-to-end tests: `aerie up` as a subprocess, the CLI as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ControlPlane:
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None, s3: bool = False,
+                 host: str = "127.0.0.1"):
+        self.home = home
+        self.s3 = s3
+        self.host = host
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "AERIE_HOME": str(home), "AERIE_API": self.url, "COLUMNS": "250",
+                    "AERIE_RECONCILE_INTERVAL_S": "0.3", **(extra_env or {})}
+        for var in ("AERIE_TOKEN", "AERIE_DATABASE_URL"):
+            if var not in (extra_env or {}):
+                self.env.pop(var, None)
+        self.proc: subprocess.Popen | None = None
+        self.log = home / "control-plane.log"
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60) -> "ControlPlane":
+        log = open(self.log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "up", "--host", self.host, "--port", str(self.port),
+                                      "--s3" if self.s3 else "--no-s3"],
+                                     env=self.env, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"aerie up exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("aerie up did not become healthy")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def cleanup_nodes(self) -> None:
+        """Kill every process a test's jobs left behind (agents run in their own sessions), and the
+        loopback S3 server `aerie up` started for this home."""
+        if self.s3:
+            subprocess.run([sys.executable, "-m", "orchestrator.devstack", "down"], env=self.env, cwd=REPO,
+                           capture_output=True, timeout=60)
+        for proc in psutil.process_iter(["pid", "environ"]):
+            try:
+                env = proc.info.get("environ") or {}
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if str(env.get("AERIE_ML_ROOT", "")).startswith(str(self.home)):
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
+
+    # --- talking to it --------------------------------------------------------------------
+
+    @property
+    def token(self) -> str:
+        return (self.home / "admin.token").read_text().strip()
+
+    def cli(self, *args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=self.env, cwd=REPO,
+                           capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"aerie {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def get(self, path: str) -> object:
+        r = httpx.get(self.url + path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def job(self, ref: str) -> dict:
+        return self.get(f"/v1/jobs/{ref}")  # type: ignore[return-value]
+
+    def events(self, ref: str) -> list[dict]:
+        return [row["event"] for row in self.get(f"/v1/jobs/{ref}/events")]  # type: ignore[union-attr]
+
+    def wait_state(self, ref: str, states: set[str], timeout_s: float = 180) -> dict:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            job = self.job(ref)
+            if job["state"] in states:
+                return job
+            time.sleep(0.5)
+        raise AssertionError(f"job {ref} did not reach {states}: {json.dumps(self.job(ref))[:2000]}")
+
+
+def event_story(events: list[dict]) -> list[str]:
+    """Events as short words: 'job Submitted', 'attempt 1 Running', ..."""
+    out = []
+    for e in events:
+        d = e["detail"]
+        if e["detail-type"] == "Aerie Job State Change":
+            out.append(f"job {d['state']}")
+        elif e["detail-type"] == "Aerie Attempt State Change":
+            out.append(f"attempt {d['attempt']} {d['state']}")
+        else:
+            out.append(e["detail-type"])
+    return out
+
+
+def write_spec(path: Path, **fields) -> Path:
+    path.write_text(json.dumps(fields))
+    return path

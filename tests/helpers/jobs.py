@@ -1,0 +1,59 @@
+"""Specs for end-to-end runs of the real trainer on the local backend (tests, chaos, benches)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Tight enough that a hang is caught in seconds here; clean runs of the tiny model never trip them.
+FAST_HEALTH = {"startup_grace_s": 20, "hang_floor_s": 12, "hang_factor": 5, "heartbeat_s": 2,
+               "first_step_timeout_s": 240}
+
+
+def trainer_spec(path: Path, name: str, *, steps: int = 60, nodes: int = 2, procs: int = 2,
+                 faults: list[dict[str, Any]] | None = None, checkpoint_uri: str | None = None,
+                 every_steps: int = 20, max_restarts: int = 0, health: dict | None = None,
+                 extra_hps: dict[str, str] | None = None, env: dict[str, str] | None = None,
+                 backend_options: dict[str, Any] | None = None) -> Path:
+    """A job spec that trains the tiny Pythia-style model (examples/configs/pythia-tiny.yaml)."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "entrypoint": ["python", "-m", "trainer.train"],
+        "args": ["--config", "examples/configs/pythia-tiny.yaml"],
+        "hyperparameters": {"steps": str(steps), "eval_every": "1000000", "seq_len": "64", **(extra_hps or {})},
+        "resources": {"instance_count": nodes, "procs_per_node": procs},
+        "retry": {"max_restarts": max_restarts},
+        "health": {**FAST_HEALTH, **(health or {})},
+        "backend_options": {"workdir": str(REPO), **(backend_options or {})},
+        "env": dict(env or {}),
+    }
+    if faults:
+        spec["env"]["AERIE_FAULTS"] = json.dumps(faults)
+    if checkpoint_uri:
+        spec["checkpoint"] = {"s3_uri": checkpoint_uri, "every_steps": every_steps, "keep_last": 3}
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def step_records(attempt_dir: Path, rank: int | None = 0) -> list[dict]:
+    """The training-step lines (no events) of one attempt's metrics, for `rank` or every rank (None)."""
+    pattern = "rank-*.jsonl" if rank is None else f"rank-{rank:05d}.jsonl"
+    recs = []
+    for f in attempt_dir.glob(f"algo-*/output/metrics/{pattern}"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") is None and rec.get("step") is not None:
+                recs.append(rec)
+    return recs
+
+
+def rank_losses(jobs_dir: Path, job_id: str, rank: int = 0) -> dict[int, dict[int, float]]:
+    """{attempt number: {step: loss}} from the metrics stream of `rank` in every attempt."""
+    return {int(d.name.split("-")[1]): {int(r["step"]): r["loss"] for r in step_records(d, rank)}
+            for d in sorted((jobs_dir / job_id).glob("attempt-*"))}

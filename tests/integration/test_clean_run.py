@@ -1,0 +1,57 @@
+"""False positives: a clean 10-minute run raises no verdict.
+
+The tiny trainer on 2 local nodes x 2 processes for `AERIE_CLEAN_RUN_S` seconds (default 600)
+with the spec's *default* health thresholds, asynchronous checkpoints to the loopback S3 server
+every 300 steps (about every 20-30 s on this machine) and an evaluation pause every 500 steps.
+Then the job is stopped: it must end Stopped — not Failed — with no verdict on any node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.helpers.control_plane import ControlPlane
+from tests.helpers.jobs import rank_losses, trainer_spec
+
+RUN_S = float(os.environ.get("AERIE_CLEAN_RUN_S", "600"))
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_S + 600)]
+
+
+def test_clean_long_run_raises_no_verdict(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    cp = ControlPlane(home, s3=True).start()
+    try:
+        spec = trainer_spec(tmp_path / "clean.json", "clean-run", steps=10**7,
+                            checkpoint_uri="s3://aerie/clean", every_steps=300,
+                            extra_hps={"eval_every": "500", "eval_iters": "40"})
+        # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests.
+        data = json.loads(spec.read_text())
+        data["health"] = {}
+        spec.write_text(json.dumps(data))
+        cp.cli("submit", str(spec), check=True)
+        started = time.time()
+        while time.time() - started < RUN_S:
+            job = cp.job("clean-run")
+            assert job["state"] in ("Submitted", "InProgress"), (job["state"], job.get("reason"), job["verdicts"])
+            assert not job["verdicts"], job["verdicts"]
+            time.sleep(5)
+        cp.cli("stop", "clean-run", check=True)
+        job = cp.wait_state("clean-run", {"Stopped", "Failed", "Completed"}, timeout_s=120)
+        assert job["state"] == "Stopped", job
+        assert job["verdicts"] == []
+        assert len(job["attempt_list"]) == 1
+        checkpoints = cp.get("/v1/jobs/clean-run/checkpoints")
+        assert len(checkpoints) >= 2, checkpoints
+        events = [line for p in (home / "jobs").glob("clean-run-*/attempt-1/algo-1/output/metrics/rank-00000.jsonl")
+                  for line in p.read_text().splitlines() if '"eval_end"' in line]
+        assert events, "the run must have paused for at least one evaluation"
+        assert max(rank_losses(home / "jobs", job["id"])[1]) > 600
+    finally:
+        cp.stop()
+        cp.cleanup_nodes()

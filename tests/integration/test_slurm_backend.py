@@ -1,0 +1,85 @@
+"""The slurm backend's own calls against the real one-host cluster, without a control plane."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.slurm import SlurmBackend, slurm_job_state
+from orchestrator.spec import JobSpec
+from tests.helpers.control_plane import REPO
+
+
+def _request(job_id: str, exclude: tuple[str, ...] = ()) -> LaunchRequest:
+    spec = JobSpec.model_validate({
+        "name": "direct", "entrypoint": ["python", "tests/e2e/contract_check.py"], "args": ["--steps", "2"],
+        "resources": {"instance_count": 1, "procs_per_node": 1}, "backend": "slurm",
+        "backend_options": {"workdir": str(REPO)}, "health": {"heartbeat_s": 60},
+    })
+    return LaunchRequest(job_id=job_id, job_name="direct", attempt_id=f"{job_id}-a1", attempt_number=1, spec=spec,
+                         api_url="http://127.0.0.1:9", agent_token="unused", exclude_nodes=exclude)
+
+
+def _poll_until_terminal(backend: SlurmBackend, handle: dict, timeout_s: float = 90):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        result = backend.poll(handle)
+        if result.terminal:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"slurm job {handle} did not end: {backend.poll(handle)}")
+
+
+@pytest.mark.parametrize("excluded, expected_host", [("node1", "node2"), ("node2", "node1")])
+def test_excluded_node_is_not_used_and_launch_is_idempotent(slurm_cluster, tmp_path, excluded, expected_host):
+    backend = SlurmBackend(tmp_path / "jobs")
+    job_id = f"direct-{excluded}-{int(time.time() * 1000) % 10**8}"
+    request = _request(job_id, exclude=(excluded,))
+    handle = backend.launch(request)
+    assert backend.launch(request) == handle  # a second launch of the same attempt submits nothing
+    root = Path(handle["root"])
+    (root / "handle.json").unlink()  # a controller that died before recording the job id ...
+    assert backend.launch(request)["slurm_job_id"] == handle["slurm_job_id"]  # ... finds it by name
+
+    result = _poll_until_terminal(backend, handle)
+    assert result.state == "Completed", (result, backend.logs(handle))
+    assert [n.host for n in result.nodes] == [expected_host]
+    assert f"#SBATCH --exclude={excluded}\n" in (root / "job.sbatch").read_text()
+    # The node's exit.json can come a moment before Slurm sees the task end.
+    deadline = time.time() + 20
+    while slurm_job_state(handle["slurm_job_id"])["state"] != "COMPLETED" and time.time() < deadline:
+        time.sleep(0.3)
+    assert slurm_job_state(handle["slurm_job_id"])["state"] == "COMPLETED"
+    logs = backend.logs(handle)
+    assert f"contract ok=True host={expected_host} rank=0 world=1" in logs[expected_host]["text"]
+    resource = json.loads((root / expected_host / "input" / "config" / "resourceconfig.json").read_text())
+    assert resource["hosts"] == [expected_host] and resource["current_host"] == expected_host
+
+
+def test_job_that_cannot_start_fails_with_slurms_reason(slurm_cluster, tmp_path):
+    """A bootstrap that cannot run (missing interpreter) ends the attempt Failed, with Slurm's output."""
+    backend = SlurmBackend(tmp_path / "jobs", python="/nonexistent/python")
+    handle = backend.launch(_request(f"direct-bad-{int(time.time() * 1000) % 10**8}"))
+    result = _poll_until_terminal(backend, handle)
+    assert result.state == "Failed"
+    assert result.reason["kind"] == "launch.failed" and result.reason["slurm_state"] == "FAILED", result.reason
+    assert "/nonexistent/python" in result.reason["message"]
+
+
+def test_poll_fails_loudly_when_slurmctld_does_not_answer(slurm_cluster, tmp_path, monkeypatch):
+    """An unreachable controller is an error to retry, never a reason to call a running job lost."""
+    import re
+
+    from orchestrator.backends.slurm import SlurmError
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=9", Path(slurm_cluster["SLURM_CONF"]).read_text()))
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    root = tmp_path / "attempt-1"
+    root.mkdir()
+    with pytest.raises(SlurmError):
+        SlurmBackend(tmp_path).poll({"root": str(root), "slurm_job_id": 1, "hosts": []})

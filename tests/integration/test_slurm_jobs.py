@@ -1,0 +1,173 @@
+"""The `slurm` backend end to end, on the real one-host cluster (two emulated nodes node1/node2).
+
+A real `aerie up` with the slurm backend, the real CLI, `sbatch`/`srun`/`scancel`, and the real
+agents: each Slurm task runs `agent.slurm`, which builds the node's contract and execs the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers.control_plane import ControlPlane, event_story, write_spec
+
+CONTRACT = ["python", "tests/e2e/contract_check.py"]
+
+
+@pytest.fixture
+def cp(tmp_path, slurm_cluster):
+    plane = ControlPlane(tmp_path / "home", extra_env=slurm_cluster)
+    plane.home.mkdir()
+    plane.start()
+    yield plane
+    plane.stop()
+    for handle in (plane.home / "jobs").glob("*/attempt-*/handle.json"):
+        subprocess.run(["scancel", str(json.loads(handle.read_text())["slurm_job_id"])], capture_output=True)
+    plane.cleanup_nodes()
+
+
+def _spec(tmp_path: Path, name: str, args: list[str], nodes: int = 2, procs: int = 2, **extra) -> str:
+    return str(write_spec(tmp_path / f"{name}.json", name=name, entrypoint=CONTRACT, args=args,
+                          hyperparameters={"lr": "3e-4", "layers": "2"}, backend="slurm",
+                          resources={"instance_count": nodes, "procs_per_node": procs}, **extra))
+
+
+def _wait_running(cp: ControlPlane, ref: str, nodes: int = 2, timeout_s: float = 90) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        job = cp.job(ref)
+        attempts = job["attempt_list"]
+        if attempts and len(attempts[-1]["nodes"]) == nodes and all(n["state"] == "Running" for n in attempts[-1]["nodes"]):
+            return job
+        assert job["state"] not in {"Completed", "Failed", "Stopped"}, job
+        time.sleep(0.5)
+    raise AssertionError(f"{ref} never had {nodes} running nodes: {json.dumps(cp.job(ref))[:2000]}")
+
+
+def _handle(cp: ControlPlane, job: dict, attempt: int = 1) -> dict:
+    """The attempt's backend handle, as the slurm backend recorded it beside the attempt."""
+    return json.loads((cp.home / "jobs" / job["id"] / f"attempt-{attempt}" / "handle.json").read_text())
+
+
+def _job_processes(job_id: str) -> list[int]:
+    pids = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if (p.info.get("environ") or {}).get("AERIE_JOB") == job_id:
+                pids.append(p.pid)
+        except psutil.Error:
+            pass
+    return pids
+
+
+def _slurm_state(slurm_job_id: int) -> str:
+    from orchestrator.backends.slurm import slurm_job_state
+
+    return (slurm_job_state(slurm_job_id) or {}).get("state", "")
+
+
+def test_two_node_job_completes_through_aerie_up(cp, tmp_path):
+    r = cp.cli("submit", _spec(tmp_path, "slurm-ok", ["--steps", "3"]), "--follow", timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr + cp.log.read_text()[-3000:]
+    job = cp.job("slurm-ok")
+    assert job["state"] == "Completed" and job["backend"] == "slurm"
+    assert event_story(cp.events("slurm-ok")) == [
+        "job Submitted", "job InProgress", "attempt 1 Running", "attempt 1 Completed", "job Completed"]
+    attempt = job["attempt_list"][0]
+    assert sorted(n["host"] for n in attempt["nodes"]) == ["node1", "node2"]
+    assert _slurm_state(_handle(cp, job)["slurm_job_id"]) == "COMPLETED"
+
+    logs = cp.cli("logs", "slurm-ok", check=True).stdout
+    for host, rank in (("node1", 0), ("node1", 1), ("node2", 2), ("node2", 3)):
+        assert f"[{host} rank {rank}] contract ok=True host={host} rank={rank} world=4" in logs, logs
+    assert "CONTRACT PROBLEM" not in logs
+
+
+def test_stop_cancels_the_slurm_job_and_its_processes(cp, tmp_path):
+    cp.cli("submit", _spec(tmp_path, "slurm-stop", ["--steps", "600", "--sleep", "1"]), check=True)
+    job = _wait_running(cp, "slurm-stop")
+    time.sleep(3)  # let torchrun start the ranks
+    assert _job_processes(job["id"]), "the job's processes should be running"
+    stopped_at = time.time()
+    cp.cli("stop", "slurm-stop", check=True)
+    job = cp.wait_state("slurm-stop", {"Stopped", "Failed", "Completed"}, timeout_s=60)
+    assert job["state"] == "Stopped", job
+    while _job_processes(job["id"]) and time.time() - stopped_at < 30:
+        time.sleep(0.5)
+    assert _job_processes(job["id"]) == [], "processes left 30 s after aerie stop"
+    slurm_id = _handle(cp, job)["slurm_job_id"]
+    while _slurm_state(slurm_id) != "CANCELLED" and time.time() - stopped_at < 30:
+        time.sleep(0.5)  # COMPLETING while slurmstepd cleans up
+    assert _slurm_state(slurm_id) == "CANCELLED"
+
+
+def _wait_attempt(cp: ControlPlane, ref: str, number: int, states: set[str], timeout_s: float = 90) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        attempts = [a for a in cp.job(ref)["attempt_list"] if a["number"] == number]
+        if attempts and attempts[0]["state"] in states:
+            return attempts[0]
+        time.sleep(0.5)
+    raise AssertionError(f"attempt {number} of {ref} did not reach {states}: {json.dumps(cp.job(ref))[:2000]}")
+
+
+def _wait_file(path: Path, timeout_s: float = 60) -> Path:
+    deadline = time.time() + timeout_s
+    while not path.exists():
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.3)
+    return path
+
+
+def test_rank_killed_with_sigkill_fails_the_attempt_with_exit_nonzero(cp, tmp_path):
+    spec = _spec(tmp_path, "slurm-kill", ["--steps", "600", "--sleep", "1"], retry={"max_restarts": 0})
+    cp.cli("submit", spec, check=True)
+    job = _wait_running(cp, "slurm-kill")
+    root = Path(_handle(cp, job)["root"])
+    pid_file = _wait_file(root / "node2" / "agent" / "ranks" / "rank-2.pid")
+    time.sleep(1)
+    os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+    attempt = _wait_attempt(cp, "slurm-kill", 1, {"Failed", "Completed", "Stopped"})
+    assert attempt["state"] == "Failed", attempt
+    reason = attempt["reason"]
+    assert reason["kind"] == "exit.nonzero", reason
+    assert reason["host"] == "node2" and reason["rank"] == 2 and reason["signal"] == 9, reason
+    assert cp.wait_state("slurm-kill", {"Failed", "Completed", "Stopped"}, timeout_s=60)["state"] == "Failed"
+    deadline = time.time() + 30
+    while _job_processes(job["id"]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _job_processes(job["id"]) == [], "the surviving node's processes outlived the failed attempt"
+
+
+def test_lost_node_is_excluded_from_the_next_attempt(cp, tmp_path):
+    """A node whose agent vanishes is blamed (node.lost); chaining's attempt 2 runs with --exclude."""
+    spec = _spec(tmp_path, "slurm-lost", ["--steps", "15", "--sleep", "1"], nodes=1, procs=1,
+                 retry={"max_restarts": 1})
+    cp.cli("submit", spec, check=True)
+    job = _wait_running(cp, "slurm-lost", nodes=1)
+    lost = job["attempt_list"][0]["nodes"][0]["host"]
+    node_dir = Path(_handle(cp, job)["root"]) / lost / "agent"
+    _wait_file(node_dir / "trainer.pgid")
+    # The node "dies": its entrypoint, agent and rank tree are killed at once, nothing gets reported.
+    for name in ("entrypoint.pid", "agent.pid"):
+        os.kill(int(json.loads((node_dir / name).read_text())), signal.SIGKILL)
+    os.killpg(int(json.loads((node_dir / "trainer.pgid").read_text())), signal.SIGKILL)
+
+    failed = _wait_attempt(cp, "slurm-lost", 1, {"Failed", "Completed", "Stopped"})
+    assert failed["state"] == "Failed" and failed["reason"]["kind"] == "node.lost", failed
+    assert failed["reason"]["host"] == lost
+    job = cp.wait_state("slurm-lost", {"Completed", "Failed", "Stopped"}, timeout_s=120)
+    assert job["state"] == "Completed", job
+    second = job["attempt_list"][1]
+    assert second["exclude_nodes"] == [lost]
+    other = {"node1": "node2", "node2": "node1"}[lost]
+    assert [n["host"] for n in second["nodes"]] == [other]
+    script = (cp.home / "jobs" / job["id"] / "attempt-2" / "job.sbatch").read_text()
+    assert f"#SBATCH --exclude={lost}\n" in script

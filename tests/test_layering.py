@@ -1,0 +1,49 @@
+"""The architecture's import rules: orchestrator, agent and lambdas never import torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+BLOCK_TORCH = """
+import sys
+class _NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is not allowed here")
+        return None
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def _modules(package: str) -> list[str]:
+    return sorted(".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+                  for p in (REPO / package).rglob("*.py") if "migrations" not in p.parts)
+
+
+# Every module of the torch-free packages, found on disk so a new one can't be forgotten, plus
+# the trainer modules the handlers and the CLI rely on.
+TORCH_FREE = _modules("orchestrator") + _modules("agent") + _modules("lambdas") + [
+    "trainer", "trainer.checkpoint.manifest", "trainer.faults", "trainer.data.cli",
+]
+
+
+def test_torch_free_modules_import_without_torch():
+    """One interpreter with torch made unimportable imports every module in turn."""
+    code = BLOCK_TORCH + f"""
+import importlib, traceback
+failed = []
+for name in {TORCH_FREE!r}:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        failed.append(name + ": " + traceback.format_exc().strip().splitlines()[-1])
+print("\\n".join(failed))
+raise SystemExit(1 if failed else 0)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -1,0 +1,279 @@
+"""The training loop end to end: real torchrun processes on gloo, the real stdlib corpus.
+
+Acceptance 2 of the trainer issue (resume parity, DDP and FSDP2 at world size 2), the metrics
+stream and TensorBoard files of a run, SIGTERM handling, and the config/LR units.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trainer.config import TrainConfig, load_config
+from trainer.metrics import TENSORBOARD_SCALARS
+from trainer.train import build_optimizer, lr_at
+
+REPO = Path(__file__).resolve().parents[2]
+CONTRACT_KEYS = {"t", "rank", "step", "loss", "grad_norm", "lr", "tokens", "step_s", "event"}
+
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data-cache")
+
+
+def write_config(directory: Path, cache: Path, **overrides) -> Path:
+    cfg = {
+        "model": {"preset": "pythia-tiny"},
+        "data": {"corpus": "stdlib", "max_bytes": 1_000_000, "cache_dir": str(cache)},
+        "seq_len": 32, "micro_batch_size": 4, "grad_accum": 2, "steps": 40, "warmup": 4,
+        "lr": 3e-3, "min_lr": 3e-4, "instance_type": "c7i.xlarge",
+    }
+    cfg.update(overrides)
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_trainer(workdir: Path, config: Path, nproc: int, *, name: str, env: dict | None = None,
+                sets: tuple[str, ...] = (), timeout: float = 240) -> tuple[int, Path]:
+    """Run the trainer (torchrun when nproc > 1); return (exit code, its metrics directory)."""
+    metrics = workdir / name / "metrics"
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+                "AERIE_METRICS_PATH": str(metrics), "SM_OUTPUT_DATA_DIR": str(workdir / name / "output"),
+                "AERIE_CHECKPOINT_URI": "", "AERIE_RESUME_FROM": ""}
+    full_env.pop("SM_HPS", None)
+    full_env.update(env or {})
+    args = ["-m", "trainer.train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] + args
+    else:
+        cmd = [sys.executable] + args
+    proc = subprocess.run(cmd, cwd=workdir, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        print(proc.stdout[-4000:], proc.stderr[-8000:])
+    return proc.returncode, metrics
+
+
+def read_metrics(metrics: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (metrics / f"rank-{rank:05d}.jsonl").read_text().splitlines()]
+
+
+def steps_of(records: list[dict]) -> dict[int, dict]:
+    return {r["step"]: r for r in records if r["event"] is None}
+
+
+# --- units ---------------------------------------------------------------------------------------
+
+
+def test_lr_schedule_warmup_then_cosine_to_min_lr():
+    cfg = TrainConfig.model_validate({"data": {"corpus": "stdlib"}, "steps": 100, "warmup": 10,
+                                      "lr": 1e-3, "min_lr": 1e-4})
+    assert lr_at(0, cfg) == pytest.approx(1e-4)
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(55, cfg) == pytest.approx((1e-3 + 1e-4) / 2)
+    assert lr_at(100, cfg) == pytest.approx(1e-4)
+    after = [lr_at(s, cfg) for s in range(10, 101)]
+    assert all(a >= b for a, b in zip(after, after[1:]))
+
+    # The optimizer's scheduler follows lr_at step by step.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    optimizer, scheduler = build_optimizer(model, cfg)
+    seen = []
+    for _ in range(100):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([lr_at(s, cfg) for s in range(100)])
+    # Weight decay only on matrices.
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [cfg.weight_decay, 0.0]
+    assert len(optimizer.param_groups[0]["params"]) == 1
+
+
+def test_config_precedence_yaml_then_hyperparameters_then_sets(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "c.yaml").write_text(yaml.safe_dump(
+        {"data": {"corpus": "stdlib"}, "lr": 1e-3, "steps": 10, "model": {"preset": "llama-tiny"}}))
+    monkeypatch.setenv("AERIE_WORKDIR", str(tmp_path))  # a relative --config resolves against it
+    monkeypatch.setenv("SM_HPS", json.dumps({
+        "steps": "50", "lr": "3e-4", "model.overrides.num_layers": "3", "parallelism": "fsdp2",
+        "activation_checkpointing": "true", "checkpoint.every_steps": "25", "sagemaker_program": "x",
+        "unrelated": "ignored",
+    }))
+    cfg = load_config("configs/c.yaml", ["steps=70", "data.weights=null"])
+    assert cfg.steps == 70  # --set beats hyperparameters
+    assert cfg.lr == 3e-4 and isinstance(cfg.lr, float)  # hyperparameters beat YAML, strings coerced
+    assert cfg.model.preset == "llama-tiny" and cfg.model.overrides == {"num_layers": 3}
+    assert cfg.parallelism == "fsdp2" and cfg.activation_checkpointing is True
+    assert cfg.checkpoint.resolved_every() == 25
+    with pytest.raises(ValueError, match="no such config field"):
+        load_config("configs/c.yaml", ["stpes=3"])
+
+
+def test_config_hyperparameters_file_and_checkpoint_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("SM_HPS", raising=False)
+    monkeypatch.setenv("AERIE_ML_ROOT", str(tmp_path))
+    hps = tmp_path / "input" / "config" / "hyperparameters.json"
+    hps.parent.mkdir(parents=True)
+    hps.write_text(json.dumps({"micro_batch_size": "2", "data.corpus": "stdlib"}))
+    monkeypatch.setenv("AERIE_CHECKPOINT_URI", "s3://bucket/ckpt/job-1")
+    monkeypatch.setenv("AERIE_CHECKPOINT_EVERY", "100")
+    cfg = load_config(None)
+    assert cfg.micro_batch_size == 2 and cfg.data.corpus == "stdlib"
+    assert cfg.checkpoint.resolved_uri() == "s3://bucket/ckpt/job-1"
+    assert cfg.checkpoint.resolved_every() == 100
+    monkeypatch.setenv("AERIE_CHECKPOINT_URI", "")
+    assert load_config(None).checkpoint.resolved_uri() is None
+    with pytest.raises(ValueError, match="exactly one"):
+        TrainConfig.model_validate({"data": {"corpus": "stdlib", "prefixes": ["a"]}})
+
+
+def test_example_configs_load():
+    cfg = load_config(REPO / "examples" / "configs" / "pythia-tiny.yaml", use_hyperparameters=False)
+    assert cfg.data.corpus == "stdlib" and cfg.steps >= 200
+    spec = yaml.safe_load((REPO / "examples" / "pythia-tiny.yaml").read_text())
+    assert spec["entrypoint"] == ["python", "-m", "trainer.train"]
+    assert spec["args"] == ["--config", "examples/configs/pythia-tiny.yaml"]
+    assert spec["resources"]["instance_count"] == 2 and spec["resources"]["procs_per_node"] == 2
+
+
+# --- whole runs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parallelism,storage", [("ddp", "file"), ("fsdp2", "file"), ("ddp", "s3")])
+def test_resume_parity_world_size_2(tmp_path, data_cache, parallelism, storage, request):
+    """40 steps with checkpoints every 20; resumed from step 20, steps 21-40 are bitwise the same."""
+    from trainer.checkpoint import manifest
+
+    config = write_config(tmp_path, data_cache, parallelism=parallelism)
+    base = request.getfixturevalue("s3_prefix") if storage == "s3" else f"file://{tmp_path}/ckpt"
+    rc, full = run_trainer(tmp_path, config, 2, name="full",
+                           env={"AERIE_CHECKPOINT_URI": base, "AERIE_CHECKPOINT_EVERY": "20"})
+    assert rc == 0
+    assert manifest.verify(f"{base}/step_00000020").good
+    assert manifest.last_good(base) == f"{base}/step_00000040"
+    rc, resumed = run_trainer(tmp_path, config, 2, name="resumed",
+                              env={"AERIE_RESUME_FROM": f"{base}/step_00000020"})
+    assert rc == 0
+    for rank in (0, 1):
+        a, b = steps_of(read_metrics(full, rank)), steps_of(read_metrics(resumed, rank))
+        assert sorted(a) == list(range(1, 41)) and sorted(b) == list(range(21, 41))
+        for step in range(21, 41):
+            for key in ("loss", "grad_norm", "lr", "tokens"):
+                assert a[step][key] == b[step][key], (rank, step, key)
+        assert a[40]["loss"] < a[1]["loss"]
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, data_cache):
+    """World of one, no torchrun: the newest checkpoint is truncated; resuming from it restores the
+    previous good one instead, and the run still matches the uninterrupted one bitwise."""
+    config = write_config(tmp_path, data_cache, steps=40)
+    ckpt = tmp_path / "ckpt"
+    rc, full = run_trainer(tmp_path, config, 1, name="full",
+                           env={"AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "20"})
+    assert rc == 0
+    shard = max((ckpt / "step_00000040").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    rc, resumed = run_trainer(tmp_path, config, 1, name="resumed",
+                              env={"AERIE_RESUME_FROM": f"file://{ckpt}/step_00000040"})
+    assert rc == 0
+    a, b = steps_of(read_metrics(full, 0)), steps_of(read_metrics(resumed, 0))
+    assert sorted(b) == list(range(21, 41))
+    assert all(a[s]["loss"] == b[s]["loss"] for s in b)
+
+
+def test_activation_checkpointing_changes_nothing_but_memory(tmp_path, data_cache):
+    """A checkpoint written without activation checkpointing resumes with it (same state-dict keys),
+    and the losses after the resume are the same bitwise."""
+    config = write_config(tmp_path, data_cache, steps=6, grad_accum=1)
+    ckpt = tmp_path / "ckpt"
+    rc, plain = run_trainer(tmp_path, config, 1, name="plain",
+                            env={"AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "3"})
+    assert rc == 0
+    rc, with_ac = run_trainer(tmp_path, config, 1, name="ac", sets=("activation_checkpointing=true",),
+                              env={"AERIE_RESUME_FROM": f"file://{ckpt}/step_00000003"})
+    assert rc == 0
+    a, b = steps_of(read_metrics(plain, 0)), steps_of(read_metrics(with_ac, 0))
+    assert sorted(b) == [4, 5, 6]
+    assert all(a[s]["loss"] == b[s]["loss"] and a[s]["grad_norm"] == b[s]["grad_norm"] for s in b)
+
+
+def test_metrics_stream_and_tensorboard_of_a_run(tmp_path, data_cache):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = write_config(tmp_path, data_cache, steps=6, eval_every=3, eval_iters=2)
+    ckpt = tmp_path / "ckpt"
+    rc, metrics = run_trainer(tmp_path, config, 2, name="run",
+                              env={"AERIE_CHECKPOINT_URI": str(ckpt), "AERIE_CHECKPOINT_EVERY": "3"})
+    assert rc == 0
+    for rank in (0, 1):
+        records = read_metrics(metrics, rank)
+        assert all(CONTRACT_KEYS <= set(r) and r["rank"] == rank for r in records)
+        steps = [r for r in records if r["event"] is None]
+        assert [r["step"] for r in steps] == list(range(1, 7))
+        assert all(r["tokens"] == r["step"] * 4 * 2 * 2 * 32 for r in steps)
+        assert all(r["mfu"] > 0 and r["tokens_per_s"] > 0 and r["tokens_per_dollar"] > 0 for r in steps)
+        events = [(r["event"], r["step"]) for r in records if r["event"] is not None]
+        for step in (3, 6):
+            assert ("checkpoint_begin", step) in events and ("checkpoint_end", step) in events
+            assert ("eval_begin", step) in events and ("eval_end", step) in events
+            assert events.index(("checkpoint_begin", step)) < events.index(("checkpoint_end", step))
+        committed = [r for r in records if r["event"] == "checkpoint_committed"]
+        if rank == 0:
+            assert [(r["step"], r["uri"]) for r in committed] == [
+                (3, f"{ckpt}/step_00000003"), (6, f"{ckpt}/step_00000006")]
+        else:
+            assert committed == []
+    tb = tmp_path / "run" / "output" / "tensorboard"
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    assert set(TENSORBOARD_SCALARS) <= set(acc.Tags()["scalars"])
+    assert [e.step for e in acc.Scalars("loss")] == list(range(1, 7))
+
+
+def test_sigterm_stops_cleanly_with_exit_143(tmp_path, data_cache):
+    """World of one (no torchrun): SIGTERM mid-run finishes the step, lets the save commit, exits 143."""
+    config = write_config(tmp_path, data_cache, steps=100_000, grad_accum=1)
+    ckpt = tmp_path / "ckpt"
+    metrics = tmp_path / "metrics"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "AERIE_METRICS_PATH": str(metrics),
+           "SM_OUTPUT_DATA_DIR": str(tmp_path / "out"), "AERIE_CHECKPOINT_URI": f"file://{ckpt}",
+           "AERIE_CHECKPOINT_EVERY": "7", "AERIE_RESUME_FROM": ""}
+    env.pop("SM_HPS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", "--config", str(config)], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        path = metrics / "rank-00000.jsonl"
+        while time.time() < deadline:
+            if path.exists() and sum(1 for line in path.read_text().splitlines()
+                                     if '"checkpoint_committed"' in line) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    records = read_metrics(metrics, 0)
+    last_step = max(r["step"] for r in records if r["event"] is None)
+    assert last_step < 100_000
+    begun = {r["step"] for r in records if r["event"] == "checkpoint_begin"}
+    committed = {r["step"] for r in records if r["event"] == "checkpoint_committed"}
+    assert begun == committed  # the save in flight at SIGTERM finished and committed; none half-done
+    for step in committed:
+        assert (ckpt / f"step_{step:08d}" / "manifest.json").is_file()
+    assert math.isfinite(records[-1]["loss"] if records[-1]["event"] is None else 0.0)

@@ -1,0 +1,99 @@
+"""Deliberate faults, for chaos tests and for users who want to rehearse a bad night.
+
+A job asks for faults through `AERIE_FAULTS` (JSON list; `aerie submit --fault` writes it), e.g.
+`[{"kind": "busy_hang", "step": 30, "rank": 1}]`. Each fault fires once, in the attempt it names
+(default 1), so the restarted attempt runs clean and a chaos run can finish. Kinds:
+
+- `nan`        the loss of `rank` turns NaN from `step` on (loss.nan)
+- `busy_hang`  `rank` spins at full CPU and never finishes the step: "100 % busy, nothing moves"
+- `sigstop`    `rank` stops itself (SIGSTOP): its peers block in the next collective (silent.hang)
+- `sigkill`    `rank` dies with SIGKILL (exit.nonzero with the signal)
+- `exit`       `rank` exits with `code` (default 1)
+- `slow`       `rank` sleeps `seconds` per step from `step` on (a straggler)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+KINDS = ("nan", "busy_hang", "sigstop", "sigkill", "exit", "slow")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    rank: int | None = None  # None: every rank
+    attempt: int = 1
+    code: int = 1
+    seconds: float = 1.0
+
+    def applies(self, step: int, rank: int, attempt: int) -> bool:
+        return attempt == self.attempt and (self.rank is None or self.rank == rank) and step >= self.step
+
+
+def parse(text: str | None) -> list[Fault]:
+    if not text:
+        return []
+    faults = []
+    for item in json.loads(text):
+        if item.get("kind") not in KINDS:
+            raise ValueError(f"unknown fault kind {item.get('kind')!r}; known: {', '.join(KINDS)}")
+        faults.append(Fault(**item))
+    return faults
+
+
+def parse_cli(spec: str) -> dict:
+    """`KIND@STEP[:rank=R][:attempt=N][:code=C][:seconds=S]` -> a fault dict (for `aerie submit --fault`)."""
+    head, *opts = spec.split(":")
+    kind, _, step = head.partition("@")
+    if kind not in KINDS or not step.isdigit():
+        raise ValueError(f"bad fault {spec!r}: expected KIND@STEP[:rank=R][:attempt=N], KIND in {', '.join(KINDS)}")
+    fault: dict = {"kind": kind, "step": int(step)}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key not in ("rank", "attempt", "code", "seconds") or not value:
+            raise ValueError(f"bad fault option {opt!r} in {spec!r}")
+        fault[key] = float(value) if key == "seconds" else int(value)
+    return fault
+
+
+class FaultInjector:
+    """Called by the train loop once per step; does nothing unless the environment asks."""
+
+    def __init__(self, rank: int, env: dict[str, str] | None = None):
+        env = dict(os.environ if env is None else env)
+        self.rank = rank
+        self.attempt = int(env.get("AERIE_ATTEMPT_NUMBER", "1"))
+        self.faults = [f for f in parse(env.get("AERIE_FAULTS")) if self.rank == f.rank or f.rank is None]
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def loss_is_nan(self, step: int) -> bool:
+        return any(f.kind == "nan" and f.applies(step, self.rank, self.attempt) for f in self.faults)
+
+    def before_step(self, step: int) -> None:
+        for f in self.faults:
+            if not f.applies(step, self.rank, self.attempt):
+                continue
+            if f.kind == "busy_hang" and step == f.step:
+                _spin_forever()
+            elif f.kind == "sigstop" and step == f.step:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif f.kind == "sigkill" and step == f.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif f.kind == "exit" and step == f.step:
+                os._exit(f.code)
+            elif f.kind == "slow":
+                time.sleep(f.seconds)
+
+
+def _spin_forever() -> None:
+    x = 0
+    while True:  # a busy hang: full utilisation, no progress
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF

@@ -1,0 +1,131 @@
+"""Process group, device and model wrapping: DDP or FSDP2, activation checkpointing, compile.
+
+Ranks come from torchrun's environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, ...).
+Started without torchrun, the process is a world of one on a free loopback port, so the training
+loop has a single code path. gloo on CPU, nccl on GPU; bf16 autocast on GPU only (CPU stays fp32,
+which is what makes resume parity bitwise there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // self.local_world_size)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_s: float = 1800.0) -> World:
+    """Join (or, alone, create) the default process group and pick this rank's device."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    return World(rank, world_size, local_rank, local_world_size, device)
+
+
+def destroy_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def autocast(world: World) -> contextlib.AbstractContextManager:
+    """bf16 autocast on GPU; nothing on CPU."""
+    if world.device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each block's activations in backward instead of keeping them."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=True)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile block by block (repeated blocks share one graph, and FSDP2 hooks stay outside)."""
+    for i, block in enumerate(model.layers):
+        model.layers[i] = torch.compile(block)
+
+
+def parallelize(model: nn.Module, world: World, parallelism: str, activation_checkpointing: bool = False,
+                compile: bool = False) -> nn.Module:
+    """Wrap `model` (already on `world.device`, identically initialised on every rank)."""
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if compile:
+        apply_compile(model)
+    if parallelism == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(world.device.type, (world.world_size,))
+        for block in model.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    if parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [world.device.index] if world.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    raise ValueError(f"unknown parallelism {parallelism!r}")
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce / reduce-scatter on all but the last micro-batch of a step."""
+    if hasattr(model, "no_sync"):  # DDP
+        with contextlib.nullcontext() if enabled else model.no_sync():
+            yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+    yield
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user model inside a DDP wrapper (FSDP2 wraps in place)."""
+    return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model

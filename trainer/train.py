@@ -1,0 +1,356 @@
+"""The training loop: `python -m trainer.train --config X [--set key=value ...]`.
+
+Runs under torchrun (or the Aerie agent, which uses torchrun) and alone as a world of one.
+Read top to bottom, `train()` is the whole run: config -> process group -> data -> model ->
+optimizer and schedule -> resume -> steps (gradient accumulation, clipping, metrics, periodic
+asynchronous checkpoints) -> exit code.
+
+Determinism: the model is initialised from `seed` identically on every rank, the data order is a
+pure function of (`seed`, consumed samples), and on CPU everything is fp32, so a run resumed from
+a checkpoint produces bitwise the same losses as an uninterrupted one (same world size).
+
+Exit codes: 0 when `steps` are done; 143 (128 + SIGTERM) or 130 (SIGINT) when stopped by a
+signal: the step in progress finishes on every rank, an in-flight checkpoint save is allowed to
+finish and commit, nothing new is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.api import CheckpointException
+
+from trainer import parallel, pricing
+from trainer.checkpoint.dcp import Checkpointer, describe_error
+from trainer.config import TrainConfig, load_config, resolve_path
+from trainer.faults import FaultInjector
+from trainer.metrics import MetricsWriter
+
+log = logging.getLogger("trainer.train")
+
+# --- learning-rate schedule --------------------------------------------------------------------
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """LR of optimizer step `step` (0-based): linear warmup to `lr`, cosine decay to `min_lr` at `steps`."""
+    if cfg.warmup > 0 and step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    decay_steps = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / decay_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
+    """AdamW without weight decay on biases and norm weights (1-D parameters)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg) / cfg.lr)
+    return optimizer, scheduler
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def data_cache_dir(cfg: TrainConfig) -> Path:
+    if cfg.data.cache_dir:
+        return resolve_path(cfg.data.cache_dir)
+    return Path(os.environ.get("AERIE_DATA_CACHE") or Path.home() / ".cache" / "aerie" / "data")
+
+
+def prepare_stdlib_corpus(cfg: TrainConfig, world: parallel.World) -> tuple[str, Path]:
+    """Tokenizer + `.bin/.idx` of the stdlib sources, built once per cache dir.
+
+    The local rank 0 of each node builds it under a file lock (nodes may share a filesystem);
+    everybody else waits on a barrier. Returns (dataset prefix, tokenizer path).
+    """
+    from trainer.data import preprocess, train_bpe, write_stdlib_corpus
+
+    d = cfg.data
+    out = data_cache_dir(cfg) / f"stdlib-py{sys.version_info[0]}{sys.version_info[1]}-v{d.vocab_size}-b{d.max_bytes}"
+    ready, tokenizer, prefix = out / "READY", out / "tokenizer.json", out / "stdlib"
+    if world.local_rank == 0 and not ready.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / (out.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not ready.exists():
+                log.info("building the stdlib corpus in %s", out)
+                corpus = write_stdlib_corpus(out / "corpus.jsonl", max_bytes=d.max_bytes)
+                train_bpe([corpus], d.vocab_size, tokenizer)
+                preprocess(corpus, json_key="text", tokenizer=tokenizer, output_prefix=prefix,
+                           workers=d.workers, append_eod=True, progress=False)
+                (out / "corpus.jsonl").unlink()
+                ready.write_text("ok\n")
+    dist.barrier()
+    return f"{prefix}_text_document", tokenizer
+
+
+def build_dataset(cfg: TrainConfig, world: parallel.World, num_samples: int, seed: int):
+    from trainer.data import GPTDataset
+
+    if cfg.data.corpus == "stdlib":
+        prefix, _ = prepare_stdlib_corpus(cfg, world)
+        prefixes, weights = [prefix], None
+    else:
+        prefixes, weights = [str(resolve_path(p)) for p in cfg.data.prefixes], cfg.data.weights
+    index_cache = data_cache_dir(cfg) / "index"
+    # Rank 0 builds (and caches) the shuffle indices first so the others only read them.
+    if world.rank == 0:
+        dataset = GPTDataset(prefixes, cfg.seq_len, num_samples, seed=seed, cache_dir=index_cache, weights=weights)
+    dist.barrier()
+    if world.rank != 0:
+        dataset = GPTDataset(prefixes, cfg.seq_len, num_samples, seed=seed, cache_dir=index_cache, weights=weights)
+    return dataset
+
+
+def micro_batches(dataset, sampler, device: torch.device) -> Iterator[torch.Tensor]:
+    """[micro_batch_size, seq_len + 1] token tensors in the sampler's order."""
+    for indices in sampler:
+        yield torch.from_numpy(np.stack([dataset[i] for i in indices])).to(device, non_blocking=True)
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+
+def build_model_config(cfg: TrainConfig):
+    from trainer.models import get_preset
+
+    return get_preset(cfg.model.preset, **cfg.model.overrides)
+
+
+def loss_of(model, tokens: torch.Tensor, world: parallel.World) -> torch.Tensor:
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    with parallel.autocast(world):
+        logits = model(inputs)
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def total_grad_norm(model, max_norm: float) -> torch.Tensor:
+    """Clip (when `max_norm` > 0) and return the global norm before clipping, as a plain tensor."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else float("inf"))
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+@torch.no_grad()
+def evaluate(model, dataset, world: parallel.World, cfg: TrainConfig) -> float:
+    """Mean loss over a fixed set of batches (the same every evaluation; see TrainConfig.eval_iters)."""
+    from trainer.data import MegatronPretrainingSampler
+
+    model.eval()
+    sampler = MegatronPretrainingSampler(len(dataset), 0, cfg.micro_batch_size, world.rank, world.world_size)
+    total = torch.zeros(2, device=world.device)
+    for tokens in micro_batches(dataset, sampler, world.device):
+        total += torch.stack([loss_of(model, tokens, world).detach(), torch.ones((), device=world.device)])
+    dist.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
+
+
+def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -> tuple[dict, str]:
+    """Load `uri`; if it cannot be restored (corrupt, incomplete), fall back to the newest older
+    good checkpoint under the same prefix, and say so. Every rank sees the same failure (DCP
+    gathers read errors), so every rank falls back to the same checkpoint."""
+    from trainer.checkpoint import manifest
+
+    while True:
+        try:
+            return checkpointer.load(uri, model, optimizer, scheduler), uri
+        except (Exception, CheckpointException) as exc:
+            prefix, _, name = uri.rstrip("/").rpartition("/")
+            match = manifest.STEP_RE.match(name)
+            older = [c for c in manifest.list_checkpoints(prefix) if match and c.good and c.step < int(match.group(1))]
+            if not older:
+                raise
+            log.error("cannot restore %s (%s); falling back to the previous good checkpoint %s",
+                      uri, describe_error(exc), older[-1].uri)
+            uri = older[-1].uri
+
+
+# --- signals -------------------------------------------------------------------------------------
+
+
+STOP_GRACE_S = float(os.environ.get("AERIE_STOP_GRACE_S", "60"))
+
+
+class StopRequest:
+    """Set by SIGTERM/SIGINT; the loop checks it (agreed across ranks) after each step."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum if self.signum else 0
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def train(cfg: TrainConfig) -> int:
+    stop = StopRequest()
+    stop.install()
+    world = parallel.init_distributed()
+    metrics = MetricsWriter(world.rank)
+    try:
+        return _train(cfg, world, metrics, stop)
+    finally:
+        metrics.close()
+        parallel.destroy_distributed()
+
+
+def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop: StopRequest) -> int:
+    from trainer.data import MegatronPretrainingSampler
+    from trainer.models import build_model, flops_per_token
+
+    # Data: one global batch = micro-batch x accumulation x data-parallel ranks.
+    global_batch = cfg.micro_batch_size * cfg.grad_accum * world.world_size
+    num_samples = cfg.steps * global_batch
+    dataset = build_dataset(cfg, world, num_samples, cfg.seed)
+    eval_dataset = None
+    if cfg.eval_every > 0:
+        eval_samples = cfg.eval_iters * cfg.micro_batch_size * world.world_size
+        eval_dataset = build_dataset(cfg, world, eval_samples, cfg.seed + 1)
+
+    # Model: the same initial weights on every rank, then wrapped.
+    model_cfg = build_model_config(cfg)
+    torch.manual_seed(cfg.seed)
+    model = build_model(model_cfg).to(world.device)
+    model = parallel.parallelize(model, world, cfg.parallelism, cfg.activation_checkpointing, cfg.compile)
+    optimizer, scheduler = build_optimizer(model, cfg)
+
+    checkpointer = Checkpointer(
+        cfg.checkpoint.resolved_uri(), cfg.checkpoint.resolved_every(), metrics,
+        world={"world_size": world.world_size, "num_nodes": world.num_nodes,
+               "procs_per_node": world.local_world_size, "parallelism": cfg.parallelism},
+        config_hash=cfg.config_hash(), async_=cfg.checkpoint.async_save, thread_count=cfg.checkpoint.thread_count,
+    )
+
+    # Resume: weights, optimizer, schedule, RNG and the data position.
+    step, consumed, tokens = 0, 0, 0
+    resume_from = os.environ.get("AERIE_RESUME_FROM")
+    if resume_from:
+        extra, resumed_from = restore(checkpointer, resume_from, model, optimizer, scheduler)
+        step, consumed, tokens = extra["step"], extra["consumed_samples"], extra["tokens"]
+        if world.is_main:
+            log.info("resumed from %s at step %d (%d samples consumed)", resumed_from, step, consumed)
+    if step >= cfg.steps:
+        checkpointer.wait()
+        return 0
+    sampler = MegatronPretrainingSampler(num_samples, consumed, cfg.micro_batch_size, world.rank, world.world_size)
+    batches = micro_batches(dataset, sampler, world.device)
+
+    # Throughput accounting for MFU and tokens/$.
+    flops_tok = flops_per_token(model_cfg, cfg.seq_len)
+    device_name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
+    peak = pricing.device_peak_flops(device_name, cfg.peak_flops) * world.world_size
+    price = pricing.instance_price(cfg.resolved_instance_type(), cfg.price_per_hour)
+    tokens_per_step = global_batch * cfg.seq_len
+
+    faults = FaultInjector(world.rank)  # chaos rehearsal (AERIE_FAULTS); a no-op otherwise
+
+    model.train()
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        faults.before_step(step + 1)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=world.device)
+        for micro in range(cfg.grad_accum):
+            batch = next(batches)
+            with parallel.gradient_sync(model, enabled=micro == cfg.grad_accum - 1):
+                loss = loss_of(model, batch, world)
+                if faults.loss_is_nan(step + 1):
+                    loss = loss * float("nan")
+                (loss / cfg.grad_accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = total_grad_norm(model, cfg.clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        consumed += global_batch
+        tokens += tokens_per_step
+
+        # One collective carries every rank's loss and whether any rank was asked to stop.
+        # Gathered, then summed in rank order: an all-reduce may add in a different order from run
+        # to run, and a resumed run must report bitwise the losses of an uninterrupted one.
+        summary = torch.stack([loss_sum / cfg.grad_accum, torch.tensor(float(stop.signum > 0), device=world.device)])
+        gathered = [torch.empty_like(summary) for _ in range(world.world_size)]
+        dist.all_gather(gathered, summary)
+        loss_value = sum(g[0].item() for g in gathered) / world.world_size
+        stopping = any(g[1].item() > 0 for g in gathered)
+        step_s = time.perf_counter() - t0
+
+        if step % cfg.log_every == 0 or step == cfg.steps or stopping:
+            tokens_per_s = tokens_per_step / step_s
+            metrics.step(step, loss=loss_value, grad_norm=grad_norm.item(), lr=lr, tokens=tokens, step_s=step_s,
+                         tokens_per_s=tokens_per_s, mfu=flops_tok * tokens_per_s / peak,
+                         tokens_per_dollar=pricing.tokens_per_dollar(tokens_per_s, price, world.num_nodes))
+        if world.rank == 0 and cfg.print_every and (step % cfg.print_every == 0 or step == cfg.steps):
+            print(f"step {step}/{cfg.steps} loss {loss_value:.4f} grad_norm {grad_norm.item():.3f} "
+                  f"lr {lr:.2e} {tokens_per_step / step_s:,.0f} tokens/s", flush=True)
+        if eval_dataset is not None and step % cfg.eval_every == 0:
+            metrics.event("eval_begin", step)
+            eval_loss = evaluate(model, eval_dataset, world, cfg)
+            metrics.event("eval_end", step, eval_loss=eval_loss)
+            metrics.scalars(step, eval_loss=eval_loss)
+        if stopping:
+            stop.signum = stop.signum or signal.SIGTERM  # a peer was signalled: this rank stops too
+            log.warning("stop requested (signal %d): leaving after step %d", stop.signum, step)
+            break
+        # Periodic checkpoints, and one of the final state (what export and evaluation read).
+        # Never checkpoint a diverged model: a NaN state must not become a resume point.
+        if (checkpointer.due(step) or (step == cfg.steps and checkpointer.base_uri)) and math.isfinite(loss_value):
+            checkpointer.save(step, model, optimizer, scheduler,
+                              {"step": step, "consumed_samples": consumed, "tokens": tokens},
+                              metrics_at_step={"loss": loss_value, "grad_norm": grad_norm.item(), "lr": lr})
+
+    if stopping:
+        # A save in flight was staged before the signal: let it finish and commit, within a grace
+        # period (an unfinished one is never mistaken for good: it has no manifest).
+        checkpointer.wait(timeout=STOP_GRACE_S)
+        return stop.exit_code
+    checkpointer.wait()
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="training config YAML (relative: to $AERIE_WORKDIR, else the cwd)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field by dotted path, e.g. --set lr=3e-4 (repeatable)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("AERIE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    return train(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
