@@ -149,8 +149,10 @@ class ThrottlingProxy:
             while data := await r.read(CHUNK):
                 if bucket:
                     await bucket.take(len(data))
-                w.write(data)
+                # Count before writing: a reader on another thread may see the bytes arrive
+                # before this coroutine runs again.
                 setattr(self.stats, counter, getattr(self.stats, counter) + len(data))
+                w.write(data)
                 await w.drain()
         except (ConnectionError, OSError):
             pass
