@@ -145,26 +145,34 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--nodes", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--stores", default="postgres,sqlite", help="comma-separated subset of postgres,sqlite")
     args = p.parse_args()
+    stores = set(args.stores.split(","))
 
     from sqlalchemy import create_engine, text
 
-    name = f"aerie_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        pg = run_store("postgres", PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", args.nodes, args.seconds, args.concurrency)
-    finally:
+    pg = sqlite = None
+    if "postgres" in stores:
+        name = f"aerie_bench_{uuid.uuid4().hex[:8]}"
+        admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
-            c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-    sqlite = run_store("sqlite", f"sqlite:///{tempfile.mkdtemp()}/aerie.db", args.nodes, args.seconds, args.concurrency)
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            pg = run_store("postgres", PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", args.nodes, args.seconds,
+                           args.concurrency)
+        finally:
+            with admin.connect() as c:
+                c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+                c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+    if "sqlite" in stores:
+        sqlite = run_store("sqlite", f"sqlite:///{tempfile.mkdtemp()}/aerie.db", args.nodes, args.seconds,
+                           args.concurrency)
     print(json.dumps({"bench": "heartbeats", "nodes": args.nodes, "seconds": args.seconds,
                       "concurrency": args.concurrency, "cpus": os.cpu_count(), "postgres": pg, "sqlite": sqlite,
                       "goal": {"accepted_per_s": 2000, "p99_ms": 100},
-                      "meets_goal": pg["accepted_per_s"] >= 2000 and pg["p99_ms"] < 100,
-                      "sqlite_vs_postgres": round(sqlite["accepted_per_s"] / max(pg["accepted_per_s"], 1e-9), 2)}))
+                      "meets_goal": bool(pg) and pg["accepted_per_s"] >= 2000 and pg["p99_ms"] < 100,
+                      "sqlite_vs_postgres": (round(sqlite["accepted_per_s"] / max(pg["accepted_per_s"], 1e-9), 2)
+                                             if pg and sqlite else None)}))
     return 0
 
 

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, tuple_, update
+from sqlalchemy import case, select
 
 from orchestrator.store import repo
 from orchestrator.store.db import Database
-from orchestrator.store.models import Attempt, Node, now
+from orchestrator.store.models import Attempt, Job, Node, now
 
 log = logging.getLogger("aerie.heartbeats")
 
@@ -39,15 +39,25 @@ class HeartbeatBuffer:
         self.info_ttl_s = info_ttl_s
         self._pending: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
         self._info: dict[str, AttemptInfo] = {}
+        self._used: set[str] = set()  # attempts that sent heartbeats since the last info refresh
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat-flusher", daemon=True)
         self._thread.start()
 
-    def attempt_info(self, attempt_id: str) -> AttemptInfo | None:
-        """Tenant and "should stop" of an attempt, from a cache refreshed every `info_ttl_s`."""
+    def cached_info(self, attempt_id: str) -> AttemptInfo | None:
+        """The cached tenant and "should stop" of an attempt, however old: the flusher refreshes
+        the attempts that send heartbeats every `info_ttl_s`, so the request path (which runs on
+        the event loop) never waits for the database once an attempt is known."""
         info = self._info.get(attempt_id)
-        if info is not None and time.monotonic() - info.fetched_at < self.info_ttl_s:
+        if info is not None:
+            self._used.add(attempt_id)
+        return info
+
+    def attempt_info(self, attempt_id: str) -> AttemptInfo | None:
+        """Cached, or read now (blocking: call it from a worker thread, not the event loop)."""
+        info = self.cached_info(attempt_id)
+        if info is not None:
             return info
         with self.db.session() as s:
             attempt = s.get(Attempt, attempt_id)
@@ -56,7 +66,32 @@ class HeartbeatBuffer:
             info = AttemptInfo(attempt.job.tenant, attempt.state in repo.ATTEMPT_TERMINAL or attempt.job.stop_requested,
                                time.monotonic())
         self._info[attempt_id] = info
+        self._used.add(attempt_id)
         return info
+
+    def refresh_info(self) -> None:
+        """Re-read, in one query, the attempts whose cached info is older than `info_ttl_s` and
+        that sent a heartbeat since; forget the ones that went quiet (bounded memory)."""
+        used, self._used = self._used, set()
+        cutoff = time.monotonic() - self.info_ttl_s
+        for attempt_id in [a for a in self._info if a not in used and self._info[a].fetched_at < cutoff]:
+            self._info.pop(attempt_id, None)
+        stale = [a for a in used if (info := self._info.get(a)) is not None and info.fetched_at < cutoff]
+        if not stale:
+            self._used |= used - set(stale)
+            return
+        with self.db.session() as s:
+            rows = s.execute(select(Attempt.id, Attempt.state, Job.tenant, Job.stop_requested)
+                             .join(Job, Attempt.job_id == Job.id).where(Attempt.id.in_(stale))).all()
+        fetched = time.monotonic()
+        found = {r.id: AttemptInfo(r.tenant, r.state in repo.ATTEMPT_TERMINAL or r.stop_requested, fetched)
+                 for r in rows}
+        for attempt_id in stale:
+            if attempt_id in found:
+                self._info[attempt_id] = found[attempt_id]
+            else:  # deleted: the next heartbeat gets a 404
+                self._info.pop(attempt_id, None)
+        self._used |= used - set(stale)
 
     def add(self, attempt_id: str, host: str, summary: dict[str, Any]) -> None:
         with self._lock:
@@ -67,21 +102,26 @@ class HeartbeatBuffer:
             batch, self._pending = self._pending, {}
         if not batch:
             return 0
+        rows = [{"attempt_id": a, "host": h, "last_heartbeat_at": t, "summary": summary, "state": "Running"}
+                for (a, h), (t, summary) in batch.items()]
         with self.db.session() as s:
-            keys = list(batch)
-            existing = set(s.execute(select(Node.attempt_id, Node.host).where(
-                tuple_(Node.attempt_id, Node.host).in_(keys))).tuples())
-            rows = [{"attempt_id": a, "host": h, "last_heartbeat_at": t, "summary": summary}
-                    for (a, h), (t, summary) in batch.items()]
-            updates = [r for r in rows if (r["attempt_id"], r["host"]) in existing]
-            inserts = [{**r, "state": "Running"} for r in rows if (r["attempt_id"], r["host"]) not in existing]
-            if updates:  # one executemany by primary key, not one statement per node
-                s.execute(update(Node), updates)
-                s.execute(update(Node).where(Node.state == "Starting",
-                                             tuple_(Node.attempt_id, Node.host).in_(keys)).values(state="Running"))
-            if inserts:
-                s.execute(insert(Node), inserts)
+            s.execute(self._upsert(s), rows)
         return len(batch)
+
+    def _upsert(self, s):
+        """One INSERT ... ON CONFLICT DO UPDATE, run as an executemany that SQLAlchemy batches
+        into multi-row VALUES: no read first, no statement per node, and the same on PostgreSQL
+        and SQLite (both dialects have the construct). A node still `Starting` becomes `Running`;
+        any other state (Lost, Exited) is the controller's and is kept."""
+        if s.get_bind().dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        stmt = dialect_insert(Node)
+        return stmt.on_conflict_do_update(
+            index_elements=[Node.attempt_id, Node.host],
+            set_={"last_heartbeat_at": stmt.excluded.last_heartbeat_at, "summary": stmt.excluded.summary,
+                  "state": case((Node.state == "Starting", "Running"), else_=Node.state)})
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_s):
@@ -89,6 +129,10 @@ class HeartbeatBuffer:
                 self.flush()
             except Exception:  # the next flush carries the newer values anyway
                 log.exception("heartbeat flush failed")
+            try:
+                self.refresh_info()
+            except Exception:  # stale for one more round; the next refresh retries
+                log.exception("attempt info refresh failed")
 
     def close(self) -> None:
         self._stop.set()

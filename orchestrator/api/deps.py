@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from fastapi import Depends, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -83,14 +84,21 @@ async def principal(request: Request, creds: HTTPAuthorizationCredentials | None
     who = cache.get(key)
     if who is not None:
         return who
-    with request.app.state.db.session() as s:
-        token = repo.find_token(s, creds.credentials)
+    # A miss queries the store in a worker thread: the event loop keeps answering heartbeats.
+    who, expires_at = await run_in_threadpool(_lookup_token, request.app.state.db, creds.credentials)
+    if who is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
+                            headers={"WWW-Authenticate": "Bearer"})
+    cache.put(key, expires_at, who)
+    return who
+
+
+def _lookup_token(db, credentials: str) -> tuple[Principal | None, float | None]:
+    with db.session() as s:
+        token = repo.find_token(s, credentials)
         if token is None:
-            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
-                                headers={"WWW-Authenticate": "Bearer"})
-        who = Principal(token.kind, token.tenant, token.attempt_id, token.id)
-        cache.put(key, token.expires_at, who)
-        return who
+            return None, None
+        return Principal(token.kind, token.tenant, token.attempt_id, token.id), token.expires_at
 
 
 def user(who: Principal = Depends(principal)) -> Principal:
