@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev,train]'
 	@$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.13.0' else f'torch {v} crept in; expected 2.13.0')"
+	@# The browser tests (tests/browser) drive Debian's Chromium through Playwright's Python package.
+	if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
+		|| echo "could not install chromium (root needed): tests/browser will fail until it is there"; fi
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -30,9 +30,14 @@ class Reporter:
         # (the API may be unreachable through the very link that failed).
         self._reports: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self._sender = threading.Thread(target=self._send_reports, name="reports", daemon=True)
+        # Metrics batches (the dashboard's curves): a queue of their own, so a backlog never delays
+        # a verdict; bounded, the oldest batch is dropped when the API is unreachable for long.
+        self._metrics: queue.Queue[list[dict[str, Any]]] = queue.Queue(maxsize=256)
+        self._metrics_sender = threading.Thread(target=self._send_metrics, name="metrics", daemon=True)
         if self.enabled:
             self._thread.start()
             self._sender.start()
+            self._metrics_sender.start()
 
     def heartbeat(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
@@ -59,6 +64,28 @@ class Reporter:
         if self.enabled:
             self._reports.put(("/checkpoints", body))
 
+    def metrics(self, records: list[dict[str, Any]]) -> None:
+        if not self.enabled or not records:
+            return
+        while True:
+            try:
+                self._metrics.put_nowait(records)
+                return
+            except queue.Full:
+                try:
+                    self._metrics.get_nowait()
+                    self._metrics.task_done()
+                except queue.Empty:
+                    pass
+
+    def _send_metrics(self) -> None:
+        while True:
+            records = self._metrics.get()
+            try:
+                self._post("/metrics", {"records": records}, tries=3)
+            finally:
+                self._metrics.task_done()
+
     def _send_reports(self) -> None:
         while True:
             path, body = self._reports.get()
@@ -72,7 +99,7 @@ class Reporter:
         if not self.enabled:
             return False
         deadline = time.time() + budget_s
-        while self._reports.unfinished_tasks and time.time() < deadline:
+        while (self._reports.unfinished_tasks or self._metrics.unfinished_tasks) and time.time() < deadline:
             time.sleep(0.1)
         return self._post("/exit", body, tries=2)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -25,6 +26,10 @@ log = logging.getLogger("aerie.agent")
 
 TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
 VERDICT_GRACE_S = 3.0  # after a verdict: the ranks are hung or diverged, there is nothing to save
+# Rank 0's training steps forwarded to the control plane (POST .../metrics), batched.
+METRIC_KEYS = ("t", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
+METRICS_EVERY_S = 2.0
+METRICS_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,8 @@ class Supervisor:
         self._term_sent_at: float | None = None
         self._grace_s = TERM_GRACE_S
         self._reported_checkpoints: set[str] = set()
+        self._metrics_batch: list[dict[str, Any]] = []
+        self._metrics_sent_at = 0.0
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -172,6 +179,7 @@ class Supervisor:
             log.exception("monitor tick failed")
             return
         self._report_checkpoints()
+        self._report_metrics(now, flush=not detect)
         if not detect or self.verdict is not None or self.stop_requested or not verdicts:
             return
         v = verdicts[0]
@@ -188,6 +196,19 @@ class Supervisor:
             if rec.get("event") == "checkpoint_committed" and uri and uri not in self._reported_checkpoints:
                 self._reported_checkpoints.add(uri)
                 self.reporter.checkpoint({"step": rec.get("step"), "uri": uri, "meta": rec})
+
+    def _report_metrics(self, now: float, flush: bool = False) -> None:
+        """Forward global rank 0's training steps (the dashboard's durable curves), in batches of
+        at most every METRICS_EVERY_S seconds or METRICS_BATCH records."""
+        sample = getattr(self.monitor, "last_sample", None) or {}
+        for rec in sample.get("records", []):
+            if rec.get("rank") == 0 and rec.get("event") is None and rec.get("step") is not None:
+                self._metrics_batch.append({k: _json_safe(rec[k]) for k in METRIC_KEYS if k in rec})
+        batch = self._metrics_batch
+        if batch and (flush or len(batch) >= METRICS_BATCH or now - self._metrics_sent_at >= METRICS_EVERY_S):
+            for i in range(0, len(batch), METRICS_BATCH):
+                self.reporter.metrics(batch[i:i + METRICS_BATCH])
+            self._metrics_batch, self._metrics_sent_at = [], now
 
     def _summary(self) -> dict[str, Any]:
         if self.monitor is None:
@@ -237,6 +258,11 @@ class Supervisor:
         failed = [e for e in exits if isinstance(e, dict) and e.get("exit_code")]
         # Ranks torchrun stopped because a peer failed end with SIGTERM later; the first one is the cause.
         return min(failed, key=lambda e: e.get("t", 0.0)) if failed else None
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/Infinity are not JSON: send them as null (the metric was not a number)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _make_monitor(cfg: AgentConfig) -> Any:

@@ -17,6 +17,7 @@ from orchestrator.api.deps import TokenCache
 from orchestrator.controller import Controller
 from orchestrator.heartbeats import HeartbeatBuffer
 from orchestrator.store.db import Database
+from orchestrator import web
 
 
 def create_app(db: Database, backends: dict[str, Backend], controller: Controller | None = None) -> FastAPI:
@@ -49,6 +50,7 @@ def create_app(db: Database, backends: dict[str, Backend], controller: Controlle
     app.include_router(tokens.router)
     app.include_router(ratings_routes.router)
     app.include_router(slack_routes.router)
+    web.mount(app)  # the dashboard: /ui (pages for browsers, not in the OpenAPI document)
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict:

@@ -117,6 +117,11 @@ class CheckpointIn(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
+class MetricsIn(BaseModel):
+    """A batch of rank-0 training-step records from the metrics stream (see docs/architecture.md)."""
+    records: list[dict[str, Any]] = Field(default_factory=list, max_length=5000)
+
+
 class RestartIn(BaseModel):
     number: int = Field(ge=2)
     resume_from: str | None = Field(default=None, max_length=2048)

@@ -180,3 +180,38 @@ class Rating(Base):
     hallucination: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class MetricPoint(Base):
+    """One rank-0 training step of one attempt, as the agent forwarded it from the metrics stream.
+
+    Fixed columns (not a JSON blob) so a 100,000-step curve is read and downsampled cheaply. One
+    row per (attempt, step): a re-sent batch changes nothing."""
+
+    __tablename__ = "metric_points"
+    __table_args__ = (UniqueConstraint("attempt_id", "step", name="uq_metric_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[str] = mapped_column(String(80))
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    t: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    grad_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lr: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mfu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens_per_dollar: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class WebSession(Base):
+    """A dashboard login: the cookie holds a random id, stored here hashed, bound to the API token
+    it was opened with (revoking the token ends its sessions). The token itself is never stored."""
+
+    __tablename__ = "web_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("tokens.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    expires_at: Mapped[float] = mapped_column(Float)

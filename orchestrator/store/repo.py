@@ -15,7 +15,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from orchestrator.store.models import (
-    Attempt, Checkpoint, EvalSample, Event, Job, Node, Rating, Token, Verdict, now,
+    Attempt, Checkpoint, EvalSample, Event, Job, MetricPoint, Node, Rating, Token, Verdict, WebSession, now,
 )
 
 SOURCE = "aerie.orchestrator"
@@ -90,10 +90,19 @@ def get_job(s: Session, tenant: str, ref: str) -> Job:
     return job
 
 
-def list_jobs(s: Session, tenant: str, state: str | None = None, limit: int = 100, offset: int = 0) -> Sequence[Job]:
+def list_jobs(s: Session, tenant: str, state: str | None = None, limit: int = 100, offset: int = 0,
+              name: str | None = None, backend: str | None = None, with_attempts: bool = False) -> Sequence[Job]:
     q = select(Job).where(Job.tenant == tenant)
     if state:
         q = q.where(Job.state == state)
+    if name:
+        q = q.where(Job.name.contains(name, autoescape=True))
+    if backend:
+        q = q.where(Job.backend == backend)
+    if with_attempts:  # a jobs list shows attempts and nodes: two more queries, not two per job
+        from sqlalchemy.orm import selectinload
+
+        q = q.options(selectinload(Job.attempts).selectinload(Attempt.nodes))
     return s.scalars(q.order_by(Job.created_at.desc()).limit(limit).offset(offset)).all()
 
 
@@ -403,3 +412,110 @@ def ratings_by_checkpoint(s: Session, job: Job, raters_needed: int = 1) -> list[
     for row in sorted(out.values(), key=lambda r: r["step"]):
         result.append({**{k: v for k, v in row.items() if k != "_ratings"}, **tally(row.pop("_ratings"))})
     return result
+
+
+# --- metrics series (the dashboard's curves) --------------------------------------------------------
+
+METRIC_SERIES = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return x if x == x and abs(x) != float("inf") else None
+
+
+def record_metrics(s: Session, attempt: Attempt, records: list[dict[str, Any]]) -> int:
+    """Store training-step records of an attempt; steps it has already are skipped (a re-sent
+    batch is harmless). Non-finite values are stored as NULL. Returns how many were new."""
+    steps: dict[int, dict[str, Any]] = {}
+    for r in records:
+        step = r.get("step") if isinstance(r, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**31 and r.get("event") is None:
+            steps[step] = r
+    if not steps:
+        return 0
+    have = set(s.scalars(select(MetricPoint.step).where(
+        MetricPoint.attempt_id == attempt.id, MetricPoint.step.in_(list(steps)))))
+    rows = [dict(job_id=attempt.job_id, attempt_id=attempt.id, attempt_number=attempt.number, step=step,
+                 t=_finite(r.get("t")) or now(), **{k: _finite(r.get(k)) for k in METRIC_SERIES})
+            for step, r in sorted(steps.items()) if step not in have]
+    if rows:
+        s.execute(MetricPoint.__table__.insert(), rows)
+    return len(rows)
+
+
+def metric_rows(s: Session, job: Job) -> list[tuple]:
+    """Every point of a job's chain: (attempt_number, step, t, *METRIC_SERIES), by step."""
+    cols = [getattr(MetricPoint, k) for k in METRIC_SERIES]
+    q = (select(MetricPoint.attempt_number, MetricPoint.step, MetricPoint.t, *cols)
+         .where(MetricPoint.job_id == job.id).order_by(MetricPoint.step, MetricPoint.attempt_number))
+    return [tuple(r) for r in s.execute(q)]
+
+
+def metrics_version(s: Session, job: Job) -> tuple[int, int]:
+    """(count, newest id) of a job's points: a cheap key for caching its downsampled curves."""
+    from sqlalchemy import func
+
+    count, newest = s.execute(select(func.count(MetricPoint.id), func.max(MetricPoint.id))
+                              .where(MetricPoint.job_id == job.id)).one()
+    return int(count or 0), int(newest or 0)
+
+
+def latest_metrics(s: Session, job_ids: list[str]) -> dict[str, MetricPoint]:
+    """The newest point of each job (one query for a whole jobs list)."""
+    from sqlalchemy import func
+
+    if not job_ids:
+        return {}
+    newest = (select(func.max(MetricPoint.id)).where(MetricPoint.job_id.in_(job_ids))
+              .group_by(MetricPoint.job_id).scalar_subquery())
+    return {p.job_id: p for p in s.scalars(select(MetricPoint).where(MetricPoint.id.in_(newest)))}
+
+
+def latest_checkpoints(s: Session, job_ids: list[str]) -> dict[str, Checkpoint]:
+    """The newest checkpoint of each job (one query for a whole jobs list)."""
+    from sqlalchemy import func
+
+    if not job_ids:
+        return {}
+    newest = (select(func.max(Checkpoint.id)).where(Checkpoint.job_id.in_(job_ids))
+              .group_by(Checkpoint.job_id).scalar_subquery())
+    return {c.job_id: c for c in s.scalars(select(Checkpoint).where(Checkpoint.id.in_(newest)))}
+
+
+# --- web sessions ----------------------------------------------------------------------------------
+
+def open_web_session(s: Session, token: Token, ttl_s: float) -> str:
+    """A new session id for a dashboard login (returned once; only its hash is stored)."""
+    sid = secrets.token_urlsafe(32)
+    s.add(WebSession(id_hash=hash_token(sid), token_id=token.id, expires_at=now() + ttl_s))
+    return sid
+
+
+def find_web_session(s: Session, sid: str) -> Token | None:
+    """The live token behind a session id, or None (unknown, expired, or its token revoked/expired)."""
+    row = s.get(WebSession, hash_token(sid))
+    if row is None or row.expires_at < now():
+        return None
+    token = s.get(Token, row.token_id)
+    if token is None or token.revoked_at is not None or (token.expires_at is not None and token.expires_at < now()):
+        return None
+    return token
+
+
+def purge_web_sessions(s: Session) -> None:
+    """Forget expired sessions (called at each login, so the table stays small)."""
+    from sqlalchemy import delete
+
+    s.execute(delete(WebSession).where(WebSession.expires_at < now()))
+
+
+def close_web_session(s: Session, sid: str) -> None:
+    row = s.get(WebSession, hash_token(sid))
+    if row is not None:
+        s.delete(row)

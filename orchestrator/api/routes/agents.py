@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import Principal, agent_of, get_session
-from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, VerdictIn
+from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, MetricsIn, VerdictIn
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt
 
@@ -38,6 +38,7 @@ async def heartbeat(request: Request, attempt_id: str, host: str,
     if info is None or info.tenant != who.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
     buffer.add(attempt_id, host, body)  # a JSON object, stored as sent (size capped by the middleware)
+    request.app.state.node_history.add(attempt_id, host, body)  # the dashboard's bounded health history
     # The answer tells the agent to stop when nobody needs its work any more (backends that
     # cannot signal nodes directly rely on this).
     return HeartbeatOut(stop=info.stop)
@@ -66,3 +67,11 @@ def checkpoint(attempt_id: str, host: str, body: CheckpointIn, who: Principal = 
     attempt = _attempt(s, who, attempt_id)
     created = repo.record_checkpoint(s, attempt, body.step, body.uri, body.meta)
     return {"ok": True, "new": created is not None}
+
+
+@router.post("/metrics")
+def metrics(attempt_id: str, host: str, body: MetricsIn, who: Principal = Depends(agent_of),
+            s: Session = Depends(get_session, scope="function")) -> dict:
+    """Training-step records (rank 0) for the dashboard's curves; steps already stored are skipped."""
+    attempt = _attempt(s, who, attempt_id)
+    return {"ok": True, "new": repo.record_metrics(s, attempt, body.records)}
