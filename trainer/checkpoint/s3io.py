@@ -10,6 +10,7 @@ Two halves:
 Settings come from the environment: `AERIE_S3_ENDPOINT` (else `AWS_ENDPOINT_URL`),
 `AWS_REGION` (else `AWS_DEFAULT_REGION`, else us-east-1), the usual AWS credential
 variables (or boto3's/CRT's default chain), `AERIE_S3_PART_SIZE` (bytes, default 8 MiB),
+`AERIE_S3_READ_PART_SIZE` (largest ranged GET of a restore, default 16 MiB),
 `AERIE_S3_THROUGHPUT_GBPS` (CRT's target, default 10) and `AERIE_S3_MAX_ATTEMPTS`.
 A non-AWS endpoint (the loopback moto server) gets path-style addressing.
 
@@ -18,19 +19,24 @@ How data moves (checked against s3torchconnector 1.5.0 and torch 2.13):
 - Saves: DCP's writer serialises each rank's items into `thread_count` files at once; every
   file is a streaming multipart upload through the CRT (`S3Writer`), parts of `part_size`
   go out in parallel as they fill. Nothing is staged on local disk.
-- Restores: with the DCP-optimised reader each file is fetched as the byte ranges its
-  tensors occupy (coalesced), and the CRT splits a ranged GET into `part_size` parts; but
-  `S3StorageReader` (torch's `FileSystemReader.read_data`) reads one file after another,
-  and measured through the throttling proxy that kept only ~3 connections busy. Our
-  reader subclass therefore reads `thread_count` files at once (the parent's read_data on
-  per-file sub-plans). `parallel_get` is the same idea for one whole object outside DCP
-  (e.g. a `torch.save` file), with boto3 ranged GETs into one preallocated buffer.
+- Restores: s3torchconnector's reader fetches each file as one coalesced range; the CRT
+  GETs part 0 of each object alone before fanning out, and each file ends on a tail of its
+  last parts, which through the throttling proxy kept a restore near half of (peak
+  connections x cap). Our reader subclass cuts the byte ranges a rank needs into equal
+  slices of at most `read_part_size`, keeps `connections` CRT ranged GETs in flight into
+  memory (bounded), and lets the parent deserialise from there.
+  `parallel_get` is the same idea for one whole object outside DCP (e.g. a `torch.save`
+  file), with boto3 ranged GETs into one preallocated buffer.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import copy
 import dataclasses
 import functools
+import io
 import os
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +53,7 @@ class S3Settings:
     secret_access_key: str | None = None
     session_token: str | None = None
     part_size: int = 8 * MiB
+    read_part_size: int = 16 * MiB  # one ranged GET of a restore; reads have no 5 MiB floor
     throughput_target_gbps: float = 10.0
     max_attempts: int = 10
 
@@ -60,6 +67,7 @@ class S3Settings:
             secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
             session_token=env.get("AWS_SESSION_TOKEN") or None,
             part_size=int(env.get("AERIE_S3_PART_SIZE") or 8 * MiB),
+            read_part_size=int(env.get("AERIE_S3_READ_PART_SIZE") or 16 * MiB),
             throughput_target_gbps=float(env.get("AERIE_S3_THROUGHPUT_GBPS") or 10.0),
             max_attempts=int(env.get("AERIE_S3_MAX_ATTEMPTS") or 10),
         )
@@ -191,8 +199,9 @@ def _dcp_classes():
     importing this module does not import torch.
     """
     from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
-    from torch.futures import Future
     from s3torchconnector.dcp.s3_file_system import S3FileSystem
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.futures import Future
 
     class AerieS3StorageWriter(S3StorageWriter):
         def __init__(self, path: str, settings: S3Settings, thread_count: int = 8, **kwargs):
@@ -202,33 +211,169 @@ def _dcp_classes():
             self.path = self.fs.init_path(path)
 
     class AerieS3StorageReader(S3StorageReader):
-        def __init__(self, path: str, settings: S3Settings, thread_count: int = 8, **kwargs):
+        """Restores with `connections` ranged GETs in flight, all the same size.
+
+        The parent reads one file after another; reading files in parallel still left
+        connections idle, measured through the throttling proxy: the CRT fetches the first
+        part of each object alone (to learn its size) before fanning out, and each file
+        ends with a tail of one or two parts. Here the byte ranges this rank needs (items
+        of a file, coalesced across gaps below a read part) are cut into equal slices of
+        at most `read_part_size`, fetched through the CRT (`S3Client._get_object_stream`,
+        s3torchconnector 1.5.0) into memory, then deserialised by the parent's code. At
+        most about `buffer_bytes` are held at once; the next batch downloads while the
+        previous one is deserialised.
+        """
+
+        def __init__(self, path: str, settings: S3Settings, connections: int = 16,
+                     buffer_bytes: int = 1 << 30, **kwargs):
             cfg = _crt_config(settings)
             super().__init__(settings.region, path, s3client_config=cfg, **kwargs)
-            self.fs = S3FileSystem(
-                settings.region, s3_client=crt_client(settings), reader_constructor=self._reader_constructor
-            )
+            # Parts as large as a slice: each slice is then exactly one GET, so `connections`
+            # is what is in flight (the CRT would split a larger range over its own pool).
+            self.part_size = settings.read_part_size
+            crt_part = max(self.part_size, 5 * MiB)  # the CRT refuses smaller parts, even for GETs
+            self.crt = crt_client(dataclasses.replace(settings, part_size=crt_part))
+            self.fs = S3FileSystem(settings.region, s3_client=self.crt, reader_constructor=self._reader_constructor)
             self.path = self.fs.init_path(path)
-            self.thread_count = thread_count
+            self.connections = max(1, connections)
+            self.buffer_bytes = buffer_bytes
 
         def read_data(self, plan, planner):
-            """The parent's read_data, one file per thread (it reads files one at a time)."""
             per_file: dict[str, list] = {}
             for item in plan.items:
                 per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-            if self.thread_count <= 1 or len(per_file) <= 1:
-                return super().read_data(plan, planner)
-            parent_read = super().read_data
-            with ThreadPoolExecutor(max_workers=min(self.thread_count, len(per_file))) as pool:
-                futures = [pool.submit(parent_read, dataclasses.replace(plan, items=items), planner)
-                           for items in per_file.values()]
-                for f in futures:
-                    f.result().wait()
+            batches, batch, size = [], [], 0
+            for rel, items in per_file.items():
+                spans = _coalesce([(self.storage_data[i.storage_index].offset,
+                                    self.storage_data[i.storage_index].length) for i in items], self.part_size)
+                batch.append((rel, items, spans))
+                size += sum(hi - lo for lo, hi in spans)
+                if size >= self.buffer_bytes:
+                    batches.append(batch)
+                    batch, size = [], 0
+            if batch:
+                batches.append(batch)
+            with ThreadPoolExecutor(max_workers=self.connections, thread_name_prefix="s3-get") as pool:
+                pending = self._fetch(pool, batches[0]) if batches else None
+                for i, batch in enumerate(batches):
+                    windows = pending()
+                    if i + 1 < len(batches):
+                        pending = self._fetch(pool, batches[i + 1])  # downloads while this one is parsed
+                    view = copy.copy(self)  # the parent's read_data, on files already in memory
+                    view.fs = _MemoryFiles(windows)
+                    sub_plan = dataclasses.replace(plan, items=[item for _, items, _ in batch for item in items])
+                    FileSystemReader.read_data(view, sub_plan, planner)
             done = Future()
             done.set_result(None)
             return done
 
+        def _fetch(self, pool, batch):
+            """Start fetching every span of `batch`; returns a function that waits for
+            {relative_path: [(start, buffer)]}."""
+            windows = {rel: [(lo, bytearray(hi - lo)) for lo, hi in spans] for rel, _, spans in batch}
+            pieces = [(rel, lo, memoryview(buf)) for rel, spans in windows.items() for lo, buf in spans]
+            total = sum(len(v) for _, _, v in pieces)
+            # A multiple of `connections` equal slices, none over a part: every connection
+            # stays busy to the end, like parallel_get.
+            rounds = max(1, -(-total // (self.connections * self.part_size)))
+            slice_size = max(-(-total // (self.connections * rounds)), 256 * 1024)
+            tasks, current, room = [], [], slice_size
+            for rel, lo, view in pieces:
+                pos = 0
+                while pos < len(view):
+                    n = min(room, len(view) - pos)
+                    current.append((rel, lo + pos, view[pos:pos + n]))
+                    pos, room = pos + n, room - n
+                    if room == 0:
+                        tasks.append(current)
+                        current, room = [], slice_size
+            if current:
+                tasks.append(current)
+            bucket, prefix = parse_uri(str(self.path))
+            futures = [pool.submit(self._get, bucket, prefix, task) for task in tasks]
+
+            def wait():
+                for f in futures:
+                    f.result()
+                return windows
+
+            return wait
+
+        def _get(self, bucket: str, prefix: str, task) -> None:
+            for rel, start, dest in task:
+                key = f"{prefix.rstrip('/')}/{rel}"
+                pos = 0
+                for chunk in self.crt._get_object_stream(bucket, key, start, start + len(dest)):
+                    n = min(len(chunk), len(dest) - pos)
+                    dest[pos:pos + n] = memoryview(chunk)[:n]
+                    pos += n
+                if pos != len(dest):
+                    raise IOError(f"short read of s3://{bucket}/{key} at {start + pos}")
+
     return AerieS3StorageWriter, AerieS3StorageReader
+
+
+def _coalesce(ranges: list[tuple[int, int]], max_gap: int) -> list[tuple[int, int]]:
+    """(offset, length) items -> sorted [start, end) spans, merged across gaps up to `max_gap`
+    (a gap that small costs less than another round trip)."""
+    spans: list[list[int]] = []
+    for offset, length in sorted(ranges):
+        if spans and offset - spans[-1][1] <= max_gap:
+            spans[-1][1] = max(spans[-1][1], offset + length)
+        else:
+            spans.append([offset, offset + length])
+    return [(lo, hi) for lo, hi in spans]
+
+
+class _MemoryFiles:
+    """The slice of a DCP file system the parent's `read_data` uses, serving bytes fetched
+    already: {relative path: [(start offset, buffer)]}."""
+
+    def __init__(self, windows: dict[str, list[tuple[int, bytearray]]]):
+        self.windows = windows
+
+    def concat_path(self, path, suffix: str) -> str:
+        return suffix
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str, mode: str):
+        assert mode == "rb", mode
+        yield _WindowsReader(self.windows[path])
+
+
+class _WindowsReader(io.RawIOBase):
+    """A read-only, seekable file over the fetched spans of one object (offsets are the
+    object's). DCP seeks to an item and reads within it, so a read never crosses spans."""
+
+    def __init__(self, windows: list[tuple[int, bytearray]]):
+        super().__init__()
+        self.starts = [lo for lo, _ in windows]
+        self.views = [memoryview(buf) for _, buf in windows]
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        end = self.starts[-1] + len(self.views[-1])
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: end}[whence] + offset
+        return self.pos
+
+    def readinto(self, b) -> int:
+        i = bisect.bisect_right(self.starts, self.pos) - 1
+        if i < 0:
+            raise IOError(f"offset {self.pos} was not fetched")
+        view = self.views[i][self.pos - self.starts[i]:]
+        n = min(len(b), len(view))
+        memoryview(b).cast("B")[:n] = view[:n]
+        self.pos += n
+        return n
 
 
 def _local_path(uri: str | os.PathLike) -> str:
@@ -247,12 +392,12 @@ def storage_writer(uri: str | os.PathLike, thread_count: int = 8, settings: S3Se
 
 
 def storage_reader(
-    uri: str | os.PathLike, thread_count: int = 8, settings: S3Settings | None = None, **kwargs
+    uri: str | os.PathLike, connections: int = 16, settings: S3Settings | None = None, **kwargs
 ):
-    """A DCP `StorageReader` for `s3://` (ranged, parallel GETs) or `file://`/a path."""
+    """A DCP `StorageReader` for `s3://` (`connections` ranged GETs at once) or `file://`/a path."""
     if is_s3(uri):
         _, reader_cls = _dcp_classes()
-        return reader_cls(str(uri), settings or S3Settings.from_env(), thread_count=thread_count, **kwargs)
+        return reader_cls(str(uri), settings or S3Settings.from_env(), connections=connections, **kwargs)
     from torch.distributed.checkpoint import FileSystemReader
 
     return FileSystemReader(_local_path(uri), **kwargs)

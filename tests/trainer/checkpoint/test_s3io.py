@@ -20,6 +20,8 @@ def test_settings_from_env():
                                   "AERIE_S3_PART_SIZE": str(16 << 20), "AERIE_S3_THROUGHPUT_GBPS": "25"})
     assert s.endpoint_url == "http://127.0.0.1:9000" and s.region == "us-east-1"
     assert s.part_size == 16 << 20 and s.throughput_target_gbps == 25.0 and s.path_style
+    assert s.read_part_size == 16 << 20  # the default
+    assert s3io.S3Settings.from_env({"AERIE_S3_READ_PART_SIZE": "300000"}).read_part_size == 300_000
     aws = s3io.S3Settings.from_env({"AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com", "AWS_REGION": "eu-west-1"})
     assert aws.endpoint_url.startswith("https://s3.") and aws.region == "eu-west-1" and not aws.path_style
     assert not s3io.S3Settings.from_env({}).path_style
@@ -106,10 +108,37 @@ def test_dcp_round_trip_through_the_loopback_server(torch1, s3_prefix, monkeypat
 
         proxy.reset_peak()
         out = empty_like(torch, sd)
-        dcp.load(out, storage_reader=s3io.storage_reader(uri, thread_count=4))
+        dcp.load(out, storage_reader=s3io.storage_reader(uri, connections=4))
         assert_equal(torch, sd, out)
         assert proxy.stats.peak_active >= 2  # files read in parallel
         assert manifest.list_incomplete_uploads(s3_prefix) == []
+
+
+def test_restore_reads_equal_ranged_slices_in_bounded_batches(torch1, s3_prefix, s3_server, monkeypatch):
+    """The reader's own read path: a partial load (gaps in the files), several memory-bounded
+    batches, and slices smaller than the items."""
+    import torch.distributed.checkpoint as dcp
+    from infra.local.s3proxy import ThrottlingProxy
+
+    torch = torch1
+    g = torch.Generator().manual_seed(1)
+    sd = {f"w{i}": torch.randn((i + 1) * 50_000, generator=g) for i in range(8)}  # 0.2-1.6 MB each
+    uri = manifest.checkpoint_uri(s3_prefix, 1)
+    dcp.save(sd, storage_writer=s3io.storage_writer(uri, thread_count=2))
+    with ThrottlingProxy("127.0.0.1", s3_server.port, rate=None) as proxy:
+        settings = s3io.S3Settings.from_env({**os.environ, "AERIE_S3_ENDPOINT": proxy.endpoint_url,
+                                             "AERIE_S3_READ_PART_SIZE": str(300_000)})
+        wanted = {k: torch.zeros_like(v) for k, v in sd.items() if k in ("w0", "w3", "w4", "w7")}
+        reader = s3io.storage_reader(uri, connections=3, settings=settings, buffer_bytes=1 << 20)
+        proxy.reset_peak()
+        dcp.load(wanted, storage_reader=reader)
+        assert all(torch.equal(wanted[k], sd[k]) for k in wanted)
+        assert proxy.stats.peak_active >= 2  # slices fetched in parallel
+
+
+def test_coalesce_merges_small_gaps_only():
+    assert s3io._coalesce([(100, 10), (0, 50), (60, 20)], max_gap=10) == [(0, 80), (100, 110)]
+    assert s3io._coalesce([(0, 10), (10, 5)], max_gap=0) == [(0, 15)]
 
 
 def test_dcp_round_trip_on_files(torch1, tmp_path):
