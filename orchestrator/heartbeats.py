@@ -39,19 +39,20 @@ class HeartbeatBuffer:
         self.info_ttl_s = info_ttl_s
         self._pending: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
         self._info: dict[str, AttemptInfo] = {}
-        self._used: set[str] = set()  # attempts that sent heartbeats since the last info refresh
+        self._last_used: dict[str, float] = {}  # attempt -> monotonic time of its last heartbeat
+        self.forget_after_s = 60.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat-flusher", daemon=True)
         self._thread.start()
 
     def cached_info(self, attempt_id: str) -> AttemptInfo | None:
-        """The cached tenant and "should stop" of an attempt, however old: the flusher refreshes
-        the attempts that send heartbeats every `info_ttl_s`, so the request path (which runs on
+        """The cached tenant and "should stop" of an attempt, however old: the flusher re-reads
+        the attempts that sent heartbeats every `info_ttl_s`, so the request path (which runs on
         the event loop) never waits for the database once an attempt is known."""
         info = self._info.get(attempt_id)
         if info is not None:
-            self._used.add(attempt_id)
+            self._last_used[attempt_id] = time.monotonic()
         return info
 
     def attempt_info(self, attempt_id: str) -> AttemptInfo | None:
@@ -66,19 +67,20 @@ class HeartbeatBuffer:
             info = AttemptInfo(attempt.job.tenant, attempt.state in repo.ATTEMPT_TERMINAL or attempt.job.stop_requested,
                                time.monotonic())
         self._info[attempt_id] = info
-        self._used.add(attempt_id)
+        self._last_used[attempt_id] = info.fetched_at
         return info
 
     def refresh_info(self) -> None:
         """Re-read, in one query, the attempts whose cached info is older than `info_ttl_s` and
-        that sent a heartbeat since; forget the ones that went quiet (bounded memory)."""
-        used, self._used = self._used, set()
-        cutoff = time.monotonic() - self.info_ttl_s
-        for attempt_id in [a for a in self._info if a not in used and self._info[a].fetched_at < cutoff]:
-            self._info.pop(attempt_id, None)
-        stale = [a for a in used if (info := self._info.get(a)) is not None and info.fetched_at < cutoff]
+        that sent a heartbeat since it was read; forget the ones quiet for `forget_after_s`."""
+        t = time.monotonic()
+        for attempt_id, used in list(self._last_used.items()):
+            if used < t - self.forget_after_s:
+                self._last_used.pop(attempt_id, None)
+                self._info.pop(attempt_id, None)
+        stale = [a for a, info in list(self._info.items())
+                 if info.fetched_at < t - self.info_ttl_s and self._last_used.get(a, 0.0) > info.fetched_at]
         if not stale:
-            self._used |= used - set(stale)
             return
         with self.db.session() as s:
             rows = s.execute(select(Attempt.id, Attempt.state, Job.tenant, Job.stop_requested)
@@ -89,9 +91,8 @@ class HeartbeatBuffer:
         for attempt_id in stale:
             if attempt_id in found:
                 self._info[attempt_id] = found[attempt_id]
-            else:  # deleted: the next heartbeat gets a 404
+            else:  # deleted: the next heartbeat reads again and gets a 404
                 self._info.pop(attempt_id, None)
-        self._used |= used - set(stale)
 
     def add(self, attempt_id: str, host: str, summary: dict[str, Any]) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from orchestrator import __version__
 from orchestrator.api.schemas import AUTH_ERRORS
+from orchestrator.api.singleflight import SingleFlight
 from orchestrator.api.limits import BodySizeLimit, TokenBuckets
 from orchestrator.api.routes import agents, jobs, tokens
 from orchestrator.api.routes import ratings as ratings_routes
@@ -44,6 +45,7 @@ def create_app(db: Database, backends: dict[str, Backend], controller: Controlle
     app.state.limiter = TokenBuckets()
     app.state.heartbeats = heartbeats
     app.state.tokens = TokenCache()
+    app.state.lookups = SingleFlight()
     app.add_middleware(BodySizeLimit, max_bytes=1 << 20)
     app.include_router(jobs.router)
     app.include_router(agents.router)

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from fastapi import Depends, HTTPException, Request, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -84,8 +83,10 @@ async def principal(request: Request, creds: HTTPAuthorizationCredentials | None
     who = cache.get(key)
     if who is not None:
         return who
-    # A miss queries the store in a worker thread: the event loop keeps answering heartbeats.
-    who, expires_at = await run_in_threadpool(_lookup_token, request.app.state.db, creds.credentials)
+    # A miss queries the store in a worker thread, once for all the requests that missed
+    # together: the event loop keeps answering heartbeats.
+    who, expires_at = await request.app.state.lookups.run(("token", key), _lookup_token, request.app.state.db,
+                                                          creds.credentials)
     if who is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
                             headers={"WWW-Authenticate": "Bearer"})

@@ -45,3 +45,46 @@ def test_a_flush_inserts_updates_and_keeps_the_controllers_states(db):
         assert nodes["algo-1"].summary == {"last_step": 2, "host": "algo-1"}
         assert nodes["algo-2"].summary == {"last_step": 3}
         assert all(n.last_heartbeat_at for n in nodes.values())
+
+
+def test_attempt_info_is_refreshed_by_the_flusher_and_forgotten_when_quiet(db):
+    attempt_id = _attempt(db)
+    buffer = HeartbeatBuffer(db, flush_s=3600, info_ttl_s=0.0)
+    try:
+        assert buffer.cached_info(attempt_id) is None
+        assert buffer.attempt_info(attempt_id).stop is False
+        with db.session() as s:
+            repo.get_attempt(s, attempt_id).job.stop_requested = True
+        assert buffer.cached_info(attempt_id).stop is False  # served from the cache: no query
+        buffer.refresh_info()  # what the flusher does every round
+        assert buffer.cached_info(attempt_id).stop is True
+        buffer.forget_after_s = 0.0
+        buffer.refresh_info()
+        assert buffer.cached_info(attempt_id) is None
+        assert buffer.attempt_info("no-such-attempt") is None
+    finally:
+        buffer.close()
+
+
+def test_concurrent_misses_share_one_lookup():
+    import asyncio
+    import threading
+    import time
+
+    from orchestrator.api.singleflight import SingleFlight
+
+    calls = []
+
+    def lookup(key):
+        calls.append(threading.get_ident())
+        time.sleep(0.05)
+        return key * 2
+
+    async def main():
+        flight = SingleFlight()
+        first = await asyncio.gather(*(flight.run("k", lookup, 21) for _ in range(20)))
+        second = await flight.run("k", lookup, 4)  # done lookups are not cached here
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert first == [42] * 20 and second == 8 and len(calls) == 2

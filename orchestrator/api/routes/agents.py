@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import Principal, agent_of, get_session
@@ -34,7 +33,8 @@ async def heartbeat(request: Request, attempt_id: str, host: str,
     """Buffered: no transaction of its own (see orchestrator/heartbeats.py); async because the
     cached path does no I/O (a cache miss runs one short query)."""
     buffer = request.app.state.heartbeats
-    info = buffer.cached_info(attempt_id) or await run_in_threadpool(buffer.attempt_info, attempt_id)
+    info = buffer.cached_info(attempt_id) or await request.app.state.lookups.run(
+        ("attempt", attempt_id), buffer.attempt_info, attempt_id)
     if info is None or info.tenant != who.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
     buffer.add(attempt_id, host, body)  # a JSON object, stored as sent (size capped by the middleware)
