@@ -241,5 +241,7 @@ def test_an_outage_mid_save_fails_fast_commits_nothing_and_leaves_abortable_uplo
         assert manifest.last_good(s3_prefix) == previous
         left = manifest.list_incomplete_uploads(s3_prefix)
         aborted = manifest.abort_incomplete_uploads(s3_prefix)
-        assert [u["upload_id"] for u in aborted] == [u["upload_id"] for u in left]
+        # The CRT may still be aborting some of its own uploads in the background once the path is
+        # back: whatever it did not, the manifest module lists and aborts, and nothing stays open.
+        assert {u["upload_id"] for u in aborted} <= {u["upload_id"] for u in left}
         assert manifest.list_incomplete_uploads(s3_prefix) == []
