@@ -21,7 +21,7 @@ import yaml
 
 from trainer.config import TrainConfig, load_config
 from trainer.metrics import TENSORBOARD_SCALARS
-from trainer.train import build_optimizer, lr_at
+from trainer.train import build_optimizer, loss_of, lr_at, train_step
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = {"t", "rank", "step", "loss", "grad_norm", "lr", "tokens", "step_s", "event"}
@@ -100,6 +100,28 @@ def test_lr_schedule_warmup_then_cosine_to_min_lr():
     # Weight decay only on matrices.
     assert [g["weight_decay"] for g in optimizer.param_groups] == [cfg.weight_decay, 0.0]
     assert len(optimizer.param_groups[0]["params"]) == 1
+
+
+def test_train_step_uses_the_fused_loss_and_fused_adamw():
+    """The loop's loss is the model's fused output-projection + cross-entropy: the same value as
+    logits + F.cross_entropy; the optimizer is the fused AdamW; a step changes the weights."""
+    from trainer import parallel
+    from trainer.models import build_model, get_preset
+
+    torch.manual_seed(0)
+    model = build_model(get_preset("pythia-tiny"))
+    tokens = torch.randint(0, model.cfg.vocab_size, (2, 17))
+    world = parallel.World(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"))
+    expected = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    torch.testing.assert_close(loss_of(model, tokens, world), expected)
+
+    cfg = TrainConfig.model_validate({"data": {"corpus": "stdlib"}, "grad_accum": 2})
+    optimizer, scheduler = build_optimizer(model, cfg)
+    assert optimizer.defaults["fused"]
+    before = [p.detach().clone() for p in model.parameters()]
+    loss, grad_norm = train_step(model, optimizer, scheduler, iter([tokens, tokens]), world, cfg)
+    torch.testing.assert_close(loss, expected.detach())  # the mean over the micro-batches
+    assert grad_norm > 0 and all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_config_precedence_yaml_then_hyperparameters_then_sets(tmp_path, monkeypatch):

@@ -22,15 +22,19 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.wo = nn.Linear(self.q_size, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden]; cos/sin_signed [T, 1, rotary_dim] (see `trainer.models.rope`)."""
         batch, seq, _ = x.shape
-        q, k, v = self.wqkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(batch, seq, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(batch, seq, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
-        # SDPA wants [B, heads, T, head_dim]; its fused kernels take the transposed views as they are.
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.wqkv(x).view(batch, seq, heads + 2 * kv_heads, self.head_dim)
+        # q and k heads are adjacent in the fused output: one RoPE call rotates both. (split, not
+        # slicing: its backward is one cat, where each slice's would zero-fill a full-size gradient.)
+        qk, v = qkv.split([heads + kv_heads, kv_heads], dim=2)
+        q, k = apply_rope(qk, cos, sin_signed).split([heads, kv_heads], dim=2)
+        # SDPA wants [B, heads, T, head_dim]; its fused kernels take the transposed views as they
+        # are, and its output is laid out as [B, T, heads, head_dim], so the reshape is a view.
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads,
+            is_causal=True, enable_gqa=kv_heads != heads,
         )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, self.q_size))

@@ -10,7 +10,7 @@ from torch import nn
 
 from trainer.models.config import ModelConfig
 from trainer.models.loss import linear_cross_entropy
-from trainer.models.rope import rope_tables
+from trainer.models.rope import rope_tables, signed_sin
 
 
 class DecoderLM(nn.Module):
@@ -27,6 +27,7 @@ class DecoderLM(nn.Module):
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # Not persistent: recomputed by init_weights (also after building on the meta device).
         self.register_buffer("rope_cos", torch.empty(cfg.max_seq_len, cfg.rotary_dim), persistent=False)
+        # sin with the sign of rotate-half folded in (`trainer.models.rope.signed_sin`).
         self.register_buffer("rope_sin", torch.empty(cfg.max_seq_len, cfg.rotary_dim), persistent=False)
         self.init_weights()
 
@@ -37,7 +38,7 @@ class DecoderLM(nn.Module):
         seq = input_ids.shape[1]
         if seq > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {seq} tokens is longer than max_seq_len={self.cfg.max_seq_len}")
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        cos, sin = self.rope_cos[:seq, None], self.rope_sin[:seq, None]  # [T, 1, rotary_dim]
         h = self.embed(input_ids)
         for block in self.layers:
             h = block(h, cos, sin)
@@ -70,7 +71,7 @@ class DecoderLM(nn.Module):
         cfg = self.cfg
         cos, sin = rope_tables(cfg.rotary_dim, cfg.max_seq_len, cfg.rope_theta, device=self.rope_cos.device)
         self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        self.rope_sin.copy_(signed_sin(sin))
         residual_std = cfg.init_std / math.sqrt(2 * cfg.num_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Embedding):

@@ -58,3 +58,25 @@ def test_bf16_autocast_runs_matmuls_in_bf16_and_keeps_param_dtypes():
     torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
     fused.backward()
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+def test_without_grad_only_the_loss_is_computed_and_it_is_the_same():
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(50, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(70, 16, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 70, (50,), generator=gen)
+    labels[::4] = -100
+    with_grad = linear_cross_entropy(hidden, weight, labels, chunk_size=16)
+    with torch.no_grad():
+        without = linear_cross_entropy(hidden, weight, labels, chunk_size=16)
+    assert not without.requires_grad
+    torch.testing.assert_close(without, with_grad.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(without, _plain(hidden, weight, labels).detach())
+
+
+def test_default_chunk_size_bounds_the_logits_of_a_chunk():
+    from trainer.models.loss import CHUNK_ELEMENTS, default_chunk_size
+
+    assert default_chunk_size(2048, 8192) * 8192 <= CHUNK_ELEMENTS
+    assert default_chunk_size(100, 8192) == 100  # never more than the tokens there are
+    assert default_chunk_size(8192, 128256) == 65  # big vocabularies: small chunks, but not tiny
