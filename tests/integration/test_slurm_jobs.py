@@ -46,7 +46,7 @@ def _wait_running(cp: ControlPlane, ref: str, nodes: int = 2, timeout_s: float =
         attempts = job["attempt_list"]
         if attempts and len(attempts[-1]["nodes"]) == nodes and all(n["state"] == "Running" for n in attempts[-1]["nodes"]):
             return job
-        assert job["state"] not in {"Completed", "Failed", "Stopped"}, job
+        assert job["state"] not in {"Completed", "Failed", "Stopped"}, json.dumps(job)[:3000]
         time.sleep(0.5)
     raise AssertionError(f"{ref} never had {nodes} running nodes: {json.dumps(cp.job(ref))[:2000]}")
 
