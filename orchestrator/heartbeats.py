@@ -79,7 +79,7 @@ class HeartbeatBuffer:
                 self._last_used.pop(attempt_id, None)
                 self._info.pop(attempt_id, None)
         stale = [a for a, info in list(self._info.items())
-                 if info.fetched_at < t - self.info_ttl_s and self._last_used.get(a, 0.0) > info.fetched_at]
+                 if info.fetched_at < t - self.info_ttl_s and self._last_used.get(a, 0.0) >= info.fetched_at]
         if not stale:
             return
         with self.db.session() as s:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 
 from orchestrator import __version__
-from orchestrator.api.schemas import AUTH_ERRORS
+from orchestrator.api.schemas import AUTH_ERRORS, MAX_DB_INT
+from orchestrator.api.fastpath import HeartbeatFastPath
 from orchestrator.api.singleflight import SingleFlight
 from orchestrator.api.limits import BodySizeLimit, TokenBuckets
 from orchestrator.api.routes import agents, jobs, tokens
@@ -46,6 +49,8 @@ def create_app(db: Database, backends: dict[str, Backend], controller: Controlle
     app.state.heartbeats = heartbeats
     app.state.tokens = TokenCache()
     app.state.lookups = SingleFlight()
+    # Starlette runs the middleware added last first: the size cap wraps the heartbeat fast path.
+    app.add_middleware(HeartbeatFastPath, api=app)
     app.add_middleware(BodySizeLimit, max_bytes=1 << 20)
     app.include_router(jobs.router)
     app.include_router(agents.router)
@@ -53,6 +58,15 @@ def create_app(db: Database, backends: dict[str, Backend], controller: Controlle
     app.include_router(ratings_routes.router)
     app.include_router(slack_routes.router)
     web.mount(app)  # the dashboard: /ui (pages for browsers, not in the OpenAPI document)
+
+    @app.exception_handler(OverflowError)
+    @app.exception_handler(DataError)
+    async def out_of_range(_request: Request, exc: Exception) -> JSONResponse:
+        """A number the store cannot hold (beyond 64 bits) is the caller's mistake: 422 in
+        FastAPI's validation-error shape, not a 500 from deep in the driver."""
+        return JSONResponse(status_code=422, content={"detail": [{
+            "loc": ["request"], "type": "value_error",
+            "msg": f"a number is out of range (the largest accepted is {MAX_DB_INT})"}]})
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict:

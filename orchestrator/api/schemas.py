@@ -6,6 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The largest integer the stores hold (SQLite and PostgreSQL BIGINT): bounds every integer
+# query parameter, so an absurd one gets a 422 rather than an overflow deep in a driver.
+MAX_DB_INT = 2**63 - 1
+
 
 class NodeOut(BaseModel):
     host: str

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import Principal, get_session, user, writer
 from orchestrator.api.schemas import (
+    MAX_DB_INT,
     AUTH_ERRORS, ErrorOut,
     AttemptOut, CheckpointOut, EventOut, FailIn, JobDetail, JobOut, LogsOut, NodeOut, RestartIn, VerdictOut,
 )
@@ -72,7 +73,7 @@ def submit(spec: JobSpec, who: Principal = Depends(writer), s: Session = Depends
 
 
 @router.get("", response_model=list[JobOut])
-def list_jobs(state: str | None = None, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0),
+def list_jobs(state: str | None = None, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=MAX_DB_INT),
               who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[dict]:
     return [job_out(j) for j in repo.list_jobs(s, who.tenant, state, limit, offset)]
 
@@ -133,7 +134,7 @@ def attempts(job_ref: str, who: Principal = Depends(user), s: Session = Depends(
 
 
 @router.get("/{job_ref}/events", response_model=list[EventOut])
-def events(job_ref: str, after: int = Query(0, ge=0, description="Only events with seq > after"),
+def events(job_ref: str, after: int = Query(0, ge=0, le=MAX_DB_INT, description="Only events with seq > after"),
            limit: int = Query(1000, ge=1, le=10000), who: Principal = Depends(user),
            s: Session = Depends(get_session, scope="function")) -> list[EventOut]:
     job = _job(s, who, job_ref)
@@ -142,7 +143,7 @@ def events(job_ref: str, after: int = Query(0, ge=0, description="Only events wi
 
 
 @router.get("/{job_ref}/checkpoints", response_model=list[CheckpointOut])
-def checkpoints(job_ref: str, limit: int = Query(1000, ge=1, le=10000), offset: int = Query(0, ge=0),
+def checkpoints(job_ref: str, limit: int = Query(1000, ge=1, le=10000), offset: int = Query(0, ge=0, le=MAX_DB_INT),
                 who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[CheckpointOut]:
     job = _job(s, who, job_ref)
     return [CheckpointOut(step=c.step, uri=c.uri, state=c.state, attempt_id=c.attempt_id, size_bytes=c.size_bytes,
@@ -150,9 +151,9 @@ def checkpoints(job_ref: str, limit: int = Query(1000, ge=1, le=10000), offset: 
 
 
 @router.get("/{job_ref}/logs", response_model=LogsOut)
-def logs(request: Request, job_ref: str, attempt: int | None = Query(None, ge=1),
+def logs(request: Request, job_ref: str, attempt: int | None = Query(None, ge=1, le=MAX_DB_INT),
          offsets: str | None = Query(None, description='JSON {"host": byte offset}; negative = last N bytes'),
-         tail: int | None = Query(None, ge=1, description="Without offsets: only the last TAIL bytes of each node"),
+         tail: int | None = Query(None, ge=1, le=MAX_DB_INT, description="Without offsets: only the last TAIL bytes of each node"),
          who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> LogsOut:
     """New output of every node of an attempt (the latest by default) since the given offsets."""
     job = _job(s, who, job_ref)
@@ -161,7 +162,9 @@ def logs(request: Request, job_ref: str, attempt: int | None = Query(None, ge=1)
         return LogsOut(attempt=chosen[-1].number if chosen else None, nodes={})
     try:
         parsed = {str(k): int(v) for k, v in json.loads(offsets).items()} if offsets else {}
-    except (ValueError, AttributeError):
+        if any(abs(v) > MAX_DB_INT for v in parsed.values()):
+            raise ValueError("offset out of range")
+    except (ValueError, AttributeError, TypeError, OverflowError):
         raise HTTPException(status.HTTP_400_BAD_REQUEST, 'offsets must be a JSON object {"host": int}') from None
     backend = request.app.state.backends.get(job.backend)
     if backend is None:
