@@ -16,6 +16,7 @@ import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from orchestrator.api.routes.agents import store_heartbeat
 from orchestrator.store import repo
 
 PATH = re.compile(r"^/v1/attempts/([^/]+)/nodes/([^/]+)/heartbeat$")
@@ -40,9 +41,7 @@ class HeartbeatFastPath:
         if not isinstance(summary, dict):  # let the route answer it (422) exactly as documented
             return await self.app(scope, _replay(body, receive), send)
         attempt_id, host = match.groups()
-        state = self.api.state
-        state.heartbeats.add(attempt_id, host, summary)
-        state.node_history.add(attempt_id, host, summary)
+        store_heartbeat(self.api.state, attempt_id, host, summary)
         answer = ANSWERS[info.stop]
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"),

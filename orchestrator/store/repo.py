@@ -11,8 +11,8 @@ import secrets
 import uuid
 from typing import Any, Sequence
 
-from sqlalchemy import or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, func, or_, select
+from sqlalchemy.orm import Session, selectinload
 
 from orchestrator.store.models import (
     Attempt, Checkpoint, EvalSample, Event, Job, MetricPoint, Node, Rating, Token, Verdict, WebSession, now,
@@ -100,8 +100,6 @@ def list_jobs(s: Session, tenant: str, state: str | None = None, limit: int = 10
     if backend:
         q = q.where(Job.backend == backend)
     if with_attempts:  # a jobs list shows attempts and nodes: two more queries, not two per job
-        from sqlalchemy.orm import selectinload
-
         q = q.options(selectinload(Job.attempts).selectinload(Attempt.nodes))
     return s.scalars(q.order_by(Job.created_at.desc()).limit(limit).offset(offset)).all()
 
@@ -262,11 +260,13 @@ def revoke_token(s: Session, token_id: int, tenant: str | None) -> Token:
 
 def find_token(s: Session, token: str) -> Token | None:
     row = s.scalars(select(Token).where(Token.token_hash == hash_token(token))).first()
-    if row is None or row.revoked_at is not None:
-        return None
-    if row.expires_at is not None and row.expires_at < now():
-        return None
-    return row
+    return row if _live(row) else None
+
+
+def _live(token: Token | None) -> bool:
+    """Neither revoked nor expired."""
+    return (token is not None and token.revoked_at is None
+            and (token.expires_at is None or token.expires_at >= now()))
 
 
 # --- human eval: samples and ratings ---------------------------------------------------------------
@@ -459,33 +459,26 @@ def metric_rows(s: Session, job: Job) -> list[tuple]:
 
 def metrics_version(s: Session, job: Job) -> tuple[int, int]:
     """(count, newest id) of a job's points: a cheap key for caching its downsampled curves."""
-    from sqlalchemy import func
-
     count, newest = s.execute(select(func.count(MetricPoint.id), func.max(MetricPoint.id))
                               .where(MetricPoint.job_id == job.id)).one()
     return int(count or 0), int(newest or 0)
 
 
-def latest_metrics(s: Session, job_ids: list[str]) -> dict[str, MetricPoint]:
-    """The newest point of each job (one query for a whole jobs list)."""
-    from sqlalchemy import func
-
+def _newest_per_job(s: Session, model, job_ids: list[str]) -> dict[str, Any]:
+    """The row with the highest id of each job, in one query (for a whole jobs list)."""
     if not job_ids:
         return {}
-    newest = (select(func.max(MetricPoint.id)).where(MetricPoint.job_id.in_(job_ids))
-              .group_by(MetricPoint.job_id).scalar_subquery())
-    return {p.job_id: p for p in s.scalars(select(MetricPoint).where(MetricPoint.id.in_(newest)))}
+    newest = (select(func.max(model.id)).where(model.job_id.in_(job_ids))
+              .group_by(model.job_id).scalar_subquery())
+    return {row.job_id: row for row in s.scalars(select(model).where(model.id.in_(newest)))}
+
+
+def latest_metrics(s: Session, job_ids: list[str]) -> dict[str, MetricPoint]:
+    return _newest_per_job(s, MetricPoint, job_ids)
 
 
 def latest_checkpoints(s: Session, job_ids: list[str]) -> dict[str, Checkpoint]:
-    """The newest checkpoint of each job (one query for a whole jobs list)."""
-    from sqlalchemy import func
-
-    if not job_ids:
-        return {}
-    newest = (select(func.max(Checkpoint.id)).where(Checkpoint.job_id.in_(job_ids))
-              .group_by(Checkpoint.job_id).scalar_subquery())
-    return {c.job_id: c for c in s.scalars(select(Checkpoint).where(Checkpoint.id.in_(newest)))}
+    return _newest_per_job(s, Checkpoint, job_ids)
 
 
 # --- web sessions ----------------------------------------------------------------------------------
@@ -503,15 +496,11 @@ def find_web_session(s: Session, sid: str) -> Token | None:
     if row is None or row.expires_at < now():
         return None
     token = s.get(Token, row.token_id)
-    if token is None or token.revoked_at is not None or (token.expires_at is not None and token.expires_at < now()):
-        return None
-    return token
+    return token if _live(token) else None
 
 
 def purge_web_sessions(s: Session) -> None:
     """Forget expired sessions (called at each login, so the table stays small)."""
-    from sqlalchemy import delete
-
     s.execute(delete(WebSession).where(WebSession.expires_at < now()))
 
 

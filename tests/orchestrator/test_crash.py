@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import boto3
 import pytest
@@ -71,8 +72,13 @@ def test_killed_after_a_restart_decision_before_marking_it_delivered(tmp_path):
         story = event_story(cp.events("deliver-crash"))
         assert story.count("attempt 1 Failed") == 1 and story.count("attempt 2 Failed") == 1
         assert story.count("attempt 2 Running") == 1
-        rows = cp.get("/v1/jobs/deliver-crash/events")
-        assert {r["status"] for r in rows} == {"delivered"}, "every event delivered after the restart"
+        # The job's own final event is delivered just after the job turns Failed: give it a moment.
+        deadline = time.time() + 30
+        statuses = {r["status"] for r in cp.get("/v1/jobs/deliver-crash/events")}
+        while statuses != {"delivered"} and time.time() < deadline:
+            time.sleep(0.3)
+            statuses = {r["status"] for r in cp.get("/v1/jobs/deliver-crash/events")}
+        assert statuses == {"delivered"}, "every event delivered after the restart"
     finally:
         cp.stop()
         cp.cleanup_nodes()

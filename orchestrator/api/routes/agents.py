@@ -26,6 +26,14 @@ def _attempt(s: Session, who: Principal, attempt_id: str) -> Attempt:
     return attempt
 
 
+def store_heartbeat(state, attempt_id: str, host: str, summary: dict[str, Any]) -> None:
+    """What accepting a heartbeat means, for this route and for the fast path (api/fastpath.py):
+    the summary, a JSON object stored as sent (size capped by the middleware), goes to the flush
+    buffer and to the dashboard's bounded health history."""
+    state.heartbeats.add(attempt_id, host, summary)
+    state.node_history.add(attempt_id, host, summary)
+
+
 @router.post("/heartbeat", response_model=HeartbeatOut)
 async def heartbeat(request: Request, attempt_id: str, host: str,
                     body: dict[str, Any] = Body(..., openapi_examples={"summary": {"value": {"t": 1.0, "last_step": 10}}}),
@@ -37,8 +45,7 @@ async def heartbeat(request: Request, attempt_id: str, host: str,
         ("attempt", attempt_id), buffer.attempt_info, attempt_id)
     if info is None or info.tenant != who.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
-    buffer.add(attempt_id, host, body)  # a JSON object, stored as sent (size capped by the middleware)
-    request.app.state.node_history.add(attempt_id, host, body)  # the dashboard's bounded health history
+    store_heartbeat(request.app.state, attempt_id, host, body)
     # The answer tells the agent to stop when nobody needs its work any more (backends that
     # cannot signal nodes directly rely on this).
     return HeartbeatOut(stop=info.stop)

@@ -4,37 +4,14 @@ from __future__ import annotations
 
 import re
 
-import pytest
-from fastapi.testclient import TestClient
-
-from orchestrator.server import build_app
-from orchestrator.settings import Settings
 from orchestrator.store import repo
+from tests.helpers.tokens import auth_header as _h, make_token as _token
 
 # Routes authenticated by something other than a bearer token (tested elsewhere).
 NOT_BEARER = {"/v1/slack/interactions"}
 # A valid body per POST route (by last path segment), so the answer is about the object, not the body.
 VALID_BODIES = {"attempts": {"number": 2}, "verdicts": {"kind": "silent.hang"}, "exit": {"exit_code": 0},
                 "checkpoints": {"step": 1, "uri": "s3://b/k"}, "heartbeat": {}, "fail": {"reason": {}}, "stop": {}}
-
-
-@pytest.fixture
-def api(aerie_home):
-    settings = Settings()
-    app = build_app(settings, with_controller=False)
-    admin = settings.admin_token_path.read_text().strip()
-    with TestClient(app) as client:
-        yield client, app, admin
-
-
-def _h(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def _token(client, admin, **body) -> str:
-    r = client.post("/v1/tokens", json=body, headers=_h(admin))
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
 
 
 def test_token_lifecycle_create_list_revoke(api):

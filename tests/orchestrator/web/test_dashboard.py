@@ -10,32 +10,12 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.server import build_app
-from orchestrator.settings import Settings
 from orchestrator.store import repo
 from orchestrator.store.models import MetricPoint
 from orchestrator.web.auth import COOKIE
 from orchestrator.web.downsample import minmax
 from orchestrator.web.health import NodeHistory
-
-
-@pytest.fixture
-def api(aerie_home):
-    settings = Settings()
-    app = build_app(settings, with_controller=False)
-    admin = settings.admin_token_path.read_text().strip()
-    with TestClient(app) as client:
-        yield client, app, admin
-
-
-def _h(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def _token(client, admin, **body) -> str:
-    r = client.post("/v1/tokens", json=body, headers=_h(admin))
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
+from tests.helpers.tokens import auth_header as _h, make_token as _token
 
 
 def _browser(app, token: str | None) -> TestClient:
