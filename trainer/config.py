@@ -102,6 +102,11 @@ class TrainConfig(_Section):
     parallelism: Literal["ddp", "fsdp2"] = "ddp"
     activation_checkpointing: bool = False
     compile: bool = False
+    # Mixed precision of the forward pass (weights, gradients and optimizer state stay float32):
+    # "auto": bf16 autocast on GPU, none on CPU (float32: bitwise resume parity there);
+    # "bf16": bf16 autocast on either (on CPUs with AMX or AVX-512-BF16, the matmuls use them);
+    # "fp32": no autocast anywhere.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval_every: int = 0  # steps between evaluations; 0: never
     eval_iters: int = 4  # micro-batches per evaluation

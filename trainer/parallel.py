@@ -2,8 +2,8 @@
 
 Ranks come from torchrun's environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, ...).
 Started without torchrun, the process is a world of one on a free loopback port, so the training
-loop has a single code path. gloo on CPU, nccl on GPU; bf16 autocast on GPU only (CPU stays fp32,
-which is what makes resume parity bitwise there).
+loop has a single code path. gloo on CPU, nccl on GPU; bf16 autocast on GPU by default (CPU stays
+fp32 unless the config asks for `precision: bf16`; fp32 is what makes resume parity bitwise there).
 """
 
 from __future__ import annotations
@@ -69,10 +69,11 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def autocast(world: World) -> contextlib.AbstractContextManager:
-    """bf16 autocast on GPU; nothing on CPU."""
-    if world.device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+def autocast(world: World, precision: str = "auto") -> contextlib.AbstractContextManager:
+    """bf16 autocast for `precision` "bf16", and for "auto" on GPU; nothing otherwise (see
+    `TrainConfig.precision`)."""
+    if precision == "bf16" or (precision == "auto" and world.device.type == "cuda"):
+        return torch.autocast(world.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

@@ -11,6 +11,8 @@ stale and clouds differ. The numbers here:
   uses: threads x clock x FLOPs per cycle per core from the vector ISA (AVX-512: 64, AVX2+FMA: 32,
   else 8; two FMA pipes assumed), clock from /proc/cpuinfo (else 2.5 GHz). It is an upper bound, so
   a CPU's MFU is, if anything, understated. Useful for comparing runs on one machine, not across.
+  With `precision: bf16` the matmuls run in BF16, so the peak is the BF16 one: AMX 1,024 FLOPs per
+  cycle per core (Intel's figure for Sapphire Rapids' tile unit), AVX-512-BF16 twice the FP32 rate.
 - Prices: AWS on-demand, Linux, us-east-1, USD per instance-hour, list prices as of 2024 (AWS cut
   P4/P5 prices in 2025: set `price_per_hour` for the price you pay). A `ml.` prefix (SageMaker
   instance names) maps to the EC2 price, which understates SageMaker's markup.
@@ -59,19 +61,26 @@ def instance_price(instance_type: str | None, override: float | None = None) -> 
     return INSTANCE_PRICE_PER_HOUR.get(name)
 
 
-def _cpu_flops_per_cycle() -> int:
-    flags = ""
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = line
-                    break
+                    return set(line.partition(":")[2].split())
     except OSError:
         pass
-    if " avx512f" in flags:
+    return set()
+
+
+def _cpu_flops_per_cycle(bf16: bool = False) -> int:
+    flags = _cpu_flags()
+    if bf16 and "amx_bf16" in flags:
+        return 1024
+    if bf16 and "avx512_bf16" in flags:
+        return 128
+    if "avx512f" in flags:
         return 64
-    if " avx2" in flags and " fma" in flags:
+    if {"avx2", "fma"} <= flags:
         return 32
     return 8
 
@@ -87,8 +96,9 @@ def _cpu_hz() -> float:
     return 2.5e9
 
 
-def cpu_peak_flops(threads: int | None = None) -> float:
-    """Estimated FP32 peak of `threads` cores (default: torch's thread count, else 1); see module doc."""
+def cpu_peak_flops(threads: int | None = None, bf16: bool = False) -> float:
+    """Estimated FP32 (or, with `bf16`, BF16) peak of `threads` cores (default: torch's thread
+    count, else 1); see module doc."""
     if threads is None:
         try:
             import torch
@@ -96,18 +106,19 @@ def cpu_peak_flops(threads: int | None = None) -> float:
             threads = torch.get_num_threads()
         except ImportError:
             threads = 1
-    return threads * _cpu_hz() * _cpu_flops_per_cycle()
+    return threads * _cpu_hz() * _cpu_flops_per_cycle(bf16)
 
 
-def device_peak_flops(device_name: str | None, override: float | None = None) -> float:
-    """Peak FLOP/s of one rank's device. `device_name`: torch.cuda.get_device_name(), 'trn1', or None for CPU."""
+def device_peak_flops(device_name: str | None, override: float | None = None, bf16: bool = False) -> float:
+    """Peak FLOP/s of one rank's device. `device_name`: torch.cuda.get_device_name(), 'trn1', or
+    None for CPU, whose peak depends on whether the matmuls run in BF16 (`bf16`)."""
     if override is not None:
         return override
     if device_name:
         for key, flops in PEAK_BF16_FLOPS.items():
             if key.lower() in device_name.lower():
                 return flops
-    return cpu_peak_flops()
+    return cpu_peak_flops(bf16=bf16)
 
 
 def tokens_per_dollar(tokens_per_s: float, price_per_hour: float | None, num_instances: int) -> float | None:

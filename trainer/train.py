@@ -137,13 +137,13 @@ def build_model_config(cfg: TrainConfig):
     return get_preset(cfg.model.preset, **cfg.model.overrides)
 
 
-def loss_of(model, tokens: torch.Tensor, world: parallel.World) -> torch.Tensor:
+def loss_of(model, tokens: torch.Tensor, world: parallel.World, precision: str = "auto") -> torch.Tensor:
     """Mean next-token cross-entropy of a [B, T + 1] batch. The model computes it itself
     (`model(inputs, labels=labels)`): output projection and cross-entropy fused chunk by chunk,
     without materialising the [B·T, vocab] logits (`trainer.models.loss`); the same value as
     `F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten())`, faster and smaller."""
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    with parallel.autocast(world):
+    with parallel.autocast(world, precision):
         return model(inputs, labels=labels)
 
 
@@ -164,7 +164,7 @@ def train_step(model, optimizer, scheduler, batches: Iterator[torch.Tensor], wor
     for micro in range(cfg.grad_accum):
         batch = next(batches)
         with parallel.gradient_sync(model, enabled=micro == cfg.grad_accum - 1):
-            loss = loss_of(model, batch, world)
+            loss = loss_of(model, batch, world, cfg.precision)
             if poison_loss:
                 loss = loss * float("nan")
             (loss / cfg.grad_accum).backward()
@@ -184,7 +184,7 @@ def evaluate(model, dataset, world: parallel.World, cfg: TrainConfig) -> float:
     sampler = MegatronPretrainingSampler(len(dataset), 0, cfg.micro_batch_size, world.rank, world.world_size)
     total = torch.zeros(2, device=world.device)
     for tokens in micro_batches(dataset, sampler, world.device):
-        total += torch.stack([loss_of(model, tokens, world).detach(), torch.ones((), device=world.device)])
+        total += torch.stack([loss_of(model, tokens, world, cfg.precision).detach(), torch.ones((), device=world.device)])
     dist.all_reduce(total)
     model.train()
     return (total[0] / total[1]).item()
@@ -293,7 +293,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     # Throughput accounting for MFU and tokens/$.
     flops_tok = flops_per_token(model_cfg, cfg.seq_len)
     device_name = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else None
-    peak = pricing.device_peak_flops(device_name, cfg.peak_flops) * world.world_size
+    peak = pricing.device_peak_flops(device_name, cfg.peak_flops, bf16=cfg.precision == "bf16") * world.world_size
     price = pricing.instance_price(cfg.resolved_instance_type(), cfg.price_per_hour)
     tokens_per_step = global_batch * cfg.seq_len
 

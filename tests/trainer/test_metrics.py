@@ -91,6 +91,10 @@ def test_pricing_tables_and_overrides():
     assert pricing.device_peak_flops("NVIDIA A100-SXM4-40GB") == pytest.approx(312e12)
     assert pricing.device_peak_flops(None, override=5e12) == 5e12
     assert 1e9 < pricing.device_peak_flops(None) < 1e14  # CPU estimate: threads x clock x FLOPs/cycle
+    # bf16 matmuls (precision: bf16) are held to the bf16 peak: higher where the CPU has AMX or
+    # AVX-512-BF16, the fp32 one where it has neither.
+    assert pricing.device_peak_flops(None, bf16=True) >= pricing.device_peak_flops(None)
+    assert pricing.device_peak_flops("NVIDIA H100 PCIe", bf16=True) == pytest.approx(756e12)
     assert pricing.instance_price("ml.p4d.24xlarge") == pricing.instance_price("p4d.24xlarge") > 0
     assert pricing.instance_price("trn1.32xlarge") > 0 and pricing.instance_price("p5.48xlarge") > 0
     assert pricing.instance_price("local") is None

@@ -299,3 +299,32 @@ def test_sigterm_stops_cleanly_with_exit_143(tmp_path, data_cache):
     for step in committed:
         assert (ckpt / f"step_{step:08d}" / "manifest.json").is_file()
     assert math.isfinite(records[-1]["loss"] if records[-1]["event"] is None else 0.0)
+
+
+def test_precision_bf16_runs_the_forward_under_cpu_autocast():
+    """`precision: bf16` autocasts the forward on CPU too (matmuls in bf16, on AMX where there is
+    one); "auto" keeps CPU in float32, so resume parity stays bitwise; "fp32" is never autocast."""
+    from trainer import parallel
+
+    cpu = parallel.World(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"))
+    gpu = parallel.World(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cuda"))
+    with parallel.autocast(cpu, "bf16"):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    for world, precision in ((cpu, "auto"), (cpu, "fp32"), (gpu, "fp32")):
+        with parallel.autocast(world, precision):
+            assert not torch.is_autocast_enabled(world.device.type)
+
+    from trainer.models import build_model, get_preset
+
+    torch.manual_seed(0)
+    model = build_model(get_preset("llama-tiny"))
+    tokens = torch.randint(0, model.cfg.vocab_size, (2, 33))
+    fp32 = loss_of(model, tokens, cpu)
+    bf16 = loss_of(model, tokens, cpu, "bf16")
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)  # really computed in bf16
+    torch.testing.assert_close(bf16, fp32, rtol=2e-2, atol=0)
+
+    cfg = TrainConfig.model_validate({"data": {"corpus": "stdlib"}, "precision": "bf16"})
+    optimizer, scheduler = build_optimizer(model, cfg)
+    train_step(model, optimizer, scheduler, iter([tokens]), cpu, cfg)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay float32
