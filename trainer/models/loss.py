@@ -30,6 +30,25 @@ def default_chunk_size(num_tokens: int, vocab_size: int) -> int:
     return max(64, min(num_tokens, CHUNK_ELEMENTS // vocab_size))
 
 
+# The [chunk, vocab] buffers of the last call, reused by the next one with the same shape. On CPU a
+# fresh allocation this large is a fresh mmap, and first-touching its pages cost more than the
+# log-softmax that fills them; GPUs have a caching allocator, so this matters there less but
+# costs nothing. Not for concurrent use: a training process runs one loss at a time.
+_buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
+
+
+def _chunk_buffers(rows: int, vocab: int, dtype: torch.dtype, device: torch.device):
+    """(logits, log-probabilities) float32 [rows, vocab], and one in `dtype` for the matmuls'
+    side when they run in lower precision (else None)."""
+    key = (rows, vocab, dtype, device)
+    if key not in _buffers:
+        _buffers.clear()  # one shape at a time: a new shape (evaluation, a last short batch) replaces it
+        logits = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+        low = None if dtype == torch.float32 else torch.empty(rows, vocab, dtype=dtype, device=device)
+        _buffers[key] = (logits, torch.empty_like(logits), low)
+    return _buffers[key]
+
+
 def _compute(hidden, weight, labels, chunk_size: int, ignore_index: int, with_grads: bool):
     device_type = hidden.device.type
     # Under autocast the matmuls run in the autocast dtype, as F.linear would; softmax in float32.
@@ -45,28 +64,27 @@ def _compute(hidden, weight, labels, chunk_size: int, ignore_index: int, with_gr
         losses = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
         grad_hidden = torch.empty_like(hidden) if with_grads else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if with_grads else None
-        # Two [chunk, vocab] float32 buffers, reused by every chunk (fresh large allocations cost
-        # page faults on CPU): the logits, then the log-probabilities that become the softmax.
         rows = min(chunk_size, h.shape[0])
-        logits_buf = torch.empty(rows, w.shape[0], dtype=torch.float32, device=h.device)
-        logp_buf = torch.empty_like(logits_buf)
+        logits_buf, logp_buf, low_buf = _chunk_buffers(rows, w.shape[0], dtype, h.device)
         for start in range(0, h.shape[0], chunk_size):
             end = min(start + chunk_size, h.shape[0])
+            n = end - start
             h_c, t_c, s_c = h[start:end], targets[start:end], scale[start:end]
-            if dtype == torch.float32:
-                logits = torch.mm(h_c, w.t(), out=logits_buf[:end - start])
-            else:
-                logits = logits_buf[:end - start].copy_(h_c @ w.t())
-            logp = torch._log_softmax(logits, -1, False, out=logp_buf[:end - start])
+            if low_buf is None:
+                logits = torch.mm(h_c, w.t(), out=logits_buf[:n])
+            else:  # bf16/fp16 matmul into its own buffer, softmax in float32
+                logits = logits_buf[:n].copy_(torch.mm(h_c, w.t(), out=low_buf[:n]))
+            logp = torch._log_softmax(logits, -1, False, out=logp_buf[:n])
             losses[start:end] = logp.gather(1, t_c).squeeze(1).neg_()
             if not with_grads:
                 continue
-            probs = logp.exp_()  # softmax, in place
-            probs.scatter_add_(1, t_c, probs.new_full((end - start, 1), -1.0))  # softmax - one_hot
-            g = probs.to(dtype)
+            g = logp.exp_()  # softmax, in place
+            g.scatter_add_(1, t_c, g.new_full((n, 1), -1.0))  # softmax - one_hot
+            if low_buf is not None:
+                g = low_buf[:n].copy_(g)  # (a float32 -> bf16 `exp(out=...)` measured 5x slower on CPU)
             grad_hidden[start:end] = (g @ w).mul_(s_c.to(dtype))
             h_scaled = h_c * s_c.to(dtype)
-            if dtype == torch.float32:
+            if low_buf is None:
                 grad_weight.addmm_(g.t(), h_scaled)
             else:
                 grad_weight += (g.t() @ h_scaled).float()
