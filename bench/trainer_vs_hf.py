@@ -4,7 +4,7 @@ For each family (GPT-NeoX vs `GPTNeoXForCausalLM`, LLaMA-GQA vs `LlamaForCausalL
 
 - the same shapes (HF's model is built from `trainer.export.to_hf_config`), the same weights
   (ours are loaded from HF's randomly initialised state dict, and the bench checks that the
-  first losses agree), the same batch of tokens, fp32 (the trainer's dtype on CPU);
+  first losses agree), the same batch of tokens, fp32 weights and optimizer state;
 - the same training step for both: `trainer.train.train_step`, the function the training loop
   runs (loss, backward, grad-norm clipping, the trainer's AdamW from `build_optimizer`, fused,
   with its weight-decay groups and LR schedule, hyperparameters from `TrainConfig`'s defaults).
@@ -16,9 +16,13 @@ For each family (GPT-NeoX vs `GPTNeoXForCausalLM`, LLaMA-GQA vs `LlamaForCausalL
   hits all alike); ratios are medians over rounds of the per-round ratio (each round's
   variants run back to back, so a busy moment of the shared machine mostly cancels out).
 
-Two comparisons, timed in the same interleaved rounds, each printed with its own ratio:
-- "eager": ours vs HF, neither compiled: the trainer's default (`compile: false`). This is the
-  like-for-like line.
+Three comparisons, timed in the same interleaved rounds, each printed with its own ratio:
+- "eager": ours vs HF, neither compiled, fp32: the trainer's default on CPU (`compile: false`,
+  `precision: auto`). Both models run the same matmuls, at ~95 % of MKL's fp32 peak here and ~60 %
+  of HF's step, which caps this ratio (see docs/architecture.md, `TrainConfig.precision`).
+- "bf16" (skip with `--no-bf16`): the trainer's `precision: bf16`, i.e. the forward under
+  `torch.autocast("cpu", bfloat16)` for BOTH models (the same `train_step`), fp32 weights and
+  optimizer; `cpu_bf16` says whether the CPU has AMX or AVX-512-BF16 (without, bf16 is emulated).
 - "compiled" (skip with `--no-compile`): ours with the trainer's `compile: true` (each block
   under `torch.compile`, `trainer.parallel.apply_compile`) vs HF compiled whole (model and loss
   under `torch.compile`, the most HF can get from it); `ratio_vs_hf_eager` compares ours
@@ -28,7 +32,7 @@ Two comparisons, timed in the same interleaved rounds, each printed with its own
 Prints ONE JSON line; `*_cpu_time` ratios compare CPU seconds per token instead of wall time,
 which holds up better on a machine shared with other work.
 
-    python bench/trainer_vs_hf.py [--rounds 6] [--steps 2] [--threads 2] [--no-compile]
+    python bench/trainer_vs_hf.py [--rounds 6] [--steps 2] [--threads 2] [--no-compile] [--no-bf16]
 """
 
 from __future__ import annotations
