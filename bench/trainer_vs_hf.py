@@ -12,9 +12,11 @@ For each family (GPT-NeoX vs `GPTNeoXForCausalLM`, LLaMA-GQA vs `LlamaForCausalL
   output projection fused with the cross-entropy); HF's computes logits, then
   `F.cross_entropy` in float32, as its own causal-LM loss does;
 - HF runs with `attn_implementation="sdpa"` (its default, and its fastest attention on CPU);
-- after warm-up steps, timed rounds rotate between the variants (so load from other processes
-  hits all alike); ratios are medians over rounds of the per-round ratio (each round's
-  variants run back to back, so a busy moment of the shared machine mostly cancels out).
+- each variant runs in its own process (spawned, as a training job would be), so one model's
+  allocations don't change another's page faults; after warm-up steps, timed rounds rotate
+  between the variants, one process at a time (so load from other processes hits all alike);
+  ratios are medians over rounds of the per-round ratio (each round's variants run back to back,
+  so a busy moment of the shared machine mostly cancels out).
 
 Three comparisons, timed in the same interleaved rounds, each printed with its own ratio:
 - "eager": ours vs HF, neither compiled, fp32: the trainer's default on CPU (`compile: false`,
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -94,19 +97,59 @@ class Runner:
     def __init__(self, model: nn.Module, tokens: torch.Tensor, cfg: TrainConfig):
         self.model, self.cfg, self.tokens = model.train(), cfg, tokens
         self.optimizer, self.scheduler = build_optimizer(model, cfg)
-        self.times: list[float] = []
-        self.cpu_times: list[float] = []  # this process's CPU seconds: less sensitive to other load
 
     def step(self) -> float:
         loss, _ = train_step(self.model, self.optimizer, self.scheduler, iter([self.tokens]), CPU, self.cfg)
         return loss.item()
 
-    def timed(self, steps: int) -> None:
+    def timed(self, steps: int) -> tuple[float, float]:
+        """(wall, CPU) seconds of `steps` steps; CPU time (this process's) is less sensitive to
+        other load on the machine."""
         start, cpu_start = time.perf_counter(), time.process_time()
         for _ in range(steps):
             self.step()
-        self.times.append(time.perf_counter() - start)
-        self.cpu_times.append(time.process_time() - cpu_start)
+        return time.perf_counter() - start, time.process_time() - cpu_start
+
+
+def build_runner(family: str, variant: str, args) -> Runner:
+    """One variant: "hf" or "ours", then "_bf16" (`precision: bf16`) or "_compiled" (ours: the
+    trainer's `compile: true`; HF: model and loss under `torch.compile`). Every process builds
+    the same weights (HF's random init under one seed; ours loaded from it) and the same batch."""
+    cfg = CONFIGS[family]
+    torch.manual_seed(0)
+    hf = hf_model(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
+    if variant.startswith("hf"):
+        model: nn.Module = HFWithLoss(hf)
+        if variant.endswith("compiled"):
+            model = torch.compile(model)
+    else:
+        model = build_model(cfg)
+        model.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg))
+        if variant.endswith("compiled"):
+            parallel.apply_compile(model)  # what `compile: true` does in the trainer
+    # The trainer's defaults (lr, betas, eps, weight decay, clip, warmup/cosine), this batch shape;
+    # steps is the schedule's length (long enough that the LR stays well above zero).
+    train_cfg = TrainConfig.model_validate({
+        "data": {"corpus": "stdlib"}, "seq_len": args.seq, "micro_batch_size": args.batch, "steps": 1000,
+        "precision": "bf16" if variant.endswith("bf16") else "fp32"})
+    return Runner(model, tokens, train_cfg)
+
+
+def serve(conn, family: str, variant: str, args) -> None:
+    """A variant's own process: build, warm up, then run timed rounds when told to. Each model
+    runs in a process of its own, as it would in real use: the allocator's state (how many pages
+    a step has to fault in) is part of a model's speed, and one model's heap must not change
+    another's."""
+    torch.set_num_threads(args.threads)
+    runner = build_runner(family, variant, args)
+    start = time.perf_counter()
+    first = runner.step()  # includes compilation
+    for _ in range(args.warmup):
+        runner.step()
+    conn.send((first, round(time.perf_counter() - start, 1)))
+    while (steps := conn.recv()) is not None:
+        conn.send(runner.timed(steps))
 
 
 def paired_ratio(times: dict[str, list[float]], ours: str, theirs: str) -> float:
@@ -114,59 +157,39 @@ def paired_ratio(times: dict[str, list[float]], ours: str, theirs: str) -> float
     return statistics.median(t / o for t, o in zip(times[theirs], times[ours]))
 
 
-def compare(cfg: ModelConfig, args, compiled: bool, bf16: bool) -> dict:
-    torch.manual_seed(0)
-    hf = hf_model(cfg)
-    initial = from_hf_state_dict(hf.state_dict(), cfg)
-    tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
-
-    def train_cfg(precision: str) -> TrainConfig:
-        # The trainer's defaults (lr, betas, eps, weight decay, clip, warmup/cosine), this batch
-        # shape; steps is the schedule's length (long enough that the LR stays well above zero).
-        return TrainConfig.model_validate({"data": {"corpus": "stdlib"}, "seq_len": args.seq, "precision": precision,
-                                           "micro_batch_size": args.batch, "steps": 1000})
-
-    def ours(compile_blocks: bool = False) -> nn.Module:
-        model = build_model(cfg)
-        model.load_state_dict(initial)
-        if compile_blocks:
-            parallel.apply_compile(model)  # what `compile: true` does in the trainer
-        return model
-
-    def theirs() -> nn.Module:
-        model = hf_model(cfg)
-        model.load_state_dict(hf.state_dict())
-        return HFWithLoss(model)
-
-    # name -> (model, the trainer's `precision`); each pair of variants compared runs the same step.
-    variants: dict[str, tuple[nn.Module, str]] = {"hf": (HFWithLoss(hf), "fp32"), "ours": (ours(), "fp32")}
-    if bf16:
-        variants |= {"hf_bf16": (theirs(), "bf16"), "ours_bf16": (ours(), "bf16")}
-    if compiled:
-        variants |= {"hf_compiled": (torch.compile(theirs()), "fp32"), "ours_compiled": (ours(True), "fp32")}
-    runners = {name: Runner(model, tokens, train_cfg(precision)) for name, (model, precision) in variants.items()}
-
+def compare(family: str, args, compiled: bool, bf16: bool) -> dict:
+    names = ["hf", "ours"] + (["hf_bf16", "ours_bf16"] if bf16 else []) + (["hf_compiled", "ours_compiled"] if compiled else [])
+    ctx = multiprocessing.get_context("spawn")
+    pipes, procs = {}, []
+    for name in names:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=serve, args=(child, family, name, args), daemon=True)
+        proc.start()
+        pipes[name] = parent
+        procs.append(proc)
     first, warmup_s = {}, {}
-    for name, r in runners.items():  # first step (includes compilation) and warm-up
-        start = time.perf_counter()
-        first[name] = r.step()
-        for _ in range(args.warmup):
-            r.step()
-        warmup_s[name] = round(time.perf_counter() - start, 1)
+    for name in names:  # warm-ups run side by side; timed rounds never do
+        first[name], warmup_s[name] = pipes[name].recv()
     for name, loss in first.items():
         # The same model and batch: the first losses agree (to bf16's precision under autocast).
         tolerance = 0.05 if name.endswith("bf16") else 1e-4
         if abs(loss - first["hf"]) > tolerance:
             raise SystemExit(f"not the same model: first losses differ {first}")
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for i in range(args.rounds):
-        order = list(runners.values())
-        order = order[i % len(order):] + order[:i % len(order)]  # rotate who goes first
-        for r in order:
-            r.timed(args.steps)
+        order = names[i % len(names):] + names[:i % len(names)]  # rotate who goes first
+        for name in order:  # one process at a time has the cores
+            pipes[name].send(args.steps)
+            w, c = pipes[name].recv()
+            wall[name].append(w)
+            cpu[name].append(c)
+    for name in names:
+        pipes[name].send(None)
+    for proc in procs:
+        proc.join(timeout=30)
 
     tokens_per_round = args.batch * args.seq * args.steps
-    wall = {n: r.times for n, r in runners.items()}
-    cpu = {n: r.cpu_times for n, r in runners.items()}
     rate = {n: round(tokens_per_round / statistics.median(t), 1) for n, t in wall.items()}
 
     def line(ours: str, theirs: str) -> dict:
@@ -183,7 +206,7 @@ def compare(cfg: ModelConfig, args, compiled: bool, bf16: bool) -> dict:
             "ratio_vs_hf_eager_cpu_time": round(paired_ratio(cpu, "ours_compiled", "hf"), 3),
             "compile_and_warmup_s": {n: warmup_s[n] for n in ("hf_compiled", "ours_compiled")},
         }
-    out["warmup_s"] = {n: warmup_s[n] for n in runners if "compiled" not in n}
+    out["warmup_s"] = {n: warmup_s[n] for n in names if "compiled" not in n}
     out["first_loss"] = {n: round(loss, 4) for n, loss in first.items()}
     return out
 
@@ -222,7 +245,7 @@ def main() -> None:
     }
     meets: dict[str, bool] = {}
     for family in args.family or sorted(CONFIGS):
-        result[family] = r = compare(CONFIGS[family], args, compiled=args.compile, bf16=args.bf16)
+        result[family] = r = compare(family, args, compiled=args.compile, bf16=args.bf16)
         meets[f"{family}_eager"] = r["eager"]["ratio"] >= GOAL
         if args.bf16:
             meets[f"{family}_bf16"] = r["bf16"]["ratio"] >= GOAL
