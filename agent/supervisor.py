@@ -3,11 +3,13 @@
 One supervisor per node. It starts the entrypoint (through torchrun when the job has more than
 one rank), ticks the monitor every `sample_s`, sends heartbeats every `heartbeat_s`, and on a
 verdict posts it and stops the ranks' process tree (SIGTERM, grace, SIGKILL), so the attempt
-fails in seconds with a named cause instead of waiting out a collective timeout.
+fails in seconds with a named cause instead of waiting out a collective timeout. The agent is a
+child subreaper, so no rank of the tree outlives the node (see `_become_subreaper`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
@@ -20,12 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from agent.contract import read_json, write_json
 
 log = logging.getLogger("aerie.agent")
 
 TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
 VERDICT_GRACE_S = 3.0  # after a verdict: the ranks are hung or diverged, there is nothing to save
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 # Rank 0's training steps forwarded to the control plane (POST .../metrics), batched.
 METRIC_KEYS = ("t", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
 METRICS_EVERY_S = 2.0
@@ -125,6 +130,7 @@ class Supervisor:
         write_json(cfg.node_dir / "agent.pid", os.getpid())
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
+        _become_subreaper()
 
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
@@ -150,7 +156,8 @@ class Supervisor:
             self._escalate(now)
             time.sleep(min(sample_s, 0.5) if self._term_sent_at else sample_s)
         self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
-        _killpg(self.proc.pid, signal.SIGKILL)  # leftovers of the rank tree, if any
+        leftovers = self._kill_tree()  # what torchrun left behind, if anything
+        psutil.wait_procs(leftovers, timeout=5)  # adopted by this subreaper: reap them
         return self._finish(self.proc.returncode)
 
     def _on_stop_signal(self, signum, _frame) -> None:
@@ -166,7 +173,25 @@ class Supervisor:
 
     def _escalate(self, now: float) -> None:
         if self._term_sent_at and now - self._term_sent_at > self._grace_s and self.proc:
-            _killpg(self.proc.pid, signal.SIGKILL)
+            self._kill_tree()
+
+    def _kill_tree(self) -> list[psutil.Process]:
+        """SIGKILL the rank tree: torchrun's process group, and every descendant of this process
+        whatever its session (torchrun puts each worker in a session of its own, out of reach of
+        the killpg). This process has no children but the rank tree. Returns the processes
+        signalled, except the rank command itself (`self.proc`, which Popen reaps)."""
+        assert self.proc is not None
+        _killpg(self.proc.pid, signal.SIGKILL)
+        try:
+            tree = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+        for proc in tree:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        return [proc for proc in tree if proc.pid != self.proc.pid]
 
     # --- monitoring -----------------------------------------------------------------------
 
@@ -275,6 +300,21 @@ def _make_monitor(cfg: AgentConfig) -> Any:
     return Monitor(node_dir=cfg.node_dir, metrics_dir=cfg.metrics_dir, health=cfg.health,
                    interfaces=list(cfg.interfaces) or None, host=cfg.host,
                    sample_s=float(cfg.health.get("sample_s", 1.0)), started_at=time.time())
+
+
+def _become_subreaper() -> None:
+    """Adopt orphaned descendants instead of letting init adopt them.
+
+    When the grace runs out the agent SIGKILLs torchrun, which then cannot stop its workers; a
+    worker that ignores SIGTERM (a busy hang: exactly what a verdict stops) was adopted by init
+    and kept its core or GPU forever after the node reported its end. Adopted by the agent, it
+    stays a descendant that `_kill_tree` finds and reaps. Linux only (elsewhere: best effort)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.warning("cannot become a child subreaper: a rank that ignores SIGTERM may outlive the node")
 
 
 def _killpg(pgid: int, sig: int) -> None:

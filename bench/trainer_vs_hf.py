@@ -40,6 +40,7 @@ which holds up better on a machine shared with other work.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import statistics
@@ -59,11 +60,22 @@ from trainer.export import from_hf_state_dict, to_hf_config  # noqa: E402
 from trainer.models import ModelConfig, build_model, get_preset  # noqa: E402
 from trainer.train import build_optimizer, train_step  # noqa: E402
 
-SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=8192)
-CONFIGS = {
-    "gpt_neox": get_preset("pythia-tiny", **SHAPE, intermediate_size=1024),
-    "llama": get_preset("llama-tiny", **SHAPE, num_kv_heads=2, intermediate_size=688),
+SMALL = dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=8192)
+# --shape: family -> model config. "small" (default): a few million parameters, an 8k vocabulary.
+# "pythia-70m": the published Pythia-70M for GPT-NeoX (50k vocabulary), and LLaMA's architecture at
+# the same scale with LLaMA 2's 32k vocabulary and GQA (not a published model: no LLaMA is that small).
+SHAPES: dict[str, dict[str, ModelConfig]] = {
+    "small": {
+        "gpt_neox": get_preset("pythia-tiny", **SMALL, intermediate_size=1024),
+        "llama": get_preset("llama-tiny", **SMALL, num_kv_heads=2, intermediate_size=688),
+    },
+    "pythia-70m": {
+        "gpt_neox": get_preset("pythia-70m"),
+        "llama": get_preset("llama-tiny", hidden_size=512, num_layers=6, num_heads=8, num_kv_heads=4,
+                            intermediate_size=1376, vocab_size=32000, max_seq_len=2048),
+    },
 }
+FAMILIES = ("gpt_neox", "llama")
 GOAL = 1.3
 CPU = parallel.World(rank=0, world_size=1, local_rank=0, local_world_size=1, device=torch.device("cpu"))
 
@@ -115,7 +127,7 @@ def build_runner(family: str, variant: str, args) -> Runner:
     """One variant: "hf" or "ours", then "_bf16" (`precision: bf16`) or "_compiled" (ours: the
     trainer's `compile: true`; HF: model and loss under `torch.compile`). Every process builds
     the same weights (HF's random init under one seed; ours loaded from it) and the same batch."""
-    cfg = CONFIGS[family]
+    cfg = SHAPES[args.shape][family]
     torch.manual_seed(0)
     hf = hf_model(cfg)
     tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
@@ -226,7 +238,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--family", choices=sorted(CONFIGS), action="append")
+    parser.add_argument("--family", choices=FAMILIES, action="append")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small",
+                        help="model sizes: 'small' (default) or the published pythia-70m (and a LLaMA of its scale)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
                         help="skip the torch.compile comparison")
     parser.add_argument("--no-bf16", dest="bf16", action="store_false",
@@ -238,13 +252,14 @@ def main() -> None:
 
     result: dict = {
         "bench": "trainer_vs_hf", "device": "cpu", "threads": args.threads, "batch": args.batch,
-        "seq_len": args.seq, "shape": SHAPE, "dtype": "float32 weights; eager and compiled lines fp32 compute",
+        "seq_len": args.seq, "shape": args.shape,
+        "configs": {f: dataclasses.asdict(SHAPES[args.shape][f]) for f in args.family or FAMILIES}, "dtype": "float32 weights; eager and compiled lines fp32 compute",
         "cpu_bf16": cpu_bf16_support(),
         "step": "trainer.train.train_step (loss, backward, clip, fused AdamW, schedule)",
         "torch": torch.__version__, "transformers": transformers.__version__, "goal_ratio": GOAL,
     }
     meets: dict[str, bool] = {}
-    for family in args.family or sorted(CONFIGS):
+    for family in args.family or FAMILIES:
         result[family] = r = compare(family, args, compiled=args.compile, bf16=args.bf16)
         meets[f"{family}_eager"] = r["eager"]["ratio"] >= GOAL
         if args.bf16:

@@ -183,8 +183,19 @@ def _alive(pid: int, needle: str) -> bool:
         return False
 
 
+def _is_rank_of(pid: int, ml_root: Path) -> bool:
+    """True if `pid` runs a rank of the node at `ml_root` (its contract environment says so: a pid
+    file alone could name a reused pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("AERIE_ML_ROOT") == str(ml_root)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def _kill_node(ml_root: Path, sig: int) -> None:
-    """Signal the node's agent; on SIGKILL also its ranks' process group, which it can't do itself."""
+    """Signal the node's agent; on SIGKILL also what it can't stop itself then: torchrun's process
+    group, and each rank (torchrun puts every worker in a session of its own)."""
     pid = _read_pid(ml_root / "agent" / "agent.pid")
     if pid is not None and _alive(pid, "agent"):
         try:
@@ -198,4 +209,11 @@ def _kill_node(ml_root: Path, sig: int) -> None:
                 try:
                     os.killpg(pgid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
+                    pass
+        for pid_file in (ml_root / "agent" / "ranks").glob("rank-*.pid"):
+            pid = _read_pid(pid_file)
+            if pid and _is_rank_of(pid, ml_root):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
                     pass

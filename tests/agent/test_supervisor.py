@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,13 +23,14 @@ from agent.supervisor import AgentConfig, rank_command
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _node(tmp_path: Path, command: list[str], health: dict | None = None) -> tuple[NodeContract, dict]:
+def _node(tmp_path: Path, command: list[str], health: dict | None = None,
+          procs_per_node: int = 1) -> tuple[NodeContract, dict]:
     contract = NodeContract(ml_root=tmp_path / "algo-1", hosts=("algo-1",), current_host="algo-1",
                             hyperparameters={"lr": "0.1"})
     contract.write()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AERIE_", "SM_"))}
     env.update(contract.env())
-    env.update({"AERIE_ENTRYPOINT": json.dumps(command), "AERIE_PROCS_PER_NODE": "1",
+    env.update({"AERIE_ENTRYPOINT": json.dumps(command), "AERIE_PROCS_PER_NODE": str(procs_per_node),
                 "AERIE_HEALTH": json.dumps(health or {"startup_grace_s": 600}), "AERIE_WORKDIR": str(REPO)})
     return contract, env
 
@@ -78,6 +80,57 @@ def test_sigterm_to_the_entrypoint_stops_the_whole_tree(tmp_path):
     assert outcome["reason"]["kind"] == "user.stop"
     with pytest.raises(ProcessLookupError):
         os.kill(rank_pid, 0)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie has already died: it only waits for its parent to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(line for line in f if line.startswith("SigIgn:")).split()[1]
+    return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_ranks_that_ignore_sigterm_under_torchrun_die_with_the_node(tmp_path):
+    """torchrun starts each worker in a session of its own, so killing torchrun's process group
+    misses the ranks; a rank that ignores SIGTERM (a busy hang) outlived the node and kept its
+    core (or GPU) forever. The agent is a child subreaper and kills the whole tree it started."""
+    hung = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+    contract, env = _node(tmp_path, ["python", "-c", hung], procs_per_node=2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env.update({"AERIE_MASTER_ADDR": "127.0.0.1", "AERIE_MASTER_PORT": str(port)})
+    # Output to a file, not a pipe: a leftover rank would hold a pipe open, and the test would
+    # hang on it instead of failing on the assertion below.
+    log = open(tmp_path / "node.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "agent.entrypoint"], env=env, cwd=REPO, stdout=log, stderr=log)
+    pid_files = [contract.node_dir / "ranks" / f"rank-{r}.pid" for r in (0, 1)]
+    deadline = time.time() + 60
+    while not all(f.exists() for f in pid_files):
+        assert time.time() < deadline, "the ranks never started"
+        time.sleep(0.1)
+    rank_pids = [int(f.read_text()) for f in pid_files]
+    while not all(_ignores_sigterm(pid) for pid in rank_pids):  # the hang has begun
+        assert time.time() < deadline, "the ranks never set up their hang"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)  # the agent waits out its grace, then SIGKILLs
+    log.close()
+    deadline = time.time() + 10
+    while any(_alive(pid) for pid in rank_pids) and time.time() < deadline:
+        time.sleep(0.2)
+    leftover = [pid for pid in rank_pids if _alive(pid)]
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, "ranks outlived their node"
+    assert json.loads((contract.node_dir / "exit.json").read_text())["reason"]["kind"] == "user.stop"
 
 
 def test_a_rank_killed_by_a_signal_is_reported_with_it(tmp_path):
