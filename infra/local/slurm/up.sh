@@ -118,7 +118,9 @@ start() {  # start NAME CMD...: run a daemon in the foreground mode, detached, a
   local name="$1"; shift
   if alive "$name"; then return 0; fi
   say "starting $name"
-  setsid "$@" >>"$DIR/log/$name.stdout" 2>&1 < /dev/null &
+  # From /: a daemon's working directory is inherited by every job step (slurmstepd), and the
+  # caller's (a checkout in /tmp, say) may be deleted while the cluster keeps running.
+  (cd / && exec setsid "$@" >>"$DIR/log/$name.stdout" 2>&1 < /dev/null) &
   echo $! > "$DIR/pids/$name.pid"
 }
 
