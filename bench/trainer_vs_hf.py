@@ -54,7 +54,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import parallel  # noqa: E402
+from trainer import parallel, pricing  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.export import from_hf_state_dict, to_hf_config  # noqa: E402
 from trainer.models import ModelConfig, build_model, get_preset  # noqa: E402
@@ -223,13 +223,6 @@ def compare(family: str, args, compiled: bool, bf16: bool) -> dict:
     return out
 
 
-def cpu_bf16_support() -> str:
-    """What bf16 matmuls run on here: without AMX or AVX-512-BF16 they are emulated (slow for both)."""
-    if torch.cpu._is_amx_tile_supported():
-        return "amx"
-    return "avx512_bf16" if torch.cpu._is_avx512_bf16_supported() else "none (emulated)"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -254,7 +247,7 @@ def main() -> None:
         "bench": "trainer_vs_hf", "device": "cpu", "threads": args.threads, "batch": args.batch,
         "seq_len": args.seq, "shape": args.shape,
         "configs": {f: dataclasses.asdict(SHAPES[args.shape][f]) for f in args.family or FAMILIES}, "dtype": "float32 weights; eager and compiled lines fp32 compute",
-        "cpu_bf16": cpu_bf16_support(),
+        "cpu_bf16": pricing.cpu_bf16_unit() or "none (emulated: slow for both)",
         "step": "trainer.train.train_step (loss, backward, clip, fused AdamW, schedule)",
         "torch": torch.__version__, "transformers": transformers.__version__, "goal_ratio": GOAL,
     }

@@ -72,11 +72,18 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_bf16_unit() -> str | None:
+    """What runs bf16 matmuls on this CPU: "amx_bf16", "avx512_bf16", or None (emulated)."""
+    flags = _cpu_flags()
+    return next((unit for unit in ("amx_bf16", "avx512_bf16") if unit in flags), None)
+
+
 def _cpu_flops_per_cycle(bf16: bool = False) -> int:
     flags = _cpu_flags()
-    if bf16 and "amx_bf16" in flags:
+    unit = cpu_bf16_unit() if bf16 else None
+    if unit == "amx_bf16":
         return 1024
-    if bf16 and "avx512_bf16" in flags:
+    if unit == "avx512_bf16":
         return 128
     if "avx512f" in flags:
         return 64
