@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aerie-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo bench stack clean
+.PHONY: install lint test test-fast demo bench stack clean
 
 # torch==2.13.0 first: on these machines that is the local CPU wheel; any other spec would pull
 # gigabytes of CUDA wheels. The [train] extra pins the same version so nothing replaces it.
@@ -23,8 +23,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Lint, format and import order (ruff) and types (mypy, strict where `[tool.mypy]` says) before any
+# test: a violation fails `make test`, so CI enforces them.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
 # The whole suite, slow tests included. pytest's exit 5 (no tests collected) is not a failure.
-test: install
+test: install lint
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-fast: install

@@ -9,8 +9,7 @@ from agent.supervisor import AgentConfig, Supervisor
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="[agent %(asctime)s] %(levelname)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="[agent %(asctime)s] %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat is noise
     cfg = AgentConfig.from_env()
     return Supervisor(cfg).run()

@@ -1,8 +1,10 @@
 """The SageMaker training-container contract, built for one node.
 
 The same layout under `/opt/ml` (a container) or any directory (`AERIE_ML_ROOT`, the local and
-Slurm backends), so a container built for SageMaker runs unchanged on every backend. Used by the
-backends that lay out nodes themselves and by the agent when it builds its own (Slurm).
+Slurm backends), so a container built for SageMaker runs unchanged on every backend. Backends that
+lay out nodes themselves write it (`NodeContract`); the agent reads the node's identity from it
+(`agent.identity`) and gives the ranks the `SM_*` variables the SageMaker training toolkit would
+(`trainer_env`), since SageMaker itself sets none of them.
 """
 
 from __future__ import annotations
@@ -10,8 +12,49 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from aerie_contracts import env as E
+from aerie_contracts.failures import FailureKind
+from agent.devices import visible_gpu_count
+from agent.identity import DEFAULT_GROUP, NodeIdentity, resource_config
+
+# --- input channels (InputDataConfig), with SageMaker's names ---------------------------------
+FILE, FAST_FILE, PIPE = "File", "FastFile", "Pipe"  # TrainingInputMode
+FULLY_REPLICATED, SHARDED_BY_S3_KEY = "FullyReplicated", "ShardedByS3Key"  # S3DataDistributionType
+# Aerie's addition to SageMaker's SM_CHANNEL_<NAME>: the channel's S3 URI, for every S3 channel
+# (the agent downloads File-mode channels from it; FastFile readers stream from it).
+S3_URI_SUFFIX = "_S3_URI"
+# The per-host cache of File-mode downloads (keyed by object ETag; see agent/channel_cache.py).
+CHANNEL_CACHE_ENV = "AERIE_CHANNEL_CACHE"
+DEFAULT_CHANNEL_CACHE = "/var/tmp/aerie/channel-cache"
+# A channel that cannot arrive (missing prefix, access denied, checksum mismatch): the job's input
+# is wrong, so the attempt fails before any rank starts and is not retried (lambdas/chain_restart.py).
+INPUT_UNAVAILABLE = FailureKind.INPUT_UNAVAILABLE.value
+# Key of the heartbeat summary (and agent/data_download.json) recording the download's duration and
+# bytes, for the goodput ledger.
+DATA_DOWNLOAD = "data_download"
+
+
+def channel_config(value: Any) -> dict[str, str]:
+    """A channel as the backend describes it: a URI, or {"s3_uri", "mode", "distribution"}."""
+    if isinstance(value, str):
+        value = {"s3_uri": value}
+    return {
+        "s3_uri": str(value.get("s3_uri") or ""),
+        "mode": str(value.get("mode") or FILE),
+        "distribution": str(value.get("distribution") or FULLY_REPLICATED),
+    }
+
+
+def local_source(uri: str) -> Path | None:
+    """The directory or file of a `file://` or absolute-path channel, else None (an S3 channel)."""
+    if uri.startswith("file://"):
+        return Path(uri[len("file://") :])
+    return Path(uri) if uri.startswith("/") else None
 
 
 @dataclass(frozen=True)
@@ -20,13 +63,15 @@ class NodeContract:
     hosts: tuple[str, ...]
     current_host: str
     hyperparameters: dict[str, str] = field(default_factory=dict)
-    channels: dict[str, str] = field(default_factory=dict)  # channel -> local dir or URI
+    # channel -> its URI (s3://, file://, /path), or {"s3_uri", "mode", "distribution"}
+    channels: dict[str, Any] = field(default_factory=dict)
     network_interface: str = "lo"
-    num_gpus: int = 0
+    instance_type: str = "local"
+    group: str = DEFAULT_GROUP
 
     @property
     def node_rank(self) -> int:
-        return self.hosts.index(self.current_host)
+        return sorted(self.hosts).index(self.current_host)
 
     @property
     def node_dir(self) -> Path:
@@ -37,48 +82,111 @@ class NodeContract:
         return self.ml_root / "output" / "metrics"
 
     def write(self) -> None:
-        """Create the directory tree and the two config files the contract promises."""
+        """Create the directory tree and the config files SageMaker writes before the container starts."""
         config = self.ml_root / "input" / "config"
-        for d in (config, self.ml_root / "model", self.ml_root / "output", self.metrics_dir,
-                  self.ml_root / "output" / "tensorboard", self.node_dir / "ranks", self.ml_root / "logs",
-                  self.ml_root / "checkpoints"):
+        for d in (
+            config,
+            self.ml_root / "model",
+            self.ml_root / "output",
+            self.metrics_dir,
+            self.ml_root / "output" / "tensorboard",
+            self.node_dir / "ranks",
+            self.ml_root / "logs",
+            self.ml_root / "checkpoints",
+        ):
             d.mkdir(parents=True, exist_ok=True)
-        for name in self.channels:
-            (self.ml_root / "input" / "data" / name).mkdir(parents=True, exist_ok=True)
+        for name, value in self.channels.items():
+            self._channel_dir(name, channel_config(value)["s3_uri"])
         _write_json(config / "hyperparameters.json", self.hyperparameters)
-        _write_json(config / "resourceconfig.json", {
-            "current_host": self.current_host,
-            "current_instance_type": "local",
-            "hosts": list(self.hosts),
-            "network_interface_name": self.network_interface,
-        })
-        _write_json(config / "inputdataconfig.json", {
-            name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"} for name in self.channels
-        })
+        rc = resource_config(
+            self.current_host, sorted(self.hosts), self.instance_type, self.network_interface, self.group
+        )
+        _write_json(config / "resourceconfig.json", rc)
+        _write_json(
+            config / "inputdataconfig.json",
+            {
+                name: {
+                    "TrainingInputMode": cfg["mode"],
+                    "S3DistributionType": cfg["distribution"],
+                    "RecordWrapperType": "None",
+                }
+                for name, cfg in ((n, channel_config(v)) for n, v in self.channels.items())
+            },
+        )
+
+    def _channel_dir(self, name: str, uri: str) -> None:
+        """An S3 channel's directory starts empty (the agent fills a File-mode one); a local
+        source (file://, /path) is linked in place, as a file system data source is mounted."""
+        path = self.ml_root / "input" / "data" / name
+        source = local_source(uri)
+        if source is None or path.is_symlink():
+            path.mkdir(parents=True, exist_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+            if not path.exists():
+                path.symlink_to(source, target_is_directory=True)
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        link = path / source.name
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(source)
 
     def env(self) -> dict[str, str]:
-        """The SM_* variables SageMaker sets, plus Aerie's paths."""
-        env = {
-            "AERIE_ML_ROOT": str(self.ml_root),
-            "AERIE_NODE_DIR": str(self.node_dir),
-            "AERIE_METRICS_PATH": str(self.metrics_dir),
-            "SM_HOSTS": json.dumps(list(self.hosts)),
-            "SM_CURRENT_HOST": self.current_host,
-            "SM_NUM_GPUS": str(self.num_gpus),
-            "SM_HPS": json.dumps(self.hyperparameters),
-            "SM_MODEL_DIR": str(self.ml_root / "model"),
-            "SM_OUTPUT_DATA_DIR": str(self.ml_root / "output"),
-            "SM_INPUT_DIR": str(self.ml_root / "input"),
-            "SM_INPUT_CONFIG_DIR": str(self.ml_root / "input" / "config"),
-            "SM_NETWORK_INTERFACE_NAME": self.network_interface,
-            "SM_CHANNELS": json.dumps(sorted(self.channels)),
-        }
-        for name in self.channels:
-            env[f"SM_CHANNEL_{_env_name(name)}"] = str(self.ml_root / "input" / "data" / name)
+        """What a backend gives the node besides the files: where its /opt/ml is. Everything else
+        (identity, SM_*, the agent's directory) the agent derives, as it must on SageMaker."""
+        env = {E.ML_ROOT: str(self.ml_root)}
+        # Aerie's addition: an S3 channel's URI, which SageMaker's files do not carry (SageMaker
+        # downloads channels itself; on other backends the agent does, from this URI).
+        for name, value in self.channels.items():
+            uri = channel_config(value)["s3_uri"]
+            if uri.startswith("s3://"):
+                env[f"SM_CHANNEL_{env_name(name)}{S3_URI_SUFFIX}"] = uri
         return env
 
 
-def _env_name(channel: str) -> str:
+def trainer_env(ident: NodeIdentity, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables the agent gives its ranks: the SageMaker training toolkit's `SM_*` (from the
+    node's identity and config files) and Aerie's paths, all derived from the ML root."""
+    env = os.environ if env is None else env
+    root = ident.ml_root
+    config = root / "input" / "config"
+    hps = read_json(config / "hyperparameters.json", {}) or {}
+    channels = sorted(read_json(config / "inputdataconfig.json", {}) or {})
+    groups = {g.get("instance_group_name"): g for g in ident.instance_groups}
+    out = {
+        E.ML_ROOT: str(root),
+        E.NODE_DIR: str(ident.node_dir),
+        E.METRICS_PATH: env.get(E.METRICS_PATH) or str(ident.metrics_dir),
+        "SM_HOSTS": json.dumps(list(ident.hosts)),
+        "SM_CURRENT_HOST": ident.current_host,
+        "SM_CURRENT_INSTANCE_TYPE": ident.instance_type,
+        "SM_CURRENT_INSTANCE_GROUP": ident.group,
+        "SM_CURRENT_INSTANCE_GROUP_HOSTS": json.dumps(ident.group_hosts),
+        "SM_INSTANCE_GROUPS": json.dumps(list(groups) or [ident.group]),
+        "SM_INSTANCE_GROUPS_DICT": json.dumps(groups),
+        "SM_IS_HETERO": json.dumps(len(groups) > 1),
+        "SM_NETWORK_INTERFACE_NAME": ident.network_interface,
+        "SM_RESOURCE_CONFIG": json.dumps(ident.resource_config()),
+        "SM_NUM_GPUS": str(visible_gpu_count(env)),
+        "SM_NUM_CPUS": str(os.cpu_count() or 1),
+        "SM_HPS": json.dumps(hps),
+        "SM_MODEL_DIR": str(root / "model"),
+        "SM_OUTPUT_DIR": str(root / "output"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output"),
+        "SM_INPUT_DIR": str(root / "input"),
+        "SM_INPUT_CONFIG_DIR": str(config),
+        "SM_CHANNELS": json.dumps(channels),
+    }
+    for name in channels:
+        out[f"SM_CHANNEL_{env_name(name)}"] = str(root / "input" / "data" / name)
+    return out
+
+
+def env_name(channel: str) -> str:
+    """`SM_CHANNEL_<this>`: the channel name upper-cased, anything but letters and digits as _."""
     return re.sub(r"[^A-Za-z0-9]", "_", channel).upper()
 
 
@@ -88,7 +196,7 @@ def _write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path, default: object = None) -> object:
+def read_json(path: Path, default: Any = None) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

@@ -18,6 +18,7 @@ Verdicts are kept disjoint on purpose, so that a fault gets one name:
 * ``loss.nan`` / ``loss.spike``: non-finite loss; a robust (median/MAD) z-score held for
   ``spike_steps`` steps.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,47 +26,13 @@ from dataclasses import asdict, dataclass, field, fields
 from statistics import median
 from typing import Any
 
+from aerie_contracts.health import HealthSettings
+
 # ----------------------------------------------------------------------------- config
 
 
-@dataclass(frozen=True)
-class HealthConfig:
-    """Thresholds from the job spec's ``health`` section (env ``AERIE_HEALTH``)."""
-
-    hang_floor_s: float = 30.0  # never call a hang sooner than this
-    hang_factor: float = 5.0  # ... nor sooner than this many p95 step times
-    startup_grace_s: float = 60.0  # no silent.* verdict this soon after the node started
-    first_step_timeout_s: float = 300.0  # a job that never completes step 1 hangs after this
-    pause_max_s: float = 1800.0  # a checkpoint/eval open longer than this is stuck, not paused
-    heartbeat_s: float = 5.0
-    sample_s: float = 1.0
-    window_s: float = 300.0  # how much history the monitor keeps per series
-    busy_util: float = 50.0  # % above which a stalled accelerator counts as "busy"
-    gpu_idle_util: float = 5.0  # % below which an accelerator counts as idle
-    gpu_work_util: float = 10.0  # % (median of peers) above which peers count as working
-    gpu_idle_s: float = 20.0
-    nic_drop_ratio: float = 0.1  # collapse = below this fraction of the recent median
-    nic_window_s: float = 20.0  # ... held for this long
-    nic_baseline_s: float = 120.0  # the recent median looks back this far
-    nic_min_bps: float = 256 * 1024  # baselines below this are too quiet to judge
-    nic_min_retrans: int = 5  # TCP retransmissions in the window that corroborate a stall
-    spike_z: float = 6.0
-    spike_steps: int = 3
-    spike_min_rel: float = 0.1  # ... and at least this far above the median (a flat loss has a tiny MAD)
-    spike_baseline: int = 50  # steps the median/MAD is taken over
-    spike_min_baseline: int = 20  # no spike verdict before this many steps
-
-    @classmethod
-    def from_dict(cls, health: dict | None) -> "HealthConfig":
-        """Known keys override defaults; unknown keys (other detectors' options) are ignored."""
-        health = health or {}
-        known = {f.name: f.type for f in fields(cls)}
-        kwargs = {}
-        for key, value in health.items():
-            if key in known and value is not None:
-                kwargs[key] = int(value) if key in ("spike_steps", "spike_baseline", "spike_min_baseline",
-                                                    "nic_min_retrans") else float(value)
-        return cls(**kwargs)
+# The job spec's `health` section, defined once in the contracts (the spec validates the same class).
+HealthConfig = HealthSettings
 
 
 # ----------------------------------------------------------------------------- data
@@ -115,7 +82,7 @@ class Window:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Window":
+    def from_dict(cls, d: dict) -> Window:
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
@@ -241,15 +208,19 @@ def detect_hang(w: Window, cfg: HealthConfig) -> Verdict | None:
     before = _median_util(w, since - 30.0, since)
     # Busy = still working as hard as while training (or past busy_util): on a shared host a
     # spinning rank may get far less than a whole core, but it does not drop to nothing.
-    busy = sorted(i for i, u in utils.items()
-                  if u >= max(cfg.gpu_idle_util, min(cfg.busy_util, 0.5 * before.get(i, math.inf))))
+    busy = sorted(
+        i for i, u in utils.items() if u >= max(cfg.gpu_idle_util, min(cfg.busy_util, 0.5 * before.get(i, math.inf)))
+    )
     idle = sorted(i for i, u in utils.items() if u < cfg.gpu_idle_util)
     state = "busy" if busy else "idle"
     stopped = _stopped_processes(w)
     stalest = min(last, key=last.get) if last else None
     last_step = w.steps[stalest][-1][1] if stalest is not None else None
-    why = ("accelerators busy while no step completes (hung collective or spinning kernel)"
-           if state == "busy" else "accelerators idle (stalled or blocked process)")
+    why = (
+        "accelerators busy while no step completes (hung collective or spinning kernel)"
+        if state == "busy"
+        else "accelerators idle (stalled or blocked process)"
+    )
     if stopped:
         why += f"; stopped/gone: ranks {[p.get('rank') for p in stopped]}"
     stuck = sorted({what for opened in w.open.values() for what in opened})
@@ -295,8 +266,12 @@ def detect_gpu_idle(w: Window, cfg: HealthConfig) -> Verdict | None:
                 "silent.gpu_idle",
                 f"accelerator {idx} below {cfg.gpu_idle_util:g}% for {cfg.gpu_idle_s:g}s "
                 f"while its peers work (median {median(peers):.0f}%)",
-                {"index": idx, "util": max(recent), "peers_median": median(peers),
-                 "window": _window_evidence(w, cfg.gpu_idle_s + 10)},
+                {
+                    "index": idx,
+                    "util": max(recent),
+                    "peers_median": median(peers),
+                    "window": _window_evidence(w, cfg.gpu_idle_s + 10),
+                },
             )
     return None
 
@@ -365,9 +340,16 @@ def detect_nic_stall(w: Window, cfg: HealthConfig) -> Verdict | None:
             "silent.nic_stall",
             f"{name} throughput {cur_max:.0f} B/s for {cfg.nic_window_s:g}s against its median "
             f"{base_med:.0f} B/s while steps slow ({', '.join(corroborated)})",
-            {"interface": name, "current_bps": cur_max, "baseline_bps": base_med, "link": link,
-             "retrans": retrans_delta, "step_gap_s": round(gap, 3), "typical_step_s": typical,
-             "window": _window_evidence(w, cfg.nic_window_s + 40)},
+            {
+                "interface": name,
+                "current_bps": cur_max,
+                "baseline_bps": base_med,
+                "link": link,
+                "retrans": retrans_delta,
+                "step_gap_s": round(gap, 3),
+                "typical_step_s": typical,
+                "window": _window_evidence(w, cfg.nic_window_s + 40),
+            },
         )
     return None
 
@@ -380,8 +362,13 @@ def detect_loss_nan(w: Window, cfg: HealthConfig) -> Verdict | None:
                 return Verdict(
                     "loss.nan",
                     f"rank {rank} logged a non-finite loss ({loss}) at step {step}",
-                    {"rank": rank, "step": step, "loss": str(loss), "t": t,
-                     "window": {"steps": {rank: series[-20:]}, "now": w.now}},
+                    {
+                        "rank": rank,
+                        "step": step,
+                        "loss": str(loss),
+                        "t": t,
+                        "window": {"steps": {rank: series[-20:]}, "now": w.now},
+                    },
                 )
     return None
 
@@ -400,7 +387,7 @@ def detect_loss_spike(w: Window, cfg: HealthConfig) -> Verdict | None:
         if len(losses) < cfg.spike_min_baseline + n:
             continue
         tail = losses[-n:]
-        base = [v for _s, v in losses[-(n + cfg.spike_baseline):-n]]
+        base = [v for _s, v in losses[-(n + cfg.spike_baseline) : -n]]
         zs = [_robust_z(base, v) for _s, v in tail]
         floor = median(base) + cfg.spike_min_rel * abs(median(base))
         if min(zs) > cfg.spike_z and min(v for _s, v in tail) > floor:
@@ -408,9 +395,14 @@ def detect_loss_spike(w: Window, cfg: HealthConfig) -> Verdict | None:
                 "loss.spike",
                 f"rank {rank} loss spiked for {n} steps (z {min(zs):.1f}..{max(zs):.1f} > {cfg.spike_z:g}) "
                 f"at step {tail[-1][0]}, baseline median {median(base):.4g}",
-                {"rank": rank, "steps": [s for s, _v in tail], "losses": [v for _s, v in tail],
-                 "z": [round(z, 2) for z in zs], "baseline_median": median(base),
-                 "window": {"steps": {rank: series[-(n + cfg.spike_baseline):]}, "now": w.now}},
+                {
+                    "rank": rank,
+                    "steps": [s for s, _v in tail],
+                    "losses": [v for _s, v in tail],
+                    "z": [round(z, 2) for z in zs],
+                    "baseline_median": median(base),
+                    "window": {"steps": {rank: series[-(n + cfg.spike_baseline) :]}, "now": w.now},
+                },
             )
     return None
 

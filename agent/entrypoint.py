@@ -12,14 +12,15 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
+
+from agent.identity import ml_root
 
 
 def main(argv: list[str]) -> int:
-    ml_root = Path(os.environ.get("AERIE_ML_ROOT", "/opt/ml"))
-    node_dir = Path(os.environ.get("AERIE_NODE_DIR", str(ml_root / "agent")))
-    node_dir.mkdir(parents=True, exist_ok=True)
-    (node_dir / "entrypoint.pid").write_text(str(os.getpid()))
+    root = ml_root()  # AERIE_ML_ROOT, else /opt/ml; the agent's directory is derived from it
+    agent_dir = root / "agent"
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    (agent_dir / "entrypoint.pid").write_text(str(os.getpid()))
     agent = subprocess.Popen([sys.executable, "-m", "agent", *argv])
 
     def forward(signum, _frame):
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, forward)
     code = agent.wait()
     if code != 0:
-        failure = ml_root / "output" / "failure"
+        failure = root / "output" / "failure"
         if not failure.exists():
             failure.parent.mkdir(parents=True, exist_ok=True)
             failure.write_text(f"agent exited with code {code}\n")

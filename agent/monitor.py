@@ -5,13 +5,14 @@ heartbeat). ``Observations`` is the probe-free half: it folds one tick's samples
 buffers and cuts :class:`agent.detect.Window`s, so recorded traces replay through exactly the
 code that runs live (:func:`replay`).
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from statistics import median
-from typing import Iterable
 
 from agent.detect import HealthConfig, Verdict, Window, detect_all, percentile, step_times
 from agent.probes.gpu import CpuAcceleratorProbe, NvmlProbe, RankProcesses, make_accelerator_probe
@@ -73,9 +74,20 @@ class Observations:
 class Monitor:
     """Probes + detectors for one node. ``tick`` returns only verdict kinds not reported before."""
 
-    def __init__(self, *, node_dir: Path, metrics_dir: Path, health: dict, interfaces: list[str] | None = None,
-                 host: str = "", sample_s: float = 1.0, started_at: float | None = None,
-                 accelerator: str = "auto", sys_root: Path | str = "/sys", proc_root: Path | str = "/proc"):
+    def __init__(
+        self,
+        *,
+        node_dir: Path,
+        metrics_dir: Path,
+        health: dict,
+        interfaces: list[str] | None = None,
+        host: str = "",
+        sample_s: float = 1.0,
+        started_at: float | None = None,
+        accelerator: str = "auto",
+        sys_root: Path | str = "/sys",
+        proc_root: Path | str = "/proc",
+    ):
         health = dict(health or {})
         health.setdefault("sample_s", sample_s)
         self.cfg = HealthConfig.from_dict(health)
@@ -88,12 +100,13 @@ class Monitor:
         if accelerator == "cpu":
             self.accel = CpuAcceleratorProbe(self.processes, maxlen)
         elif accelerator == "nvml":
-            self.accel = NvmlProbe(maxlen)
+            self.accel = NvmlProbe(maxlen, watch=self.cfg.gpus)
         else:
-            self.accel = make_accelerator_probe(self.processes, maxlen)
+            self.accel = make_accelerator_probe(self.processes, maxlen, watch=self.cfg.gpus)
         if interfaces is None:  # AERIE_ML_ROOT/agent is the node dir; resourceconfig sits beside it
             interfaces = interfaces_from_resourceconfig(
-                self.node_dir.parent / "input" / "config" / "resourceconfig.json")
+                self.node_dir.parent / "input" / "config" / "resourceconfig.json"
+            )
         self.nic = NicProbe(interfaces, sys_root=sys_root, proc_root=proc_root, maxlen=maxlen)
         self.obs = Observations(ProgressProbe(Path(metrics_dir), maxlen=max(maxlen, STEPS_PER_RANK)), self.cfg)
         self.last_sample: dict | None = None
@@ -146,6 +159,7 @@ class Monitor:
             "accelerators": self._accel_latest,
             "nics": [{"name": n, "rx_bps": r["rx_bps"], "tx_bps": r["tx_bps"]} for n, r in self._nic_latest.items()],
             "last_step": prog.last_step(),
+            "last_step_t": prog.last_step_t(),
             "last_loss": prog.last_loss(),
             "step_time_p50": median(times) if times else None,
             "step_time_p95": percentile(times, 95),

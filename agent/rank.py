@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from agent.identity import IdentityError, node_dir, resolve_identity
+
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--":
@@ -25,8 +27,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m agent.rank -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     rank = int(os.environ.get("RANK", "0"))
-    host = os.environ.get("SM_CURRENT_HOST", "localhost")
-    ranks_dir = Path(os.environ.get("AERIE_NODE_DIR", ".")) / "ranks"
+    # The agent exports both; run alone (no agent), they come from the same place the agent reads.
+    host = os.environ.get("SM_CURRENT_HOST") or _current_host()
+    ranks_dir = node_dir() / "ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
     if argv[0] in ("python", "python3"):
         argv = [sys.executable, *argv[1:]]
@@ -56,12 +59,21 @@ def main(argv: list[str]) -> int:
         out.flush()
     code = child.wait()
     sig = -code if code < 0 else None
-    _write(ranks_dir / f"rank-{rank}.exit.json",
-           {"rank": rank, "exit_code": 128 + sig if sig else code, "signal": sig, "t": time.time()})
+    _write(
+        ranks_dir / f"rank-{rank}.exit.json",
+        {"rank": rank, "exit_code": 128 + sig if sig else code, "signal": sig, "t": time.time()},
+    )
     if sig:
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     return code
+
+
+def _current_host() -> str:
+    try:
+        return resolve_identity().current_host
+    except IdentityError:
+        return "localhost"
 
 
 def _write(path: Path, data: object) -> None:

@@ -22,8 +22,9 @@ class Reporter:
     def __init__(self, api: str, token: str, attempt: str, host: str, timeout_s: float = 5.0):
         self.enabled = bool(api and token and attempt)
         self.base = f"/v1/attempts/{attempt}/nodes/{host}"
-        self._client = httpx.Client(base_url=api or "http://127.0.0.1:9", timeout=timeout_s,
-                                    headers={"Authorization": f"Bearer {token}"})
+        self._client = httpx.Client(
+            base_url=api or "http://127.0.0.1:9", timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
+        )
         self._beats: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._drain, name="heartbeats", daemon=True)
         # Verdicts and checkpoints: in order, retried, and never in the way of stopping a hung node

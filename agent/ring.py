@@ -3,10 +3,12 @@
 A deque with ``maxlen`` keeps memory flat however long the job runs; the detectors only ever
 look at the last minutes.
 """
+
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 class Ring:

@@ -1,10 +1,12 @@
 """`python -m agent.slurm LAUNCH_JSON`: one Slurm task's bootstrap, run by `srun` on every node.
 
 The control plane cannot know which nodes Slurm will allocate, so each node builds its own
-container contract here, from Slurm's variables: the hosts from `scontrol show hostnames
-$SLURM_JOB_NODELIST`, the current host from `SLURMD_NODENAME`, the rendezvous address from the
-first host's `NodeAddr`. It then becomes (exec) `python -m agent.entrypoint` with the same
-environment the local backend gives a node, output appended to the node's `logs/node.log`.
+container contract here, from Slurm's variables (`agent.identity.from_slurm`): the hosts from
+`scontrol show hostnames $SLURM_JOB_NODELIST` (sorted, as SageMaker's), the current host from
+`SLURMD_NODENAME`, the rendezvous on the first host's `NodeAddr`, the port derived from the job id.
+It writes SageMaker's `resourceconfig.json`, which the agent then reads as on any backend, and
+becomes (exec) `python -m agent.entrypoint` with the same environment the local backend gives a
+node, output appended to the node's `logs/node.log`.
 
 LAUNCH_JSON (written by `orchestrator.backends.slurm` beside the batch script) carries every user
 value, so nothing a user wrote is ever pasted into shell text. Torch-free, and it imports nothing
@@ -24,10 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.contract import NodeContract, write_json
-
-# Torchrun's rendezvous port when the launch file names none: derived from the Slurm job id, so
-# concurrent jobs on one host (the emulated cluster) do not collide, and every node agrees on it.
-PORT_BASE, PORT_SPAN = 20000, 20000
+from agent.identity import from_slurm
 
 
 def main(argv: list[str]) -> int:
@@ -36,17 +35,19 @@ def main(argv: list[str]) -> int:
     root = Path(launch["root"])
     host = current_host()
     try:
-        hosts = job_hosts(os.environ["SLURM_JOB_NODELIST"])
-        master_addr = node_address(hosts[0])
-        job_id = int(os.environ["SLURM_JOB_ID"])
-        master_port = int(launch.get("master_port") or PORT_BASE + job_id % PORT_SPAN)
-        write_json(root / "hosts.json", {"hosts": hosts, "slurm_job_id": job_id})
+        slurm_vars = {k: v for k, v in os.environ.items() if k.startswith(("SLURM", "SLURMD"))}
+        ident = from_slurm(slurm_vars, expand=job_hosts, root=root / host)
+        master_addr = node_address(ident.master_host)
+        master_port = int(launch.get("master_port") or ident.master_port)
+        write_json(root / "hosts.json", {"hosts": list(ident.hosts), "slurm_job_id": int(os.environ["SLURM_JOB_ID"])})
         contract = NodeContract(
-            ml_root=root / host, hosts=tuple(hosts), current_host=host,
+            ml_root=root / ident.current_host,
+            hosts=ident.hosts,
+            current_host=ident.current_host,
             hyperparameters=dict(launch.get("hyperparameters") or {}),
             channels=dict(launch.get("channels") or {}),
             network_interface=launch.get("network_interface") or interface_towards(master_addr),
-            num_gpus=int(launch.get("num_gpus") or 0),
+            instance_type="slurm",
         )
         contract.write()
         env = compose_env(os.environ, launch.get("env") or {}, contract.env(), master_addr, master_port)
@@ -64,8 +65,13 @@ def main(argv: list[str]) -> int:
     return 1  # pragma: no cover - execve does not return
 
 
-def compose_env(inherited: dict[str, str] | Any, layers: dict[str, dict[str, str]], contract_env: dict[str, str],
-                master_addr: str, master_port: int) -> dict[str, str]:
+def compose_env(
+    inherited: dict[str, str] | Any,
+    layers: dict[str, dict[str, str]],
+    contract_env: dict[str, str],
+    master_addr: str,
+    master_port: int,
+) -> dict[str, str]:
     """The node's environment, layered exactly as `orchestrator.backends.nodeenv.node_env` does."""
     env = {k: v for k, v in dict(inherited).items() if not k.startswith(("AERIE_", "SM_"))}
     env.update(layers.get("user") or {})
@@ -82,8 +88,9 @@ def current_host() -> str:
 
 def job_hosts(nodelist: str) -> list[str]:
     """`node[1-2]` -> ["node1", "node2"], in Slurm's order (the same on every node)."""
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True,
-                         text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True, timeout=30
+    ).stdout
     hosts = [h.strip() for h in out.splitlines() if h.strip()]
     if not hosts:
         raise RuntimeError(f"scontrol show hostnames {nodelist!r} listed no hosts")
@@ -92,8 +99,7 @@ def job_hosts(nodelist: str) -> list[str]:
 
 def node_address(node: str) -> str:
     """The address Slurm itself uses for `node` (NodeAddr: 127.0.0.1 on the emulated cluster)."""
-    out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
-                         timeout=30).stdout
+    out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=30).stdout
     for field in out.split():
         if field.startswith("NodeAddr="):
             return field.split("=", 1)[1]
@@ -120,8 +126,15 @@ def interface_towards(addr: str) -> str:
 def _record_failure(ml_root: Path, host: str, message: str) -> None:
     node_dir = ml_root / "agent"
     node_dir.mkdir(parents=True, exist_ok=True)
-    write_json(node_dir / "exit.json", {"exit_code": 1, "t": time.time(), "host": host,
-                                        "reason": {"kind": "launch.failed", "host": host, "message": message}})
+    write_json(
+        node_dir / "exit.json",
+        {
+            "exit_code": 1,
+            "t": time.time(),
+            "host": host,
+            "reason": {"kind": "launch.failed", "host": host, "message": message},
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,9 @@ from typing import Any
 
 import psutil
 
-from agent.contract import read_json, write_json
+from aerie_contracts.failures import FailureKind
+from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
+from agent.identity import IdentityError, NodeIdentity, ml_root, resolve_identity
 
 log = logging.getLogger("aerie.agent")
 
@@ -56,33 +59,56 @@ class AgentConfig:
     attempt: str = ""
     health: dict[str, Any] = field(default_factory=dict)
     interfaces: tuple[str, ...] = ()
+    identity: NodeIdentity | None = None  # where hosts/host/master came from (None: given directly)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "AgentConfig":
+    def from_env(cls, env: dict[str, str] | None = None) -> AgentConfig:
+        """Identity from the platform's contract (`agent.identity`: resourceconfig.json first),
+        the job from Aerie's AERIE_* variables."""
         env = dict(os.environ if env is None else env)
-        ml_root = Path(env.get("AERIE_ML_ROOT", "/opt/ml"))
-        hosts = tuple(json.loads(env.get("SM_HOSTS", '["algo-1"]')))
-        resource = read_json(ml_root / "input" / "config" / "resourceconfig.json", {}) or {}
-        iface = env.get("SM_NETWORK_INTERFACE_NAME") or resource.get("network_interface_name") or ""
+        try:
+            ident = resolve_identity(env)
+        except IdentityError as exc:
+            # The node cannot start: say why where SageMaker (FailureReason) and the backends look.
+            _write_failure(ml_root(env), {"kind": FailureKind.LAUNCH_FAILED, "message": str(exc)})
+            raise SystemExit(f"agent: {exc}") from exc
         entry = json.loads(env["AERIE_ENTRYPOINT"]) if env.get("AERIE_ENTRYPOINT") else []
         if not entry:
             raise SystemExit("agent: AERIE_ENTRYPOINT is empty: nothing to run")
         return cls(
-            ml_root=ml_root,
-            node_dir=Path(env.get("AERIE_NODE_DIR", str(ml_root / "agent"))),
-            metrics_dir=Path(env.get("AERIE_METRICS_PATH", str(ml_root / "output" / "metrics"))),
-            hosts=hosts,
-            host=env.get("SM_CURRENT_HOST", hosts[0]),
+            ml_root=ident.ml_root,
+            node_dir=ident.node_dir,
+            metrics_dir=Path(env.get("AERIE_METRICS_PATH") or ident.metrics_dir),
+            hosts=ident.hosts,
+            host=ident.current_host,
             entrypoint=tuple(entry),
             procs_per_node=int(env.get("AERIE_PROCS_PER_NODE", "1")),
-            master_addr=env.get("AERIE_MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("AERIE_MASTER_PORT", "29500")),
+            master_addr=ident.master_addr,
+            master_port=ident.master_port,
             workdir=Path(env.get("AERIE_WORKDIR", os.getcwd())),
             api=env.get("AERIE_API", ""),
             token=env.get("AERIE_AGENT_TOKEN", ""),
             attempt=env.get("AERIE_ATTEMPT", ""),
             health=json.loads(env.get("AERIE_HEALTH") or "{}"),
-            interfaces=tuple(i for i in iface.split(",") if i),
+            interfaces=tuple(i.strip() for i in ident.network_interface.split(",") if i.strip()),
+            identity=ident,
+        )
+
+    @property
+    def node_rank(self) -> int:
+        return self.hosts.index(self.host)
+
+    @property
+    def node_identity(self) -> NodeIdentity:
+        if self.identity is not None:
+            return self.identity
+        return NodeIdentity(
+            self.ml_root,
+            self.hosts,
+            self.host,
+            self.master_addr,
+            self.master_port,
+            network_interface=",".join(self.interfaces),
         )
 
     @property
@@ -96,11 +122,18 @@ def rank_command(cfg: AgentConfig) -> list[str]:
     if cfg.world_size == 1:
         return wrapped
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={len(cfg.hosts)}", f"--nproc-per-node={cfg.procs_per_node}",
-        f"--node-rank={cfg.hosts.index(cfg.host)}",
-        f"--master-addr={cfg.master_addr}", f"--master-port={cfg.master_port}",
-        "--max-restarts=0", "--monitor-interval=1", "--no-python", *wrapped,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={len(cfg.hosts)}",
+        f"--nproc-per-node={cfg.procs_per_node}",
+        f"--node-rank={cfg.node_rank}",
+        f"--master-addr={cfg.master_addr}",
+        f"--master-port={cfg.master_port}",
+        "--max-restarts=0",
+        "--monitor-interval=1",
+        "--no-python",
+        *wrapped,
     ]
 
 
@@ -119,6 +152,9 @@ class Supervisor:
         self._reported_checkpoints: set[str] = set()
         self._metrics_batch: list[dict[str, Any]] = []
         self._metrics_sent_at = 0.0
+        self._stop = threading.Event()  # set with stop_requested: ends a channel download
+        self.data_download: dict[str, Any] | None = None  # agent.channels.receive's record
+        self.input_failure: dict[str, Any] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -131,17 +167,33 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         _become_subreaper()
+        if not self._receive_inputs():
+            return self._finish(1)
 
         env = dict(os.environ)
+        # SageMaker sets no SM_* at all: the agent does, as its training toolkit would, and points
+        # the ranks at the agent's own directory (pid and exit files) and the metrics stream.
+        env.update(trainer_env(cfg.node_identity, env))
+        env.update({"AERIE_NODE_DIR": str(cfg.node_dir), "AERIE_METRICS_PATH": str(cfg.metrics_dir)})
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
         if cfg.world_size == 1:
-            env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                        "GROUP_RANK": "0", "MASTER_ADDR": cfg.master_addr, "MASTER_PORT": str(cfg.master_port)})
+            env.update(
+                {
+                    "RANK": "0",
+                    "LOCAL_RANK": "0",
+                    "WORLD_SIZE": "1",
+                    "LOCAL_WORLD_SIZE": "1",
+                    "GROUP_RANK": "0",
+                    "MASTER_ADDR": cfg.master_addr,
+                    "MASTER_PORT": str(cfg.master_port),
+                }
+            )
         cmd = rank_command(cfg)
         log.info("starting %d rank(s) on %s: %s", cfg.procs_per_node, cfg.host, " ".join(cfg.entrypoint))
         # Own session: the whole rank tree can be signalled at once, and only it.
-        self.proc = subprocess.Popen(cmd, cwd=str(cfg.workdir), env=env, start_new_session=True,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd, cwd=str(cfg.workdir), env=env, start_new_session=True, stdin=subprocess.DEVNULL
+        )
         write_json(cfg.node_dir / "trainer.pgid", self.proc.pid)
 
         sample_s = float(cfg.health.get("sample_s", 1.0))
@@ -162,7 +214,35 @@ class Supervisor:
 
     def _on_stop_signal(self, signum, _frame) -> None:
         self.stop_requested = True
+        self._stop.set()
         self._terminate_ranks()
+
+    def _receive_inputs(self) -> bool:
+        """File-mode channels downloaded, FastFile ones checked, before any rank starts
+        (agent.channels). False: the node ends now (input.unavailable, or a stop request)."""
+        from aerie_s3.ranged import Cancelled
+        from agent import channels
+
+        cfg = self.cfg
+
+        def notify(progress: dict[str, Any]) -> None:
+            beat = {"t": time.time(), "host": cfg.host, "phase": DATA_DOWNLOAD, DATA_DOWNLOAD: progress}
+            self.reporter.heartbeat(beat)  # the control plane sees the node alive while it downloads
+
+        try:
+            self.data_download = channels.receive(
+                cfg.ml_root, os.environ, cfg.hosts, cfg.host, stop=self._stop, notify=notify
+            )
+        except channels.InputUnavailable as exc:
+            log.error("%s", exc)
+            self.input_failure = exc.reason(cfg.host)
+            return False
+        except Cancelled:
+            return False  # a stop request: the outcome is user.stop
+        channels.write_record(cfg.node_dir, self.data_download)
+        if self.monitor is not None and hasattr(self.monitor, "started_at"):
+            self.monitor.started_at = time.time()  # startup grace and first-step timeout start with the ranks
+        return True
 
     def _terminate_ranks(self, grace_s: float = TERM_GRACE_S) -> None:
         self._grace_s = min(self._grace_s, grace_s)
@@ -232,33 +312,62 @@ class Supervisor:
         batch = self._metrics_batch
         if batch and (flush or len(batch) >= METRICS_BATCH or now - self._metrics_sent_at >= METRICS_EVERY_S):
             for i in range(0, len(batch), METRICS_BATCH):
-                self.reporter.metrics(batch[i:i + METRICS_BATCH])
+                self.reporter.metrics(batch[i : i + METRICS_BATCH])
             self._metrics_batch, self._metrics_sent_at = [], now
 
     def _summary(self) -> dict[str, Any]:
+        base: dict[str, Any] = {"t": time.time()}
+        if self.data_download is not None:
+            base[DATA_DOWNLOAD] = self.data_download  # for the goodput ledger
         if self.monitor is None:
-            return {"t": time.time()}
+            return base
         try:
-            return {"t": time.time(), **self.monitor.summary()}
+            return {**base, **self.monitor.summary()}
         except Exception:
             log.exception("monitor summary failed")
-            return {"t": time.time()}
+            return base
 
     # --- outcome --------------------------------------------------------------------------
 
     def _finish(self, returncode: int) -> int:
         code, reason = self._outcome(returncode)
+        if code == 0:
+            reason = self._upload_model()
+            code = 1 if reason else 0
         outcome = {"exit_code": code, "reason": reason, "t": time.time(), "host": self.cfg.host}
         write_json(self.cfg.node_dir / "exit.json", outcome)
         if code != 0 and reason:
-            failure = self.cfg.ml_root / "output" / "failure"
-            failure.parent.mkdir(parents=True, exist_ok=True)
-            failure.write_text(f"{reason.get('kind')}: {reason.get('message', '')}\n")
+            _write_failure(self.cfg.ml_root, reason)
         self.reporter.exit(outcome)
         log.info("node %s finished: exit %s %s", self.cfg.host, code, reason or "")
         return code
 
+    def _upload_model(self) -> dict[str, Any] | None:
+        """After a clean run, the first host uploads model/ as SageMaker would (agent/artifacts.py),
+        telling the control plane first (heartbeat `phase: uploading`). The failure reason, or None."""
+        from aerie_contracts import env
+        from aerie_contracts import sagemaker_api as contract
+        from aerie_contracts.failures import FailureKind, reason
+        from agent import artifacts
+
+        uri = env.MODEL_ARTIFACTS_URI.get()
+        if not uri or self.cfg.host != self.cfg.hosts[0]:
+            return None
+        since = time.time()
+        self.reporter.heartbeat(
+            {**self._summary(), contract.PHASE: contract.PHASE_UPLOADING, contract.PHASE_SINCE: since}
+        )
+        try:
+            size = artifacts.upload_model(self.cfg.ml_root / "model", uri)
+        except Exception as exc:
+            log.error("model upload to %s failed: %s", uri, exc)
+            return reason(FailureKind.UPLOAD_FAILED, f"model upload to {uri} failed: {exc}", host=self.cfg.host)
+        log.info("uploaded the model (%d bytes) to %s", size, uri)
+        return None
+
     def _outcome(self, returncode: int) -> tuple[int, dict[str, Any] | None]:
+        if self.input_failure is not None:
+            return 2, self.input_failure
         if self.verdict is not None:
             v = self.verdict
             return 1, {"kind": v["kind"], "message": v["message"], "host": self.cfg.host, "at": v["t"]}
@@ -267,15 +376,23 @@ class Supervisor:
         failed = self._first_failed_rank()
         if failed is not None:
             return failed["exit_code"] or 1, {
-                "kind": "exit.nonzero", "host": self.cfg.host, "rank": failed["rank"],
-                "exit_code": failed["exit_code"], "signal": failed.get("signal"), "at": failed.get("t"),
+                "kind": "exit.nonzero",
+                "host": self.cfg.host,
+                "rank": failed["rank"],
+                "exit_code": failed["exit_code"],
+                "signal": failed.get("signal"),
+                "at": failed.get("t"),
                 "message": f"rank {failed['rank']} exited with code {failed['exit_code']}"
                 + (f" (signal {failed['signal']})" if failed.get("signal") else ""),
             }
         if returncode != 0:
             code = 128 - returncode if returncode < 0 else returncode
-            return code, {"kind": "exit.nonzero", "host": self.cfg.host, "exit_code": code,
-                          "message": f"launcher exited with code {code}"}
+            return code, {
+                "kind": "exit.nonzero",
+                "host": self.cfg.host,
+                "exit_code": code,
+                "message": f"launcher exited with code {code}",
+            }
         return 0, None
 
     def _first_failed_rank(self) -> dict[str, Any] | None:
@@ -283,6 +400,16 @@ class Supervisor:
         failed = [e for e in exits if isinstance(e, dict) and e.get("exit_code")]
         # Ranks torchrun stopped because a peer failed end with SIGTERM later; the first one is the cause.
         return min(failed, key=lambda e: e.get("t", 0.0)) if failed else None
+
+
+def _write_failure(ml_root: Path, reason: dict[str, Any]) -> None:
+    """`output/failure`: "<kind>: <message>", the line SageMaker quotes in FailureReason."""
+    failure = ml_root / "output" / "failure"
+    try:
+        failure.parent.mkdir(parents=True, exist_ok=True)
+        failure.write_text(f"{reason.get('kind')}: {reason.get('message', '')}\n")
+    except OSError:
+        log.exception("cannot write %s", failure)
 
 
 def _json_safe(value: Any) -> Any:
@@ -297,9 +424,15 @@ def _make_monitor(cfg: AgentConfig) -> Any:
         from agent.monitor import Monitor
     except ImportError:  # pragma: no cover - the monitor ships with the agent
         return None
-    return Monitor(node_dir=cfg.node_dir, metrics_dir=cfg.metrics_dir, health=cfg.health,
-                   interfaces=list(cfg.interfaces) or None, host=cfg.host,
-                   sample_s=float(cfg.health.get("sample_s", 1.0)), started_at=time.time())
+    return Monitor(
+        node_dir=cfg.node_dir,
+        metrics_dir=cfg.metrics_dir,
+        health=cfg.health,
+        interfaces=list(cfg.interfaces) or None,
+        host=cfg.host,
+        sample_s=float(cfg.health.get("sample_s", 1.0)),
+        started_at=time.time(),
+    )
 
 
 def _become_subreaper() -> None:

@@ -71,27 +71,40 @@ def main() -> int:
         resumed_first = first_step_time(jobs_dir, job["id"], nxt["number"])
         detect = failed["ended_at"] - healthy[0] if healthy else None
         resume = resumed_first - failed["ended_at"] if resumed_first else None
-        per_fault.append({
-            "fault": fault["kind"], "reason": (failed.get("reason") or {}).get("kind"),
-            "detect_s": round(detect, 2) if detect is not None else None,
-            "resume_s": round(resume, 2) if resume is not None else None,
-            "steps_redone": (healthy[1] - nxt["resumed_step"]) if healthy and nxt.get("resumed_step") else None,
-        })
+        per_fault.append(
+            {
+                "fault": fault["kind"],
+                "reason": (failed.get("reason") or {}).get("kind"),
+                "detect_s": round(detect, 2) if detect is not None else None,
+                "resume_s": round(resume, 2) if resume is not None else None,
+                "steps_redone": (healthy[1] - nxt["resumed_step"]) if healthy and nxt.get("resumed_step") else None,
+            }
+        )
     losses = rank_losses(jobs_dir, job["id"])
     step_s = result.reference_wall_s / max(result.reference)
     recoveries = [(f["detect_s"] or 0) + (f["resume_s"] or 0) + (f["steps_redone"] or 0) * step_s for f in per_fault]
     mean_recovery = statistics.mean(recoveries)
     projection = FAULT_INTERVAL_S / (FAULT_INTERVAL_S + mean_recovery)
-    print(json.dumps({
-        "bench": "chaos", "job_state": job["state"], "attempts": len(attempts),
-        "steps": max(losses[attempts[-1]["number"]]),
-        "wall_s": round(result.wall_s, 1), "fault_free_wall_s": round(result.reference_wall_s, 1),
-        "goodput_measured": round(result.reference_wall_s / result.wall_s, 3),
-        "faults": per_fault, "mean_recovery_s": round(mean_recovery, 1),
-        "goodput_projected_faults_1h_apart": round(projection, 4), "goal": 0.95, "meets_goal": projection >= 0.95,
-        "note": "the measured goodput packs 5 faults into a run of about a minute of training; the projection "
+    print(
+        json.dumps(
+            {
+                "bench": "chaos",
+                "job_state": job["state"],
+                "attempts": len(attempts),
+                "steps": max(losses[attempts[-1]["number"]]),
+                "wall_s": round(result.wall_s, 1),
+                "fault_free_wall_s": round(result.reference_wall_s, 1),
+                "goodput_measured": round(result.reference_wall_s / result.wall_s, 3),
+                "faults": per_fault,
+                "mean_recovery_s": round(mean_recovery, 1),
+                "goodput_projected_faults_1h_apart": round(projection, 4),
+                "goal": 0.95,
+                "meets_goal": projection >= 0.95,
+                "note": "the measured goodput packs 5 faults into a run of about a minute of training; the projection "
                 "spaces them an hour apart at the same recovery cost",
-    }))
+            }
+        )
+    )
     return 0 if job["state"] == "Completed" else 1
 
 

@@ -41,9 +41,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.local.s3proxy import ProxyProcess  # noqa: E402
-from orchestrator.devstack import S3Server  # noqa: E402
-from trainer.checkpoint import manifest, s3io  # noqa: E402
+from infra.local.s3proxy import ProxyProcess
+from orchestrator.devstack import S3Server
+from trainer.checkpoint import manifest, s3io
 
 S3_CAP_MB = 85.0  # what one S3 connection carries on AWS (80-100 MB/s)
 SEED_BYTES = 4e12  # the seed case: 4 TB of checkpoint every 2 hours
@@ -127,8 +127,7 @@ def bench_async_save(torch, uri_base: str, size_bytes: int, threads: int) -> dic
     baseline = statistics.median(step() for _ in range(8))
     uri = manifest.checkpoint_uri(uri_base, 1)
     t0 = time.perf_counter()
-    future = aerie_dcp.save(uri, model, opt, None, {"step": 1}, async_=True, process_group=group,
-                            thread_count=threads)
+    future = aerie_dcp.save(uri, model, opt, None, {"step": 1}, async_=True, process_group=group, thread_count=threads)
     blocked = time.perf_counter() - t0
     steps = []
     while not future.done():
@@ -157,11 +156,16 @@ def main() -> None:
     p.add_argument("--size-mb", type=float, default=200.0, help="state dict size")
     p.add_argument("--cap-mb", default="auto", help="per-connection cap, MB/s, or 'auto' (scaled, see above)")
     p.add_argument("--threads", type=int, default=8, help="DCP writer threads (files at once)")
-    p.add_argument("--connections", type=int, default=16,
-                   help="ranged GETs at once in a restore (DCP reader and parallel_get)")
-    p.add_argument("--part-mb", type=float, default=5.0,
-                   help="CRT part size of saves (S3's minimum, 5 MiB: with the cap scaled down, small parts "
-                        "keep enough of them in flight per file); restores use AERIE_S3_READ_PART_SIZE")
+    p.add_argument(
+        "--connections", type=int, default=16, help="ranged GETs at once in a restore (DCP reader and parallel_get)"
+    )
+    p.add_argument(
+        "--part-mb",
+        type=float,
+        default=5.0,
+        help="CRT part size of saves (S3's minimum, 5 MiB: with the cap scaled down, small parts "
+        "keep enough of them in flight per file); restores use AERIE_S3_READ_PART_SIZE",
+    )
     p.add_argument("--single-stream-mb", type=float, default=64.0, help="bytes read by the one-stream GET")
     p.add_argument("--nodes", default="64,128,512", help="node counts for the seed projection")
     p.add_argument("--no-async", action="store_true", help="skip the async-save stall measurement")
@@ -176,12 +180,18 @@ def main() -> None:
     proxy = None
     try:
         link = measure_link(server, args.connections, 64 << 20)
-        cap = (min(S3_CAP_MB * MB, 0.5 * link / args.connections) if args.cap_mb == "auto"
-               else float(args.cap_mb) * MB)
-        log(f"moto uncapped, {args.connections} connections: {link / MB:.0f} MB/s; cap per connection {cap / MB:.2f} MB/s")
+        cap = min(S3_CAP_MB * MB, 0.5 * link / args.connections) if args.cap_mb == "auto" else float(args.cap_mb) * MB
+        log(
+            f"moto uncapped, {args.connections} connections: {link / MB:.0f} MB/s; "
+            f"cap per connection {cap / MB:.2f} MB/s"
+        )
         proxy = ProxyProcess("127.0.0.1", server.port, cap, str(work / "proxy-stats.json"))
-        env = {**server.env(), "AERIE_S3_ENDPOINT": proxy.endpoint_url, "AWS_ENDPOINT_URL": proxy.endpoint_url,
-               "AERIE_S3_PART_SIZE": str(part)}
+        env = {
+            **server.env(),
+            "AERIE_S3_ENDPOINT": proxy.endpoint_url,
+            "AWS_ENDPOINT_URL": proxy.endpoint_url,
+            "AERIE_S3_PART_SIZE": str(part),
+        }
         os.environ.update(env)
         settings = s3io.S3Settings.from_env()
         client = s3io.boto3_client(settings)
@@ -210,15 +220,18 @@ def main() -> None:
             client.upload_file(str(local), bucket, "bench/baseline/state.pt")
         file_bytes = local.stat().st_size
         b_rate = n_bytes / b.seconds
-        log(f"(b) torch.save + upload_file: {b.seconds:.1f} s ({disk_s:.1f} s to disk), {b_rate / MB:.1f} MB/s, "
-            f"peak {b.peak} connections")
+        log(
+            f"(b) torch.save + upload_file: {b.seconds:.1f} s ({disk_s:.1f} s to disk), {b_rate / MB:.1f} MB/s, "
+            f"peak {b.peak} connections"
+        )
         local.unlink()
 
         # (c) restores.
         single_bytes = int(min(args.single_stream_mb * MB, file_bytes))
         with phase(proxy) as c1:
-            body = client.get_object(Bucket=bucket, Key="bench/baseline/state.pt",
-                                     Range=f"bytes=0-{single_bytes - 1}")["Body"].read()
+            body = client.get_object(Bucket=bucket, Key="bench/baseline/state.pt", Range=f"bytes=0-{single_bytes - 1}")[
+                "Body"
+            ].read()
         assert len(body) == single_bytes
         single_rate = single_bytes / c1.seconds
         log(f"(c) one-stream GET: {single_rate / MB:.2f} MB/s")
@@ -234,8 +247,9 @@ def main() -> None:
         dcp.load(out, storage_reader=s3io.storage_reader(uri, connections=args.connections, settings=direct))
         link_dcp = n_bytes / (time.perf_counter() - t0)
         t0 = time.perf_counter()
-        s3io.parallel_get(f"s3://{bucket}/bench/baseline/state.pt", connections=args.connections,
-                          part_size=pget_part, settings=direct)
+        s3io.parallel_get(
+            f"s3://{bucket}/bench/baseline/state.pt", connections=args.connections, part_size=pget_part, settings=direct
+        )
         link_pget = file_bytes / (time.perf_counter() - t0)
         log(f"uncapped (direct to moto): DCP restore {link_dcp / MB:.1f} MB/s, parallel GET {link_pget / MB:.1f} MB/s")
 
@@ -248,15 +262,22 @@ def main() -> None:
         del out
 
         with phase(proxy) as c3:
-            blob = s3io.parallel_get(f"s3://{bucket}/bench/baseline/state.pt", connections=args.connections,
-                                     part_size=pget_part, settings=settings)
+            blob = s3io.parallel_get(
+                f"s3://{bucket}/bench/baseline/state.pt",
+                connections=args.connections,
+                part_size=pget_part,
+                settings=settings,
+            )
         assert len(blob) == file_bytes
         pget_rate = file_bytes / c3.seconds
         log(f"(c) parallel ranged GET: {pget_rate / MB:.1f} MB/s, peak {c3.peak} connections")
         del blob
 
-        async_result = {"skipped": True} if args.no_async else bench_async_save(
-            torch, f"s3://{bucket}/bench/async", n_bytes, args.threads)
+        async_result = (
+            {"skipped": True}
+            if args.no_async
+            else bench_async_save(torch, f"s3://{bucket}/bench/async", n_bytes, args.threads)
+        )
         log(f"async save: {async_result}")
 
         # Goals.
@@ -312,11 +333,14 @@ def main() -> None:
                 "measured_node_MBps": round(a_rate / MB, 2),
                 "node_MBps_at_s3_cap": round(aws_node_rate / MB, 1),
                 "note": "at_s3_cap scales the measured rate by 85 MB/s / cap (same connection parallelism); "
-                        "a real node is also bounded by its NIC and by S3 prefix request rates",
+                "a real node is also bounded by its NIC and by S3 prefix request rates",
                 "save_s_by_nodes": {str(n): round(SEED_BYTES / (n * aws_node_rate), 1) for n in nodes},
-                "share_of_interval_by_nodes": {str(n): round(SEED_BYTES / (n * aws_node_rate) / SEED_INTERVAL_S, 4)
-                                               for n in nodes},
-                "nodes_for_save_within_10pct_of_interval": int(-(-SEED_BYTES // (0.1 * SEED_INTERVAL_S * aws_node_rate))),
+                "share_of_interval_by_nodes": {
+                    str(n): round(SEED_BYTES / (n * aws_node_rate) / SEED_INTERVAL_S, 4) for n in nodes
+                },
+                "nodes_for_save_within_10pct_of_interval": int(
+                    -(-SEED_BYTES // (0.1 * SEED_INTERVAL_S * aws_node_rate))
+                ),
             },
         }
         print(json.dumps(result))

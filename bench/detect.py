@@ -41,14 +41,19 @@ def measure(cp: ControlPlane, work: Path, name: str, fault: dict) -> dict:
     attempt = job["attempt_list"][0]
     recs = step_records(cp.home / "jobs" / job["id"] / "attempt-1", rank=None)
     healthy = [r for r in recs if r["step"] < FAULT_STEP]
-    fault_at = max(r["t"] for r in healthy) if fault["kind"] != "nan" else min(
-        r["t"] for r in recs if r["step"] == FAULT_STEP)
+    fault_at = (
+        max(r["t"] for r in healthy) if fault["kind"] != "nan" else min(r["t"] for r in recs if r["step"] == FAULT_STEP)
+    )
     verdicts = [v for v in job["verdicts"] if v["kind"] == (attempt.get("reason") or {}).get("kind")]
     detected_at = verdicts[0]["t"] if verdicts else attempt["ended_at"]
     step_times = sorted(r["step_s"] for r in healthy if r["step"] > 2 and r.get("step_s"))
     p95 = step_times[int(0.95 * (len(step_times) - 1))] if step_times else None
-    return {"reason": (attempt.get("reason") or {}).get("kind"), "detect_s": detected_at - fault_at,
-            "ended_s": attempt["ended_at"] - fault_at, "p95_step_s": p95}
+    return {
+        "reason": (attempt.get("reason") or {}).get("kind"),
+        "detect_s": detected_at - fault_at,
+        "ended_s": attempt["ended_at"] - fault_at,
+        "p95_step_s": p95,
+    }
 
 
 def main() -> int:
@@ -82,9 +87,17 @@ def main() -> int:
     finally:
         cp.stop()
         cp.cleanup_nodes()
-    print(json.dumps({"bench": "detect", "runs_per_fault": args.runs, "collective_timeout_s": COLLECTIVE_TIMEOUT_S,
-                      "health": FAST_HEALTH,
-                      "faults": results}))
+    print(
+        json.dumps(
+            {
+                "bench": "detect",
+                "runs_per_fault": args.runs,
+                "collective_timeout_s": COLLECTIVE_TIMEOUT_S,
+                "health": FAST_HEALTH,
+                "faults": results,
+            }
+        )
+    )
     return 0
 
 

@@ -59,11 +59,18 @@ def register_nodes(db_url: str, nodes: int) -> list[tuple[str, str, str]]:
 
 
 def summary(step: int) -> dict:
-    return {"t": time.time(), "accelerators": [{"index": i, "util": random.uniform(90, 100), "mem_used": 7.1e10}
-                                                 for i in range(8)],
-            "nics": [{"name": "eth0", "rx_bps": 1.2e10, "tx_bps": 1.1e10}], "last_step": step, "last_loss": 2.1,
-            "step_time_p50": 1.02, "step_time_p95": 1.10, "in_checkpoint": False, "in_eval": False,
-            "processes": [{"rank": i, "pid": 1000 + i, "state": "running", "cpu": 99.0} for i in range(8)]}
+    return {
+        "t": time.time(),
+        "accelerators": [{"index": i, "util": random.uniform(90, 100), "mem_used": 7.1e10} for i in range(8)],
+        "nics": [{"name": "eth0", "rx_bps": 1.2e10, "tx_bps": 1.1e10}],
+        "last_step": step,
+        "last_loss": 2.1,
+        "step_time_p50": 1.02,
+        "step_time_p95": 1.10,
+        "in_checkpoint": False,
+        "in_eval": False,
+        "processes": [{"rank": i, "pid": 1000 + i, "state": "running", "cpu": 99.0} for i in range(8)],
+    }
 
 
 async def _load(url: str, nodes: list, seconds: float, concurrency: int, out: mp.Queue) -> None:
@@ -82,9 +89,11 @@ async def _load(url: str, nodes: list, seconds: float, concurrency: int, out: mp
             attempt, node, token = nodes[i % len(nodes)]
             i += concurrency
             body = json.dumps(summary(i)).encode()
-            head = (f"POST /v1/attempts/{attempt}/nodes/{node}/heartbeat HTTP/1.1\r\nHost: {host}\r\n"
-                    f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            head = (
+                f"POST /v1/attempts/{attempt}/nodes/{node}/heartbeat HTTP/1.1\r\nHost: {host}\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
             t0 = time.perf_counter()
             writer.write(head + body)
             status_line = await reader.readline()
@@ -115,9 +124,13 @@ def run_store(label: str, db_url: str, nodes_n: int, seconds: float, concurrency
     home = Path(tempfile.mkdtemp(prefix=f"aerie-bench-hb-{label}-"))
     port = free_port()
     env = {**os.environ, "AERIE_HOME": str(home), "AERIE_DATABASE_URL": db_url}
-    server = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "up", "--api-only", "--no-s3",
-                               "--port", str(port)], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "up", "--api-only", "--no-s3", "--port", str(port)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -136,8 +149,12 @@ def run_store(label: str, db_url: str, nodes_n: int, seconds: float, concurrency
         server.wait(timeout=20)
     latencies.sort()
     pct = lambda p: latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else None  # noqa: E731
-    return {"accepted_per_s": round(len(latencies) / seconds, 1), "errors": errors,
-            "p50_ms": round(pct(0.50), 2), "p99_ms": round(pct(0.99), 2)}
+    return {
+        "accepted_per_s": round(len(latencies) / seconds, 1),
+        "errors": errors,
+        "p50_ms": round(pct(0.50), 2),
+        "p99_ms": round(pct(0.99), 2),
+    }
 
 
 def main() -> int:
@@ -158,21 +175,35 @@ def main() -> int:
         with admin.connect() as c:
             c.execute(text(f'CREATE DATABASE "{name}"'))
         try:
-            pg = run_store("postgres", PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", args.nodes, args.seconds,
-                           args.concurrency)
+            pg = run_store(
+                "postgres", PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", args.nodes, args.seconds, args.concurrency
+            )
         finally:
             with admin.connect() as c:
                 c.execute(text(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
                 c.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
     if "sqlite" in stores:
-        sqlite = run_store("sqlite", f"sqlite:///{tempfile.mkdtemp()}/aerie.db", args.nodes, args.seconds,
-                           args.concurrency)
-    print(json.dumps({"bench": "heartbeats", "nodes": args.nodes, "seconds": args.seconds,
-                      "concurrency": args.concurrency, "cpus": os.cpu_count(), "postgres": pg, "sqlite": sqlite,
-                      "goal": {"accepted_per_s": 2000, "p99_ms": 100},
-                      "meets_goal": bool(pg) and pg["accepted_per_s"] >= 2000 and pg["p99_ms"] < 100,
-                      "sqlite_vs_postgres": (round(sqlite["accepted_per_s"] / max(pg["accepted_per_s"], 1e-9), 2)
-                                             if pg and sqlite else None)}))
+        sqlite = run_store(
+            "sqlite", f"sqlite:///{tempfile.mkdtemp()}/aerie.db", args.nodes, args.seconds, args.concurrency
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "heartbeats",
+                "nodes": args.nodes,
+                "seconds": args.seconds,
+                "concurrency": args.concurrency,
+                "cpus": os.cpu_count(),
+                "postgres": pg,
+                "sqlite": sqlite,
+                "goal": {"accepted_per_s": 2000, "p99_ms": 100},
+                "meets_goal": bool(pg) and pg["accepted_per_s"] >= 2000 and pg["p99_ms"] < 100,
+                "sqlite_vs_postgres": (
+                    round(sqlite["accepted_per_s"] / max(pg["accepted_per_s"], 1e-9), 2) if pg and sqlite else None
+                ),
+            }
+        )
+    )
     return 0
 
 

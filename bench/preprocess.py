@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.data import preprocess, train_bpe, write_stdlib_corpus  # noqa: E402
+from trainer.data import preprocess, train_bpe, write_stdlib_corpus
 
 
 def _own_cpu_s() -> float:
@@ -46,8 +46,14 @@ def main() -> None:
             for workers in (1, 2):
                 cpu = _own_cpu_s()
                 stats = preprocess(
-                    corpus, "text", tok.source, tmp / f"w{workers}", workers, append_eod=True,
-                    chunksize=args.chunksize, progress=True,
+                    corpus,
+                    "text",
+                    tok.source,
+                    tmp / f"w{workers}",
+                    workers,
+                    append_eod=True,
+                    chunksize=args.chunksize,
+                    progress=True,
                 )
                 stats["main_cpu_s"] = _own_cpu_s() - cpu
                 runs[workers].append(stats)
@@ -57,22 +63,26 @@ def main() -> None:
             for ext in (".bin", ".idx")
         )
     one, two = results[1], results[2]
-    print(json.dumps({
-        "bench": "preprocess",
-        "tokens": one["tokens"],
-        "docs": one["docs"],
-        "corpus_mb": round(one["bytes"] / 1e6, 2),
-        "vocab_size": one["vocab_size"],
-        "tokens_per_s_1w": round(one["tokens_per_s"]),
-        "tokens_per_s_2w": round(two["tokens_per_s"]),
-        "ratio_2w_vs_1w": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
-        "identical_output": same_output,
-        # CPU the main process spends (reading, writing) per CPU of the whole 1-worker run: the
-        # serial fraction that bounds the speed-up, independent of the machine's load.
-        "serial_cpu_fraction_2w": round(two["main_cpu_s"] / one["main_cpu_s"], 3),
-        "cpus": os.cpu_count(),
-        "loadavg_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the ratio
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "preprocess",
+                "tokens": one["tokens"],
+                "docs": one["docs"],
+                "corpus_mb": round(one["bytes"] / 1e6, 2),
+                "vocab_size": one["vocab_size"],
+                "tokens_per_s_1w": round(one["tokens_per_s"]),
+                "tokens_per_s_2w": round(two["tokens_per_s"]),
+                "ratio_2w_vs_1w": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
+                "identical_output": same_output,
+                # CPU the main process spends (reading, writing) per CPU of the whole 1-worker run: the
+                # serial fraction that bounds the speed-up, independent of the machine's load.
+                "serial_cpu_fraction_2w": round(two["main_cpu_s"] / one["main_cpu_s"], 3),
+                "cpus": os.cpu_count(),
+                "loadavg_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the ratio
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -54,11 +54,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import parallel, pricing  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.export import from_hf_state_dict, to_hf_config  # noqa: E402
-from trainer.models import ModelConfig, build_model, get_preset  # noqa: E402
-from trainer.train import build_optimizer, train_step  # noqa: E402
+from trainer import parallel, pricing
+from trainer.config import TrainConfig
+from trainer.export import from_hf_state_dict, to_hf_config
+from trainer.models import ModelConfig, build_model, get_preset
+from trainer.train import build_optimizer, train_step
 
 SMALL = dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=8192)
 # --shape: family -> model config. "small" (default): a few million parameters, an 8k vocabulary.
@@ -71,8 +71,16 @@ SHAPES: dict[str, dict[str, ModelConfig]] = {
     },
     "pythia-70m": {
         "gpt_neox": get_preset("pythia-70m"),
-        "llama": get_preset("llama-tiny", hidden_size=512, num_layers=6, num_heads=8, num_kv_heads=4,
-                            intermediate_size=1376, vocab_size=32000, max_seq_len=2048),
+        "llama": get_preset(
+            "llama-tiny",
+            hidden_size=512,
+            num_layers=6,
+            num_heads=8,
+            num_kv_heads=4,
+            intermediate_size=1376,
+            vocab_size=32000,
+            max_seq_len=2048,
+        ),
     },
 }
 FAMILIES = ("gpt_neox", "llama")
@@ -142,9 +150,15 @@ def build_runner(family: str, variant: str, args) -> Runner:
             parallel.apply_compile(model)  # what `compile: true` does in the trainer
     # The trainer's defaults (lr, betas, eps, weight decay, clip, warmup/cosine), this batch shape;
     # steps is the schedule's length (long enough that the LR stays well above zero).
-    train_cfg = TrainConfig.model_validate({
-        "data": {"corpus": "stdlib"}, "seq_len": args.seq, "micro_batch_size": args.batch, "steps": 1000,
-        "precision": "bf16" if variant.endswith("bf16") else "fp32"})
+    train_cfg = TrainConfig.model_validate(
+        {
+            "data": {"corpus": "stdlib"},
+            "seq_len": args.seq,
+            "micro_batch_size": args.batch,
+            "steps": 1000,
+            "precision": "bf16" if variant.endswith("bf16") else "fp32",
+        }
+    )
     return Runner(model, tokens, train_cfg)
 
 
@@ -170,7 +184,11 @@ def paired_ratio(times: dict[str, list[float]], ours: str, theirs: str) -> float
 
 
 def compare(family: str, args, compiled: bool, bf16: bool) -> dict:
-    names = ["hf", "ours"] + (["hf_bf16", "ours_bf16"] if bf16 else []) + (["hf_compiled", "ours_compiled"] if compiled else [])
+    names = (
+        ["hf", "ours"]
+        + (["hf_bf16", "ours_bf16"] if bf16 else [])
+        + (["hf_compiled", "ours_compiled"] if compiled else [])
+    )
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = {}, []
     for name in names:
@@ -190,7 +208,7 @@ def compare(family: str, args, compiled: bool, bf16: bool) -> dict:
     wall: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     for i in range(args.rounds):
-        order = names[i % len(names):] + names[:i % len(names)]  # rotate who goes first
+        order = names[i % len(names) :] + names[: i % len(names)]  # rotate who goes first
         for name in order:  # one process at a time has the cores
             pipes[name].send(args.steps)
             w, c = pipes[name].recv()
@@ -205,9 +223,12 @@ def compare(family: str, args, compiled: bool, bf16: bool) -> dict:
     rate = {n: round(tokens_per_round / statistics.median(t), 1) for n, t in wall.items()}
 
     def line(ours: str, theirs: str) -> dict:
-        return {"hf_tokens_per_s": rate[theirs], "ours_tokens_per_s": rate[ours],
-                "ratio": round(paired_ratio(wall, ours, theirs), 3),
-                "ratio_cpu_time": round(paired_ratio(cpu, ours, theirs), 3)}
+        return {
+            "hf_tokens_per_s": rate[theirs],
+            "ours_tokens_per_s": rate[ours],
+            "ratio": round(paired_ratio(wall, ours, theirs), 3),
+            "ratio_cpu_time": round(paired_ratio(cpu, ours, theirs), 3),
+        }
 
     out = {"eager": line("ours", "hf")}
     if bf16:
@@ -232,24 +253,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--family", choices=FAMILIES, action="append")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="small",
-                        help="model sizes: 'small' (default) or the published pythia-70m (and a LLaMA of its scale)")
-    parser.add_argument("--no-compile", dest="compile", action="store_false",
-                        help="skip the torch.compile comparison")
-    parser.add_argument("--no-bf16", dest="bf16", action="store_false",
-                        help="skip the bf16 autocast comparison (`precision: bf16`)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="small",
+        help="model sizes: 'small' (default) or the published pythia-70m (and a LLaMA of its scale)",
+    )
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile comparison")
+    parser.add_argument(
+        "--no-bf16", dest="bf16", action="store_false", help="skip the bf16 autocast comparison (`precision: bf16`)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     import transformers
 
     result: dict = {
-        "bench": "trainer_vs_hf", "device": "cpu", "threads": args.threads, "batch": args.batch,
-        "seq_len": args.seq, "shape": args.shape,
-        "configs": {f: dataclasses.asdict(SHAPES[args.shape][f]) for f in args.family or FAMILIES}, "dtype": "float32 weights; eager and compiled lines fp32 compute",
+        "bench": "trainer_vs_hf",
+        "device": "cpu",
+        "threads": args.threads,
+        "batch": args.batch,
+        "seq_len": args.seq,
+        "shape": args.shape,
+        "configs": {f: dataclasses.asdict(SHAPES[args.shape][f]) for f in args.family or FAMILIES},
+        "dtype": "float32 weights; eager and compiled lines fp32 compute",
         "cpu_bf16": pricing.cpu_bf16_unit() or "none (emulated: slow for both)",
         "step": "trainer.train.train_step (loss, backward, clip, fused AdamW, schedule)",
-        "torch": torch.__version__, "transformers": transformers.__version__, "goal_ratio": GOAL,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "goal_ratio": GOAL,
     }
     meets: dict[str, bool] = {}
     for family in args.family or FAMILIES:

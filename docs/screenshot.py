@@ -30,9 +30,17 @@ def main(out: Path) -> None:
     (root / "home").mkdir()
     cp = ControlPlane(root / "home", extra_env={"AERIE_WEB_HEALTH_EVERY_S": "2"}).start()
     try:
-        spec = trainer_spec(root / "spec.json", NAME, steps=160, nodes=1, procs=2,
-                            faults=[{"kind": "busy_hang", "step": 40, "rank": 1}],
-                            checkpoint_uri=f"file://{root / 'ckpt'}", every_steps=10, max_restarts=1)
+        spec = trainer_spec(
+            root / "spec.json",
+            NAME,
+            steps=160,
+            nodes=1,
+            procs=2,
+            faults=[{"kind": "busy_hang", "step": 40, "rank": 1}],
+            checkpoint_uri=f"file://{root / 'ckpt'}",
+            every_steps=10,
+            max_restarts=1,
+        )
         cp.cli("submit", str(spec), check=True)
         job = cp.wait_state(NAME, {"Completed", "Failed", "Stopped"}, timeout_s=600)
         print(f"job {job['id']} {job['state']} after {len(job['attempt_list'])} attempts", flush=True)

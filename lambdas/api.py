@@ -1,7 +1,11 @@
 """The handlers' line to the control plane: JSON over HTTP with the standard library only.
 
 Where the API is and which token to use comes from the context (in-process delivery sets
-`aerie_api`/`aerie_token`) or the environment (`AERIE_API`, `AERIE_SERVICE_TOKEN` in AWS Lambda).
+`aerie_api`/`aerie_token`) or the environment: `AERIE_API`, and `AERIE_SERVICE_TOKEN` or, as the
+CDK app configures the Lambda functions, `AERIE_SERVICE_TOKEN_ARN`, the Secrets Manager secret
+holding it (read once per Lambda container with boto3, which the Lambda runtime provides, so the
+token never sits in the function's configuration). `secret_setting` does the same for the Slack
+secrets.
 """
 
 from __future__ import annotations
@@ -29,15 +33,19 @@ class Api:
         self.timeout_s = timeout_s
 
     @classmethod
-    def from_context(cls, context: Any) -> "Api":
+    def from_context(cls, context: Any) -> Api:
         base = getattr(context, "aerie_api", "") or os.environ.get("AERIE_API", "")
-        token = getattr(context, "aerie_token", "") or os.environ.get("AERIE_SERVICE_TOKEN", "")
+        token = getattr(context, "aerie_token", "") or secret_setting("AERIE_SERVICE_TOKEN")
         return cls(base, token)
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                 raw = r.read()
@@ -47,3 +55,26 @@ class Api:
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+
+
+_secrets: dict[str, str] = {}
+
+
+def secret_setting(name: str, *fallbacks: str) -> str:
+    """A secret the handler needs: the variable `name` (or a fallback variable), else the Secrets
+    Manager secret named by `name` + `_ARN`, which is how the CDK app passes every secret to the
+    Lambda functions (AERIE_SERVICE_TOKEN_ARN, AERIE_SLACK_BOT_TOKEN_ARN, AERIE_SLACK_SIGNING_SECRET_ARN)."""
+    for var in (name, *fallbacks):
+        if os.environ.get(var):
+            return os.environ[var]
+    arn = os.environ.get(f"{name}_ARN")
+    return secret_value(arn) if arn else ""
+
+
+def secret_value(secret_id: str) -> str:
+    """A Secrets Manager secret's string, fetched once per process (a Lambda container)."""
+    if secret_id not in _secrets:
+        import boto3
+
+        _secrets[secret_id] = boto3.client("secretsmanager").get_secret_value(SecretId=secret_id)["SecretString"]
+    return _secrets[secret_id]

@@ -6,24 +6,33 @@ Triggered by "Aerie Attempt State Change" events with state Failed (and by SageM
   2. the user's fault (`user.error`, an exit code the spec marks non-retryable) -> job Failed;
   3. retry budget (`retry.max_restarts`) spent -> job Failed with the last failure's reason;
   4. otherwise -> attempt N+1, resuming from `last_good` of the job's checkpoint prefix and
-     excluding nodes that verdicts blamed.
-Idempotent: attempt N+1 is created by the store under a (job, number) unique constraint, so a
-redelivered or duplicated event gets 409 and changes nothing.
+     excluding every node blamed `retry.exclude_after_blames` times (blames not yet cleared).
+Whether a failure is retried, and whether it can blame a node at all, is the policy table of
+`aerie_contracts.failures`; which node a failure blames comes from the evidence
+(`lambdas/blame.py`), and is recorded through the API before the decision, whatever it is, so
+`aerie describe` shows it. Idempotent: a blame is recorded once per (attempt, host), and attempt
+N+1 is created by the store under a (job, number) unique constraint, so a redelivered or
+duplicated event gets 409 and changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import urllib.parse
+from collections import Counter
 from typing import Any
 
+from aerie_contracts.events import DetailType
+from aerie_contracts.failures import FailureKind, policy
 from lambdas.api import Api, ApiError
+from lambdas.blame import blame_attempt
 
 log = logging.getLogger("aerie.lambdas.chain_restart")
 
-SAGEMAKER_STATE_CHANGE = "SageMaker Training Job State Change"
-# Failures that are not the user's code: restart them.
-RETRYABLE = {"silent.hang", "silent.gpu_idle", "silent.nic_stall", "loss.nan", "loss.spike", "node.lost",
-             "node.straggler", "exit.nonzero", "launch.failed", "checkpoint.failed", "sagemaker.failed"}
+SAGEMAKER_STATE_CHANGE = DetailType.SAGEMAKER_TRAINING_JOB_STATE_CHANGE.value
+# Backends that provision fresh machines for every attempt: their host names (algo-1..N) are
+# positions, not machines, so there is nothing to exclude; blame is still recorded.
+REPLACES_NODES_ITSELF = frozenset({"sagemaker"})
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -40,67 +49,140 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if number != latest:
         return {"action": "none", "why": f"attempt {number} is not the latest ({latest})"}
     failed = next(a for a in attempts if a["number"] == number)
+    if failed["state"] != "Failed":
+        # SageMaker's own event may beat the control plane's poll; the control plane's event for
+        # the same failure follows once it records it, and is handled then.
+        return {"action": "none", "why": f"attempt {number} is {failed['state']} in the store, not Failed yet"}
     spec = job["spec"]
     reason = failed.get("reason") or detail.get("reason") or {}
 
+    blames, blame_why = blame_attempt(job, failed)
+    recorded = api.call("POST", f"/v1/jobs/{job['id']}/attempts/{number}/blames", {"blames": blames})
+
     verdict = classify(reason, spec)
     if verdict != "retry":
-        return _fail(api, job, {**reason, "kind": reason.get("kind", "exit.nonzero"),
-                                "message": f"not retried: {verdict}. {reason.get('message', '')}".strip()})
+        return _fail(
+            api,
+            job,
+            {
+                **reason,
+                "kind": reason.get("kind", "exit.nonzero"),
+                "message": f"not retried: {verdict}. {reason.get('message', '')}".strip(),
+            },
+        )
     max_restarts = int(spec.get("retry", {}).get("max_restarts", 0))
     if number - 1 >= max_restarts:
         # The job fails with its last failure's own kind: that is the cause a person needs.
-        return _fail(api, job, {**reason, "retry_exhausted": True, "attempts": number,
-                                "message": f"{reason.get('message', '')} — {number} attempt(s) failed, "
-                                           f"retry.max_restarts={max_restarts}".strip(" —")})
+        return _fail(
+            api,
+            job,
+            {
+                **reason,
+                "retry_exhausted": True,
+                "attempts": number,
+                "message": f"{reason.get('message', '')} — {number} attempt(s) failed, "
+                f"retry.max_restarts={max_restarts}".strip(" —"),
+            },
+        )
 
-    resume_from = last_good_checkpoint(spec, job["id"])
-    exclude = sorted(set(failed.get("exclude_nodes") or []) | blamed_hosts(job, failed, spec))
-    body = {"number": number + 1, "resume_from": resume_from, "exclude_nodes": exclude,
-            "cause": {"event_id": event.get("id"), "failed_attempt": number, "reason": reason}}
+    resume_from = last_good_checkpoint(spec, job["id"], api)
+    exclude = excluded_hosts(job, recorded, spec)
+    body = {
+        "number": number + 1,
+        "resume_from": resume_from,
+        "exclude_nodes": exclude,
+        "cause": {
+            "event_id": event.get("id"),
+            "failed_attempt": number,
+            "reason": reason,
+            "blamed": [b["host"] for b in blames],
+            "blame": blame_why,
+        },
+    }
     try:
         api.call("POST", f"/v1/jobs/{job['id']}/attempts", body)
     except ApiError as exc:
         if exc.status == 409:  # someone (a redelivery) already created it
             return {"action": "none", "why": "attempt already created"}
         raise
-    log.info("job %s: attempt %d failed (%s); attempt %d resumes from %s", job["id"], number,
-             reason.get("kind"), number + 1, resume_from or "scratch")
+    log.info(
+        "job %s: attempt %d failed (%s); attempt %d resumes from %s",
+        job["id"],
+        number,
+        reason.get("kind"),
+        number + 1,
+        resume_from or "scratch",
+    )
     return {"action": "restart", "attempt": number + 1, "resume_from": resume_from, "exclude_nodes": exclude}
 
 
 def classify(reason: dict[str, Any], spec: dict[str, Any]) -> str:
-    """'retry', or why not."""
-    kind = reason.get("kind", "exit.nonzero")
-    if kind == "user.error":
-        return "the job's input or code is wrong (user.error)"
-    if kind == "exit.nonzero" and not reason.get("signal"):
+    """'retry', or why not (the policy table of `aerie_contracts.failures`, and the spec's
+    `retry.non_retryable_exit_codes` for an exit code that was not a signal)."""
+    kind = reason.get("kind") or FailureKind.EXIT_NONZERO.value
+    rule = policy(kind)
+    if rule is None:
+        return f"failure kind {kind!r} is not a known kind"
+    if rule.user_error:
+        return f"the job's input or code is wrong ({kind})"
+    if kind == FailureKind.EXIT_NONZERO and not reason.get("signal"):
         code = reason.get("exit_code")
         if code in set(spec.get("retry", {}).get("non_retryable_exit_codes", [])):
             return f"exit code {code} is marked non-retryable in retry.non_retryable_exit_codes"
-    if kind not in RETRYABLE and not kind.startswith(("silent.", "loss.", "node.")):
-        return f"failure kind {kind!r} is not retryable"
+    if not rule.retry:
+        return f"failure kind {kind!r} is not retryable ({rule.meaning})"
     return "retry"
 
 
-def last_good_checkpoint(spec: dict[str, Any], job_id: str) -> str | None:
-    """The newest verified checkpoint of the job, or None (start from scratch)."""
+def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Api | None = None) -> str | None:
+    """The newest verified checkpoint of the job, or None (start from scratch).
+
+    With the API, only checkpoints the control plane recorded count (fencing: a superseded
+    attempt's commit is never recorded), and recorded ones that fail verification in S3 are
+    reported `bad`, so the record tells the truth and the next decision skips them."""
     ckpt = spec.get("checkpoint") or {}
     if not ckpt.get("s3_uri"):
         return None
-    from trainer.checkpoint.manifest import last_good
+    from trainer.checkpoint.manifest import list_checkpoints
 
-    return last_good(ckpt["s3_uri"].rstrip("/") + "/" + job_id)
+    prefix = ckpt["s3_uri"].rstrip("/") + "/" + job_id
+    recorded = recorded_checkpoints(api, job_id) if api is not None else None
+    infos = list_checkpoints(prefix, recorded)
+    if recorded is not None:
+        report_unverified(api, job_id, recorded, infos)
+    good = [i for i in infos if i.good]
+    return good[-1].uri if good else None
 
 
-def blamed_hosts(job: dict[str, Any], failed: dict[str, Any], spec: dict[str, Any]) -> set[str]:
-    if not spec.get("retry", {}).get("exclude_bad_nodes", True):
-        return set()
-    hosts = {v["host"] for v in job.get("verdicts", []) if v["attempt_id"] == failed["id"]}
-    reason = failed.get("reason") or {}
-    if reason.get("kind") == "node.lost" and reason.get("host"):
-        hosts.add(reason["host"])
-    return hosts
+def recorded_checkpoints(api: Api, job_id: str) -> dict[str, str]:
+    """The control plane's record of the job's checkpoints: {uri: state}."""
+    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
+    return {str(r["uri"]).rstrip("/"): r["state"] for r in rows}
+
+
+def report_unverified(api: Api, job_id: str, recorded: dict[str, str], infos: list) -> list[str]:
+    """Recorded-good checkpoints that S3 no longer backs (objects missing or resized, manifest
+    gone) are `bad`: tell the control plane, with the reasons."""
+    seen = {i.uri.rstrip("/"): i for i in infos}
+    bad = []
+    for uri, state in recorded.items():
+        info = seen.get(uri)
+        if state != "good" or (info is not None and info.good):
+            continue
+        reasons = info.reasons if info is not None else ["no object left under it"]
+        body = {"uris": [uri], "state": "bad", "reason": "verification failed: " + "; ".join(reasons)[:900]}
+        api.call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints/state", body)
+        bad.append(uri)
+    return bad
+
+
+def excluded_hosts(job: dict[str, Any], blames: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
+    """Hosts blamed (and not cleared since) at least `retry.exclude_after_blames` times in this job."""
+    retry = spec.get("retry", {})
+    if not retry.get("exclude_bad_nodes", True) or job.get("backend") in REPLACES_NODES_ITSELF:
+        return []
+    counts = Counter(b["host"] for b in blames if b.get("cleared_at") is None)
+    return sorted(h for h, n in counts.items() if n >= int(retry.get("exclude_after_blames", 1)))
 
 
 def _fail(api: Api, job: dict[str, Any], reason: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +191,7 @@ def _fail(api: Api, job: dict[str, Any], reason: dict[str, Any]) -> dict[str, An
 
 
 def _attempt_detail(event: dict[str, Any]) -> dict[str, Any] | None:
-    if event.get("detail-type") == "Aerie Attempt State Change":
+    if event.get("detail-type") == DetailType.ATTEMPT_STATE_CHANGE:
         return event.get("detail") or {}
     if event.get("detail-type") == SAGEMAKER_STATE_CHANGE:
         from lambdas.sagemaker_events import event_from_sagemaker

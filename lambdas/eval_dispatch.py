@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from lambdas import slack_blocks
-from lambdas.cron import parse_cron
 from lambdas.api import Api
+from lambdas.cron import parse_cron
 from lambdas.slack_interactions import web_client
 
 log = logging.getLogger("aerie.lambdas.eval_dispatch")
@@ -43,6 +43,9 @@ METADATA_EVENT = "aerie_eval_sample"
 LEASE_S = 120.0
 MAX_PROMPTS = 50
 SAMPLER_TIMEOUT_S = float(os.environ.get("AERIE_EVAL_SAMPLER_TIMEOUT_S", "900"))
+# The sampler's argv (JSON list), e.g. to run it under another interpreter or a scheduler; it
+# reads the request as JSON on stdin and prints {"answers": [...]} as its last line.
+SAMPLER_COMMAND = "AERIE_EVAL_SAMPLER_COMMAND"
 
 
 class SamplerFailed(RuntimeError):
@@ -75,10 +78,20 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                 return {"action": "none", "why": why}
         meta = checkpoint_meta(uri, step)
         answers = run_sampler(job["spec"], uri, prompts, ev.get("sampling") or {})
-        samples = api.call("POST", f"{base}/eval/samples", {
-            "checkpoint_uri": uri, "step": step, "attempt_id": detail.get("attempt_id"), "channel": channel,
-            "answers": [{"prompt_index": i, "prompt": p, "answer": a, "meta": meta}
-                        for i, (p, a) in enumerate(zip(prompts, answers))]})
+        samples = api.call(
+            "POST",
+            f"{base}/eval/samples",
+            {
+                "checkpoint_uri": uri,
+                "step": step,
+                "attempt_id": detail.get("attempt_id"),
+                "channel": channel,
+                "answers": [
+                    {"prompt_index": i, "prompt": p, "answer": a, "meta": meta}
+                    for i, (p, a) in enumerate(zip(prompts, answers))
+                ],
+            },
+        )
     raters = int(ev.get("raters_needed") or 3)
     claim = f"{event.get('id', '')[:24]}:{uuid.uuid4().hex[:16]}"
     posted = [s["id"] for s in samples if post_once(api, client, s, job, channel, raters, claim, context)]
@@ -88,14 +101,17 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
 # --- which checkpoints -----------------------------------------------------------------------------
 
+
 def not_selected(ev: dict[str, Any], job: dict[str, Any], api: Api, uri: str) -> str | None:
     """None when this checkpoint is to be sampled, else why not. Decided from the store's records
     only (good checkpoints, their commit times, which were sampled), so redeliveries agree."""
     every, schedule = ev.get("every_n_checkpoints"), ev.get("schedule")
     if not every and not schedule:
         return None
-    checkpoints = sorted((c for c in api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints")
-                          if c["state"] == "good"), key=lambda c: c["step"])
+    checkpoints = sorted(
+        (c for c in api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints") if c["state"] == "good"),
+        key=lambda c: c["step"],
+    )
     mine = next((c for c in checkpoints if c["uri"] == uri), None)
     if mine is None:
         return "the checkpoint is not (or no longer) good"
@@ -135,8 +151,12 @@ def checkpoint_meta(uri: str, step: int) -> dict[str, Any]:
     except Exception as exc:  # the message shows "-" instead; sampling reads the checkpoint anyway
         log.warning("cannot read the manifest of %s: %s", uri, exc)
         manifest = {}
-    return {"step": step, "tokens": manifest.get("tokens"), "loss": (manifest.get("metrics") or {}).get("loss"),
-            "committed_at": manifest.get("committed_at")}
+    return {
+        "step": step,
+        "tokens": manifest.get("tokens"),
+        "loss": (manifest.get("metrics") or {}).get("loss"),
+        "committed_at": manifest.get("committed_at"),
+    }
 
 
 def run_sampler(spec: dict[str, Any], uri: str, prompts: list[str], sampling: dict[str, Any]) -> list[str]:
@@ -145,8 +165,14 @@ def run_sampler(spec: dict[str, Any], uri: str, prompts: list[str], sampling: di
     repo_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
     try:
-        proc = subprocess.run([sys.executable, "-m", "trainer.eval_sampler"], input=json.dumps(request),
-                              capture_output=True, text=True, timeout=SAMPLER_TIMEOUT_S, env=env)
+        proc = subprocess.run(
+            sampler_command(),
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=SAMPLER_TIMEOUT_S,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         raise SamplerFailed(f"sampling {uri} took over {SAMPLER_TIMEOUT_S:.0f} s") from None
     if proc.returncode != 0:
@@ -157,10 +183,25 @@ def run_sampler(spec: dict[str, Any], uri: str, prompts: list[str], sampling: di
     return answers
 
 
+def sampler_command() -> list[str]:
+    raw = os.environ.get(SAMPLER_COMMAND)
+    if not raw:
+        return [sys.executable, "-m", "trainer.eval_sampler"]
+    try:
+        argv = json.loads(raw)
+    except ValueError:
+        argv = None
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise SamplerFailed(f"{SAMPLER_COMMAND} must be a JSON list of strings (an argv), got {raw[:200]!r}")
+    return argv
+
+
 # --- posting, once ---------------------------------------------------------------------------------
 
-def post_once(api: Api, client, sample: dict[str, Any], job: dict[str, Any], channel: str, raters: int,
-              claim: str, context: Any) -> bool:
+
+def post_once(
+    api: Api, client, sample: dict[str, Any], job: dict[str, Any], channel: str, raters: int, claim: str, context: Any
+) -> bool:
     """Post `sample` unless it was posted; True when this call posted it."""
     path = f"/v1/eval/samples/{urllib.parse.quote(sample['id'])}"
     deadline = time.time() + min(LEASE_S + 30, _remaining_s(context))
@@ -181,9 +222,14 @@ def post_once(api: Api, client, sample: dict[str, Any], job: dict[str, Any], cha
             api.call("POST", f"{path}/posted", {"channel": channel, "ts": ts})
             return False
     message = slack_blocks.sample_message(current, job, None, raters)
-    resp = client.chat_postMessage(channel=channel, text=message["text"], blocks=message["blocks"],
-                                   metadata={"event_type": METADATA_EVENT, "event_payload": {"sample_id": current["id"]}},
-                                   unfurl_links=False, unfurl_media=False)
+    resp = client.chat_postMessage(
+        channel=channel,
+        text=message["text"],
+        blocks=message["blocks"],
+        metadata={"event_type": METADATA_EVENT, "event_payload": {"sample_id": current["id"]}},
+        unfurl_links=False,
+        unfurl_media=False,
+    )
     api.call("POST", f"{path}/posted", {"channel": resp["channel"], "ts": resp["ts"]})
     return True
 
@@ -202,7 +248,10 @@ def find_posted(client, channel: str, sample: dict[str, Any]) -> str | None:
         resp = client.conversations_history(**kwargs)
         for message in resp.get("messages", []):
             meta = message.get("metadata") or {}
-            if meta.get("event_type") == METADATA_EVENT and (meta.get("event_payload") or {}).get("sample_id") == sample["id"]:
+            if (
+                meta.get("event_type") == METADATA_EVENT
+                and (meta.get("event_payload") or {}).get("sample_id") == sample["id"]
+            ):
                 return message["ts"]
         cursor = (resp.get("response_metadata") or {}).get("next_cursor")
         if not cursor:

@@ -11,14 +11,28 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-STARTING = {"Starting", "Pending", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading",
-            "DownloadingTrainingImage", "Restarting", "Provisioning"}
+STARTING = {
+    "Starting",
+    "Pending",
+    "LaunchingMLInstances",
+    "PreparingTrainingStack",
+    "Downloading",
+    "DownloadingTrainingImage",
+    "Restarting",
+    "Provisioning",
+}
 # The FailureReason's prefix says whose fault it was.
-FAILURE_KINDS = {"AlgorithmError": "exit.nonzero", "ClientError": "user.error",
-                 "CapacityError": "launch.failed", "InternalServerError": "node.lost"}
+FAILURE_KINDS = {
+    "AlgorithmError": "exit.nonzero",
+    "ClientError": "user.error",
+    "CapacityError": "launch.failed",
+    "InternalServerError": "node.lost",
+}
 # The agent writes "<kind>: <message>" to /opt/ml/output/failure; SageMaker quotes it after the prefix.
 AERIE_KIND = re.compile(r"^([a-z]+\.[a-z_]+): ?(.*)$", re.S)
-EXIT_CODE = re.compile(r"exit code (\d+)")
+# "exit code 137" (SageMaker's own words) or "exited with code 137 (signal 9)" (the agent's).
+EXIT_CODE = re.compile(r"exit(?:ed with)? code (\d+)")
+RANK = re.compile(r"\brank (\d+)\b")
 
 
 def attempt_state(status: str, secondary: str | None) -> str:
@@ -46,15 +60,34 @@ def failure_reason(text: str | None) -> tuple[dict[str, Any], int | None]:
         reason["exit_code"] = code
         if code > 128:
             reason["signal"] = code - 128
+    rank = RANK.search(rest) if own else None
+    if rank:
+        reason["rank"] = int(rank.group(1))
     return reason, code
+
+
+def failure_reason_text(reason: dict[str, Any] | None) -> str:
+    """Aerie's reason as SageMaker's FailureReason, `<Prefix>: <kind>: <message>`, the inverse of
+    `failure_reason` (which reads the kind back from it): the prefix says whose fault it was."""
+    reason = reason or {}
+    kind = str(reason.get("kind") or "exit.nonzero")
+    prefix = next((p for p, k in FAILURE_KINDS.items() if k == kind), "AlgorithmError")
+    message = str(reason.get("message") or "").strip()
+    return f"{prefix}: {kind}: {message}" if message else f"{prefix}: {kind}"
 
 
 def transitions(described: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     """SecondaryStatusTransitions as plain dicts with epoch-second times."""
     out = []
     for t in described.get("SecondaryStatusTransitions") or []:
-        out.append({"status": t.get("Status"), "start": _epoch(t.get("StartTime")), "end": _epoch(t.get("EndTime")),
-                    "message": t.get("StatusMessage", "")})
+        out.append(
+            {
+                "status": t.get("Status"),
+                "start": _epoch(t.get("StartTime")),
+                "end": _epoch(t.get("EndTime")),
+                "message": t.get("StatusMessage", ""),
+            }
+        )
     return tuple(out)
 
 
@@ -78,8 +111,10 @@ def event_from_sagemaker(event: dict[str, Any]) -> dict[str, Any]:
         tags = {t["Key"]: t["Value"] for t in tags}
     job_id, attempt_id = tags.get("aerie:job"), tags.get("aerie:attempt")
     if not job_id or not attempt_id:
-        raise ValueError(f"training job {d.get('TrainingJobName')!r} has no aerie:job/aerie:attempt tags: "
-                         "it was not started by Aerie")
+        raise ValueError(
+            f"training job {d.get('TrainingJobName')!r} has no aerie:job/aerie:attempt tags: "
+            "it was not started by Aerie"
+        )
     number = ATTEMPT_NUMBER.search(attempt_id)
     state = attempt_state(d["TrainingJobStatus"], d.get("SecondaryStatus"))
     reason, code = None, 0 if state == "Completed" else None
@@ -87,9 +122,13 @@ def event_from_sagemaker(event: dict[str, Any]) -> dict[str, Any]:
         reason, code = failure_reason(d.get("FailureReason"))
         code = code if code is not None else 1
     detail: dict[str, Any] = {
-        "job_id": job_id, "attempt_id": attempt_id, "attempt": int(number.group(1)) if number else None,
-        "state": state, "training_job_name": d.get("TrainingJobName"),
-        "sagemaker_status": d.get("TrainingJobStatus"), "secondary_status": d.get("SecondaryStatus"),
+        "job_id": job_id,
+        "attempt_id": attempt_id,
+        "attempt": int(number.group(1)) if number else None,
+        "state": state,
+        "training_job_name": d.get("TrainingJobName"),
+        "sagemaker_status": d.get("TrainingJobStatus"),
+        "secondary_status": d.get("SecondaryStatus"),
         "transitions": list(transitions(d)),
     }
     if tags.get("aerie:job-name"):
@@ -99,9 +138,15 @@ def event_from_sagemaker(event: dict[str, Any]) -> dict[str, Any]:
     if code is not None:
         detail["exit_code"] = code
     return {
-        "version": "0", "id": event["id"], "detail-type": "Aerie Attempt State Change",
-        "source": "aerie.orchestrator", "account": event.get("account", ""), "time": event.get("time", ""),
-        "region": event.get("region", ""), "resources": [f"aerie:job/{job_id}"], "detail": detail,
+        "version": "0",
+        "id": event["id"],
+        "detail-type": "Aerie Attempt State Change",
+        "source": "aerie.orchestrator",
+        "account": event.get("account", ""),
+        "time": event.get("time", ""),
+        "region": event.get("region", ""),
+        "resources": [f"aerie:job/{job_id}"],
+        "detail": detail,
     }
 
 

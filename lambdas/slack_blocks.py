@@ -46,15 +46,19 @@ def tally_text(tally: dict[str, Any] | None, raters_needed: int) -> str:
     if not tally or not tally.get("ratings"):
         return f"No ratings yet · {raters_needed} rater(s) wanted"
     mean = tally.get("mean_score")
-    parts = [f"{tally['ratings']} rating(s)", f"mean *{mean:.2f}*" if mean is not None else "no scores yet",
-             f"{tally.get('hallucinations', 0)} hallucination flag(s)"]
+    parts = [
+        f"{tally['ratings']} rating(s)",
+        f"mean *{mean:.2f}*" if mean is not None else "no scores yet",
+        f"{tally.get('hallucinations', 0)} hallucination flag(s)",
+    ]
     scored = tally.get("scored", 0)
     parts.append("done" if scored >= raters_needed else f"{raters_needed - scored} more wanted")
     return " · ".join(parts)
 
 
-def sample_message(sample: dict[str, Any], job: dict[str, Any], tally: dict[str, Any] | None = None,
-                   raters_needed: int = 3) -> dict[str, Any]:
+def sample_message(
+    sample: dict[str, Any], job: dict[str, Any], tally: dict[str, Any] | None = None, raters_needed: int = 3
+) -> dict[str, Any]:
     """`text` (the notification fallback) and `blocks` of one sample's message."""
     meta = sample.get("meta") or {}
     sid = sample["id"]
@@ -66,24 +70,53 @@ def sample_message(sample: dict[str, Any], job: dict[str, Any], tally: dict[str,
         f"*Tokens seen*\n{tokens:,}" if isinstance(tokens, int) else "*Tokens seen*\n-",
         f"*Loss*\n{loss:.4f}" if isinstance(loss, (int, float)) else "*Loss*\n-",
     ]
-    buttons = [{"type": "button", "action_id": f"{RATE_PREFIX}{n}", "text": {"type": "plain_text", "text": str(n)},
-                "value": f"{sid}|{n}"} for n in range(1, 6)]
-    buttons.append({"type": "button", "action_id": HALLUCINATION, "style": "danger",
-                    "text": {"type": "plain_text", "text": "Hallucination (toggle)"}, "value": f"{sid}|h"})
+    buttons = [
+        {
+            "type": "button",
+            "action_id": f"{RATE_PREFIX}{n}",
+            "text": {"type": "plain_text", "text": str(n)},
+            "value": f"{sid}|{n}",
+        }
+        for n in range(1, 6)
+    ]
+    buttons.append(
+        {
+            "type": "button",
+            "action_id": HALLUCINATION,
+            "style": "danger",
+            "text": {"type": "plain_text", "text": "Hallucination (toggle)"},
+            "value": f"{sid}|h",
+        }
+    )
     blocks = [
-        {"type": "header", "block_id": "title",
-         "text": {"type": "plain_text", "text": _clip(f"Rate: {job.get('name', job['id'])} @ step {sample['step']}",
-                                                      MAX_HEADER_TEXT)}},
-        {"type": "section", "block_id": "checkpoint", "fields": [{"type": "mrkdwn", "text": _clip(f, MAX_FIELD_TEXT)}
-                                                                   for f in fields]},
+        {
+            "type": "header",
+            "block_id": "title",
+            "text": {
+                "type": "plain_text",
+                "text": _clip(f"Rate: {job.get('name', job['id'])} @ step {sample['step']}", MAX_HEADER_TEXT),
+            },
+        },
+        {
+            "type": "section",
+            "block_id": "checkpoint",
+            "fields": [{"type": "mrkdwn", "text": _clip(f, MAX_FIELD_TEXT)} for f in fields],
+        },
         _code_section("prompt", "Prompt", sample["prompt"]),
         _code_section("answer", "Answer", sample["answer"]),
         {"type": "actions", "block_id": "rate", "elements": buttons},
-        {"type": "context", "block_id": "tally",
-         "elements": [{"type": "mrkdwn", "text": _clip(tally_text(tally, raters_needed), MAX_SECTION_TEXT)}]},
+        {
+            "type": "context",
+            "block_id": "tally",
+            "elements": [{"type": "mrkdwn", "text": _clip(tally_text(tally, raters_needed), MAX_SECTION_TEXT)}],
+        },
     ]
-    message = {"text": _clip(f"Eval sample of {job.get('name', job['id'])} at step {sample['step']}: "
-                             f"{sample['prompt']}", 3000), "blocks": blocks}
+    message = {
+        "text": _clip(
+            f"Eval sample of {job.get('name', job['id'])} at step {sample['step']}: {sample['prompt']}", 3000
+        ),
+        "blocks": blocks,
+    }
     validate(message["blocks"])
     return message
 

@@ -26,12 +26,14 @@ import logging
 import os
 import time
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from slack_sdk.signature import SignatureVerifier
 
 from lambdas import slack_blocks
+from lambdas.api import secret_setting
 
 log = logging.getLogger("aerie.lambdas.slack_interactions")
 
@@ -61,8 +63,14 @@ class RatingAction:
     response_url: str | None
 
 
-def verify_request(headers: Mapping[str, str], body: bytes, signing_secret: str, *,
-                   max_bytes: int = MAX_BODY_BYTES, now: float | None = None) -> None:
+def verify_request(
+    headers: Mapping[str, str],
+    body: bytes,
+    signing_secret: str,
+    *,
+    max_bytes: int = MAX_BODY_BYTES,
+    now: float | None = None,
+) -> None:
     """Raise Refused unless Slack signed exactly this body within the replay window."""
     if len(body) > max_bytes:
         raise Refused(413, f"body over {max_bytes} bytes")
@@ -97,7 +105,12 @@ def parse_actions(body: bytes) -> list[RatingAction]:
         raise Refused(400, "only block_actions payloads are handled")
     user = payload.get("user") or {}
     actions = payload.get("actions")
-    if not isinstance(user, dict) or not isinstance(user.get("id"), str) or not isinstance(actions, list) or not actions:
+    if (
+        not isinstance(user, dict)
+        or not isinstance(user.get("id"), str)
+        or not isinstance(actions, list)
+        or not actions
+    ):
         raise Refused(400, "payload lacks user or actions")
     container = payload.get("container") or {}
     channel = (payload.get("channel") or {}).get("id") or container.get("channel_id")
@@ -113,37 +126,61 @@ def parse_actions(body: bytes) -> list[RatingAction]:
             sample_id, score, toggle = slack_blocks.parse_value(action.get("value", ""))
         except ValueError as exc:
             raise Refused(400, str(exc)) from None
-        out.append(RatingAction(sample_id, user["id"], str(user.get("username") or user.get("name") or "")[:128],
-                                score, toggle, channel, message_ts, payload.get("response_url")))
+        out.append(
+            RatingAction(
+                sample_id,
+                user["id"],
+                str(user.get("username") or user.get("name") or "")[:128],
+                score,
+                toggle,
+                channel,
+                message_ts,
+                payload.get("response_url"),
+            )
+        )
     return out
 
 
 # --- Slack's Web API ------------------------------------------------------------------------------
 
+
 def web_client(token: str | None = None, base_url: str | None = None, max_retries: int = 3):
     """A WebClient that waits out 429s (Retry-After) with slack_sdk's own retry handler.
 
-    Token: `SLACK_BOT_TOKEN` (or `AERIE_SLACK_BOT_TOKEN`); API: `AERIE_SLACK_API_URL`, which tests
+    Token: `SLACK_BOT_TOKEN` (or `AERIE_SLACK_BOT_TOKEN`, or the Secrets Manager secret
+    `AERIE_SLACK_BOT_TOKEN_ARN` names, as in AWS Lambda); API: `AERIE_SLACK_API_URL`, which tests
     point at a local stand-in because Slack's servers cannot be reached from here."""
     from slack_sdk import WebClient
     from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 
-    token = token or os.environ.get("AERIE_SLACK_BOT_TOKEN") or os.environ.get("SLACK_BOT_TOKEN")
+    token = token or secret_setting("AERIE_SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN")
     base_url = base_url or os.environ.get("AERIE_SLACK_API_URL") or SLACK_API_URL
     if not base_url.endswith("/"):
         base_url += "/"
-    return WebClient(token=token, base_url=base_url, timeout=30,
-                     retry_handlers=[RateLimitErrorRetryHandler(max_retry_count=max_retries)])
+    return WebClient(
+        token=token,
+        base_url=base_url,
+        timeout=30,
+        retry_handlers=[RateLimitErrorRetryHandler(max_retry_count=max_retries)],
+    )
 
 
-def update_message(client, channel: str, ts: str, sample: dict[str, Any], job: dict[str, Any],
-                   tally: dict[str, Any], raters_needed: int) -> None:
+def update_message(
+    client,
+    channel: str,
+    ts: str,
+    sample: dict[str, Any],
+    job: dict[str, Any],
+    tally: dict[str, Any],
+    raters_needed: int,
+) -> None:
     """Rewrite the sample's message in place with the current tally."""
     message = slack_blocks.sample_message(sample, job, tally, raters_needed)
     client.chat_update(channel=channel, ts=ts, text=message["text"], blocks=message["blocks"])
 
 
 # --- the Lambda form (API Gateway proxy event) -------------------------------------------------------
+
 
 def _response(status: int, body: str = "") -> dict[str, Any]:
     return {"statusCode": status, "headers": {"Content-Type": "text/plain"}, "body": body}
@@ -154,7 +191,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     raw = event.get("body") or ""
     body = base64.b64decode(raw) if event.get("isBase64Encoded") else raw.encode("utf-8")
-    secret = os.environ.get("AERIE_SLACK_SIGNING_SECRET") or os.environ.get("SLACK_SIGNING_SECRET") or ""
+    secret = secret_setting("AERIE_SLACK_SIGNING_SECRET", "SLACK_SIGNING_SECRET")
     try:
         verify_request(event.get("headers") or {}, body, secret)
         actions = parse_actions(body)
@@ -164,9 +201,16 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     api = Api.from_context(context)
     client = web_client()
     for action in actions:
-        result = api.call("POST", f"/v1/eval/samples/{urllib.parse.quote(action.sample_id)}/ratings", {
-            "user_id": action.user_id, "user_name": action.user_name, "score": action.score,
-            "toggle_hallucination": action.toggle_hallucination})
+        result = api.call(
+            "POST",
+            f"/v1/eval/samples/{urllib.parse.quote(action.sample_id)}/ratings",
+            {
+                "user_id": action.user_id,
+                "user_name": action.user_name,
+                "score": action.score,
+                "toggle_hallucination": action.toggle_hallucination,
+            },
+        )
         sample = result["sample"]
         channel, ts = sample.get("slack_channel") or action.channel, sample.get("slack_ts") or action.message_ts
         if channel and ts:

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from pydantic import ValidationError
@@ -17,8 +17,12 @@ from rich.table import Table
 from orchestrator.client import ApiError, Client
 from orchestrator.spec import JobSpec, SpecError, format_validation_error, load_document
 
-app = typer.Typer(help="Aerie: run LLM training jobs that recover from silent failures by themselves.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="Aerie: run LLM training jobs that recover from silent failures by themselves.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 console = Console()
 err = Console(stderr=True)
 
@@ -53,14 +57,22 @@ def _age(t: float | None) -> str:
 
 # --- control plane ---------------------------------------------------------------------------
 
+
 @app.command()
 def up(
     host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1, AERIE_HOST)."),
     port: int = typer.Option(None, help="Port to listen on (default 8470, AERIE_PORT)."),
-    s3: bool = typer.Option(True, "--s3/--no-s3", help="Start a loopback S3 server for checkpoints when no "
-                            "endpoint is configured (AERIE_S3_ENDPOINT / AWS_ENDPOINT_URL)."),
-    api_only: bool = typer.Option(False, "--api-only", help="Serve the API without taking part in leader "
-                                  "election (an extra replica behind a load balancer)."),
+    s3: bool = typer.Option(
+        True,
+        "--s3/--no-s3",
+        help="Start a loopback S3 server for checkpoints when no "
+        "endpoint is configured (AERIE_S3_ENDPOINT / AWS_ENDPOINT_URL).",
+    ),
+    api_only: bool = typer.Option(
+        False,
+        "--api-only",
+        help="Serve the API without taking part in leader election (an extra replica behind a load balancer).",
+    ),
 ) -> None:
     """Start the control plane (API + controller) on the embedded defaults (SQLite under ~/.aerie)."""
     import uvicorn
@@ -80,28 +92,41 @@ def up(
         # A separate process that outlives this one: checkpoints survive a control-plane restart.
         server = ensure_s3(log_path=settings.home_dir / "devstack" / "s3.log")
         os.environ.update(server.env())  # jobs and the in-process handlers inherit it
-        console.print(f"  s3: {server.endpoint_url} (loopback moto server, bucket s3://{server.bucket}; "
-                      f"stop it with `python -m orchestrator.devstack down`)")
+        console.print(
+            f"  s3: {server.endpoint_url} (loopback moto server, bucket s3://{server.bucket}; "
+            f"stop it with `python -m orchestrator.devstack down`)"
+        )
     app_ = build_app(settings, with_controller=not api_only)
     settings.api_url_path.write_text(settings.api_url + "\n")
     console.print(f"Aerie control plane on [bold]{settings.api_url}[/bold]  (docs: {settings.api_url}/docs)")
     console.print(f"  store: {settings.db_url}")
     console.print(f"  admin token: {settings.admin_token_path} (mode 0600)")
     console.print(f"  jobs: {settings.jobs_dir}")
+    if settings.event_bus:
+        console.print(f"  events: published to EventBridge bus {settings.event_bus} (handlers run there)")
     uvicorn.run(app_, host=settings.host, port=settings.port, log_level="warning")
 
 
 # --- jobs ------------------------------------------------------------------------------------
 
+
 @app.command()
 def submit(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Job spec (YAML/JSON) or a CreateTrainingJob request (JSON)."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Stream logs until the job ends; exit 0 only if it completed."),
-    name: Optional[str] = typer.Option(None, help="Override the spec's name."),
-    backend: Optional[str] = typer.Option(None, help="Override the spec's backend: local, slurm or sagemaker."),
-    fault: list[str] = typer.Option([], "--fault", metavar="KIND@STEP[:rank=R][:attempt=N]",
-                                    help="Inject a fault to rehearse recovery (repeatable): nan, busy_hang, "
-                                         "sigstop, sigkill, exit, slow. E.g. --fault busy_hang@30:rank=1"),
+    spec_path: Path = typer.Argument(
+        ..., metavar="SPEC", help="Job spec (YAML/JSON) or a CreateTrainingJob request (JSON)."
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Stream logs until the job ends; exit 0 only if it completed."
+    ),
+    name: str | None = typer.Option(None, help="Override the spec's name."),
+    backend: str | None = typer.Option(None, help="Override the spec's backend: local, slurm or sagemaker."),
+    fault: list[str] = typer.Option(
+        [],
+        "--fault",
+        metavar="KIND@STEP[:rank=R][:attempt=N]",
+        help="Inject a fault to rehearse recovery (repeatable): nan, busy_hang, "
+        "sigstop, sigkill, exit, slow. E.g. --fault busy_hang@30:rank=1",
+    ),
 ) -> None:
     """Submit a job. The spec is checked here first, so every bad field is named at once."""
     try:
@@ -128,21 +153,25 @@ def submit(
         spec = spec.model_copy(update={"backend_options": {**spec.backend_options, "workdir": os.getcwd()}})
     client = _client()
     job = _call(client.submit, spec.model_dump(mode="json"))
-    console.print(f"submitted [bold]{job['id']}[/bold] ({spec.resources.instance_count} node(s) x "
-                  f"{spec.resources.procs_per_node} process(es), backend {spec.backend})")
+    console.print(
+        f"submitted [bold]{job['id']}[/bold] ({spec.resources.instance_count} node(s) x "
+        f"{spec.resources.procs_per_node} process(es), backend {spec.backend})"
+    )
     if follow:
         state = _follow(client, job["id"])
         raise typer.Exit(0 if state == "Completed" else 1)
 
 
 @app.command("ls")
-def list_jobs(state: Optional[str] = typer.Option(None, help="Only jobs in this state.")) -> None:
+def list_jobs(state: str | None = typer.Option(None, help="Only jobs in this state.")) -> None:
     """List jobs, newest first."""
     jobs = _call(_client().jobs, state)
     table = Table("ID", "NAME", "STATE", "BACKEND", "ATTEMPTS", "AGE", "REASON")
     for j in jobs:
         reason = (j.get("reason") or {}).get("kind", "")
-        table.add_row(j["id"], j["name"], _state(j["state"]), j["backend"], str(j["attempts"]), _age(j["created_at"]), reason)
+        table.add_row(
+            j["id"], j["name"], _state(j["state"]), j["backend"], str(j["attempts"]), _age(j["created_at"]), reason
+        )
     console.print(table)
 
 
@@ -150,23 +179,38 @@ def list_jobs(state: Optional[str] = typer.Option(None, help="Only jobs in this 
 def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
     """Show a job: its state, every attempt with its reason, nodes and verdicts."""
     d = _call(_client().job, job)
-    console.print(f"[bold]{d['id']}[/bold]  {_state(d['state'])}  backend={d['backend']}  created {_age(d['created_at'])} ago")
+    console.print(
+        f"[bold]{d['id']}[/bold]  {_state(d['state'])}  backend={d['backend']}  created {_age(d['created_at'])} ago"
+    )
     if d.get("reason"):
         console.print(f"  reason: {d['reason'].get('kind')}: {d['reason'].get('message', '')}")
-    table = Table("ATTEMPT", "STATE", "REASON", "EXIT", "RESUMED FROM", "NODES", "DURATION")
+    table = Table("ATTEMPT", "STATE", "REASON", "EXIT", "RESUMED FROM", "NODES", "EXCLUDED", "DURATION")
     for a in d["attempt_list"]:
         reason = a.get("reason") or {}
         dur = (a["ended_at"] or time.time()) - a["started_at"] if a.get("started_at") else None
         nodes = ", ".join(f"{n['host']}:{n['state']}" for n in a["nodes"])
-        table.add_row(str(a["number"]), _state(a["state"]), reason.get("kind", ""),
-                      "" if a["exit_code"] is None else str(a["exit_code"]), a.get("resume_from") or "",
-                      nodes, f"{dur:.0f}s" if dur is not None else "")
+        table.add_row(
+            str(a["number"]),
+            _state(a["state"]),
+            reason.get("kind", ""),
+            "" if a["exit_code"] is None else str(a["exit_code"]),
+            a.get("resume_from") or "",
+            nodes,
+            ", ".join(a.get("exclude_nodes") or []),
+            f"{dur:.0f}s" if dur is not None else "",
+        )
     console.print(table)
     if d["verdicts"]:
         vt = Table("VERDICT", "ATTEMPT", "HOST", "MESSAGE")
         for v in d["verdicts"]:
             vt.add_row(v["kind"], v["attempt_id"], v["host"], v["message"])
         console.print(vt)
+    if d.get("blames"):
+        bt = Table("BLAMED NODE", "ATTEMPT", "FOR", "WHY", "STATUS")
+        for b in d["blames"]:
+            status = f"cleared ({b['cleared_by']})" if b.get("cleared_at") else "counts"
+            bt.add_row(b["host"], b["attempt_id"], b["kind"], f"{b['rule']}: {b['why']}", status)
+        console.print(bt)
 
 
 @app.command()
@@ -184,7 +228,13 @@ def events(job: str = typer.Argument(..., help="Job id or name.")) -> None:
             parts.append(f"exit_code={d['exit_code']}")
         if d.get("step") is not None:
             parts.append(f"step={d['step']}")
-        table.add_row(str(row["seq"]), e["time"][11:19], e["detail-type"].removeprefix("Aerie "), " ".join(p for p in parts if p), row["status"])
+        table.add_row(
+            str(row["seq"]),
+            e["time"][11:19],
+            e["detail-type"].removeprefix("Aerie "),
+            " ".join(p for p in parts if p),
+            row["status"],
+        )
     console.print(table)
 
 
@@ -192,7 +242,7 @@ def events(job: str = typer.Argument(..., help="Job id or name.")) -> None:
 def logs(
     job: str = typer.Argument(..., help="Job id or name."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new output until the job ends."),
-    attempt: Optional[int] = typer.Option(None, help="Attempt number (default: the latest)."),
+    attempt: int | None = typer.Option(None, help="Attempt number (default: the latest)."),
 ) -> None:
     """Print every node's output (ranks are prefixed with host and rank)."""
     client = _client()
@@ -219,13 +269,34 @@ def stop(job: str = typer.Argument(..., help="Job id or name.")) -> None:
 
 @app.command()
 def checkpoints(job: str = typer.Argument(..., help="Job id or name.")) -> None:
-    """The job's committed checkpoints: step, size, good/bad, age."""
+    """The job's committed checkpoints: step, state (good, bad, deleted) and why, size, age."""
     rows = _call(_client().checkpoints, job)
-    table = Table("STEP", "STATE", "SIZE", "AGE", "ATTEMPT", "URI")
+    table = Table("STEP", "STATE", "SIZE", "AGE", "ATTEMPT", "URI", "WHY")
+    colors = {"good": "green", "bad": "red", "deleted": "dim"}
     for c in rows:
-        size = f"{c['size_bytes'] / 1e6:.1f} MB" if c.get("size_bytes") else "-"
-        table.add_row(str(c["step"]), c["state"], size, _age(c["created_at"]), c.get("attempt_id") or "", c["uri"])
+        state = f"[{colors[c['state']]}]{c['state']}[/]" if c["state"] in colors else c["state"]
+        table.add_row(
+            str(c["step"]),
+            state,
+            _bytes(c.get("size_bytes")),
+            _age(c["created_at"]),
+            c.get("attempt_id") or "",
+            c["uri"],
+            c.get("reason") or "",
+        )
     console.print(table)
+
+
+def _bytes(n: int | None) -> str:
+    """A size as people read it (decimal units, like S3's console)."""
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return str(n)
 
 
 @app.command()
@@ -250,25 +321,53 @@ app.add_typer(token_app, name="token")
 def token_create(
     role: str = typer.Option("member", help="admin, member (submit/stop), viewer (read-only) or service."),
     name: str = typer.Option("", help="Who or what the token is for."),
-    tenant: Optional[str] = typer.Option(None, help="Tenant (default: yours; only the operator's admin may pick another)."),
-    expires_in: Optional[int] = typer.Option(None, "--expires-in", help="Lifetime in seconds (default: no expiry)."),
+    tenant: str | None = typer.Option(
+        None, help="Tenant (default: yours; only the operator's admin may pick another)."
+    ),
+    expires_in: int | None = typer.Option(None, "--expires-in", help="Lifetime in seconds (default: no expiry)."),
+    aws: bool = typer.Option(
+        False,
+        "--aws",
+        help="Print AWS credential lines (access key id + secret) for the SageMaker-compatible endpoint "
+        "instead: boto3 and the SageMaker SDK sign with them (SigV4) as this token's tenant and role.",
+    ),
+    profile: str = typer.Option("aerie", help="With --aws: the profile name of the credentials section."),
 ) -> None:
     """Create a token; the secret is printed once and stored only as a hash."""
-    body = {"role": role, "name": name, "tenant": tenant, "expires_in_s": expires_in}
-    t = _call(_client().request, "POST", "/v1/tokens", json={k: v for k, v in body.items() if v is not None})
+    body = {"role": role, "name": name, "tenant": tenant, "expires_in_s": expires_in, "aws": aws or None}
+    client = _client()
+    t = _call(client.request, "POST", "/v1/tokens", json={k: v for k, v in body.items() if v is not None})
     err.print(f"token {t['id']} ({t['role']}, tenant {t['tenant']}); store it now, it is not shown again:")
-    print(t["token"])
+    if not aws:
+        print(t["token"])
+        return
+    err.print(
+        f"AWS credentials (append to ~/.aws/credentials); point the sagemaker and logs endpoints at {client.api} "
+        "(endpoint_url, or AWS_ENDPOINT_URL_SAGEMAKER / AWS_ENDPOINT_URL_CLOUDWATCH_LOGS)"
+    )
+    print(f"[{profile}]")
+    print(f"aws_access_key_id = {t['aws_access_key_id']}")
+    print(f"aws_secret_access_key = {t['aws_secret_access_key']}")
+    print(f"# the same identity's Aerie API token (AERIE_TOKEN): {t['token']}")
 
 
 @token_app.command("list")
 def token_list() -> None:
     """List tokens (never their secrets)."""
     rows = _call(_client().request, "GET", "/v1/tokens")
-    table = Table("ID", "ROLE", "TENANT", "NAME", "AGE", "EXPIRES", "REVOKED")
+    table = Table("ID", "ROLE", "TENANT", "NAME", "AGE", "EXPIRES", "REVOKED", "AWS ACCESS KEY")
     for t in rows:
         expires = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t["expires_at"])) if t.get("expires_at") else "never"
-        table.add_row(str(t["id"]), t["role"], t["tenant"], t["name"], _age(t["created_at"]), expires,
-                      "yes" if t["revoked"] else "")
+        table.add_row(
+            str(t["id"]),
+            t["role"],
+            t["tenant"],
+            t["name"],
+            _age(t["created_at"]),
+            expires,
+            "yes" if t["revoked"] else "",
+            t.get("aws_access_key_id") or "",
+        )
     console.print(table)
 
 
@@ -280,7 +379,9 @@ def token_revoke(token_id: int = typer.Argument(..., help="Token id (from `aerie
 
 
 def _state(state: str) -> str:
-    color = {"Completed": "green", "Failed": "red", "Stopped": "yellow", "InProgress": "cyan", "Running": "cyan"}.get(state)
+    color = {"Completed": "green", "Failed": "red", "Stopped": "yellow", "InProgress": "cyan", "Running": "cyan"}.get(
+        state
+    )
     return f"[{color}]{state}[/{color}]" if color else state
 
 
@@ -308,7 +409,9 @@ def _follow(client: Client, job: str, attempt: int | None = None) -> str:
             break
         time.sleep(1.0)
     reason = j.get("reason") or {}
-    console.print(f"job {j['id']}: {_state(state)}" + (f" ({reason.get('kind')}: {reason.get('message', '')})" if reason else ""))
+    console.print(
+        f"job {j['id']}: {_state(state)}" + (f" ({reason.get('kind')}: {reason.get('message', '')})" if reason else "")
+    )
     return state
 
 
@@ -319,13 +422,30 @@ def ratings(job: str = typer.Argument(..., help="Job id or name.")) -> None:
     if not rows:
         console.print(f"no rated checkpoints for {job} (is the spec's eval section set?)")
         return
-    table = Table("STEP", "SAMPLES", "RATERS", "RATINGS", "MEAN SCORE", "HALLUCINATION", "COMPLETE", "URI",
-                  title=f"human eval of {job}")
+    table = Table(
+        "STEP",
+        "SAMPLES",
+        "RATERS",
+        "RATINGS",
+        "MEAN SCORE",
+        "HALLUCINATION",
+        "COMPLETE",
+        "URI",
+        title=f"human eval of {job}",
+    )
     for r in rows:
         mean = "-" if r["mean_score"] is None else f"{r['mean_score']:.2f}"
         rate = "-" if r["hallucination_rate"] is None else f"{r['hallucination_rate']:.0%}"
-        table.add_row(str(r["step"]), f"{r['posted']}/{r['samples']}", str(r["raters"]), str(r["ratings"]), mean,
-                      rate, "[green]yes[/green]" if r["complete"] else "no", r["uri"])
+        table.add_row(
+            str(r["step"]),
+            f"{r['posted']}/{r['samples']}",
+            str(r["raters"]),
+            str(r["ratings"]),
+            mean,
+            rate,
+            "[green]yes[/green]" if r["complete"] else "no",
+            r["uri"],
+        )
     console.print(table)
 
 

@@ -35,9 +35,12 @@ class Client:
         self.api = api or os.environ.get("AERIE_API") or _read(settings.api_url_path) or settings.api_url
         self.token = token or os.environ.get("AERIE_TOKEN") or _read(settings.admin_token_path)
         if not self.token:
-            raise ApiError(401, f"no API token: set AERIE_TOKEN or start `aerie up` (it writes {settings.admin_token_path})")
-        self.http = httpx.Client(base_url=self.api, timeout=timeout_s,
-                                 headers={"Authorization": f"Bearer {self.token}"})
+            raise ApiError(
+                401, f"no API token: set AERIE_TOKEN or start `aerie up` (it writes {settings.admin_token_path})"
+            )
+        self.http = httpx.Client(
+            base_url=self.api, timeout=timeout_s, headers={"Authorization": f"Bearer {self.token}"}
+        )
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

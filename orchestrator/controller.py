@@ -12,8 +12,11 @@ import logging
 import threading
 import time
 
-from orchestrator import failpoints
-from orchestrator.backends.base import Backend, LaunchRequest, PollResult
+from aerie_contracts.failures import FailureKind
+from aerie_contracts.health import HealthSettings
+from aerie_contracts.states import AttemptState
+from orchestrator import failpoints, liveness
+from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
 from orchestrator.events import Dispatcher
 from orchestrator.leader import LeaderLock
 from orchestrator.settings import Settings
@@ -28,8 +31,15 @@ ACTIVE = {"Pending", "Launching", "Running"}
 
 
 class Controller:
-    def __init__(self, db: Database, settings: Settings, backends: dict[str, Backend], chaining: bool = False,
-                 dispatcher: Dispatcher | None = None, leader_lock: LeaderLock | None = None):
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        backends: dict[str, Backend],
+        chaining: bool = False,
+        dispatcher: Dispatcher | None = None,
+        leader_lock: LeaderLock | None = None,
+    ):
         self.db = db
         self.settings = settings
         self.backends = backends
@@ -44,6 +54,9 @@ class Controller:
         self._thread: threading.Thread | None = None
         # Heartbeats missed while this control plane was down are not the nodes' fault.
         self._started_at = time.time()
+        # Per running attempt: when this controller first saw its machines allocated (the clock
+        # of `health.first_heartbeat_s`).
+        self._booted_at: dict[str, float] = {}
 
     # --- loop -----------------------------------------------------------------------------
 
@@ -55,6 +68,8 @@ class Controller:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+        if self.dispatcher is not None:
+            self.dispatcher.stop()  # its slow-handler workers; what they had not finished stays pending
 
     def run(self) -> None:
         while not self._stop.is_set():
@@ -62,6 +77,7 @@ class Controller:
                 if self._lead():
                     self.reconcile_once()
                     if self.dispatcher is not None:
+                        # Fast: slow handlers (eval) run on the dispatcher's own workers.
                         self.dispatcher.deliver_once()
             except Exception:  # keep reconciling: one bad job must not stop the others
                 log.exception("reconcile pass failed")
@@ -81,6 +97,7 @@ class Controller:
         if held and not self.leading:
             log.warning("this control plane now leads the reconcile loop")
             self._started_at = time.time()  # heartbeats missed before we led are not the nodes' fault
+            self._booted_at.clear()
         self.leading = held
         return held
 
@@ -121,12 +138,19 @@ class Controller:
                 job = attempt.job
                 if attempt.state == "Pending":
                     repo.set_attempt_state(s, attempt, "Launching")
-                token = repo.mint_token(s, "agent", tenant=job.tenant, attempt_id=attempt.id,
-                                        name=f"agent for {attempt.id}")
+                token = repo.mint_token(
+                    s, "agent", tenant=job.tenant, attempt_id=attempt.id, name=f"agent for {attempt.id}"
+                )
                 request = LaunchRequest(
-                    job_id=job.id, job_name=job.name, attempt_id=attempt.id, attempt_number=attempt.number,
-                    spec=JobSpec.model_validate(job.spec), api_url=self.settings.api_url, agent_token=token,
-                    resume_from=attempt.resume_from, exclude_nodes=tuple(attempt.exclude_nodes or ()),
+                    job_id=job.id,
+                    job_name=job.name,
+                    attempt_id=attempt.id,
+                    attempt_number=attempt.number,
+                    spec=JobSpec.model_validate(job.spec),
+                    api_url=self.settings.api_url,
+                    agent_token=token,
+                    resume_from=attempt.resume_from,
+                    exclude_nodes=tuple(attempt.exclude_nodes or ()),
                 )
             failpoints.hit("controller.before_launch")
             # Outside the transaction: launching can take a while and must not hold locks.
@@ -137,7 +161,8 @@ class Controller:
                 log.exception("launch of %s failed", attempt_id)
                 with self.db.session() as s:
                     attempt = repo.get_attempt(s, attempt_id)
-                    reason = {"kind": "launch.failed", "message": str(exc)[:500]}
+                    # A backend error may name its own kind (placement.failed: too few usable nodes).
+                    reason = {"kind": getattr(exc, "failure_kind", "launch.failed"), "message": str(exc)[:500]}
                     repo.set_attempt_state(s, attempt, "Failed", reason)
                     self._attempt_failed(s, attempt, reason)
                 continue
@@ -148,7 +173,7 @@ class Controller:
 
     def _poll_running(self) -> None:
         with self.db.session() as s:
-            running = [(a.id, a.handle, a.job.backend) for a in repo.attempts_in(s, {"Running"})]
+            running = [(a.id, a.handle, a.job.backend) for a in repo.attempts_in(s, {AttemptState.RUNNING})]
         for attempt_id, handle, backend_name in running:
             backend = self.backends[backend_name]
             try:
@@ -158,42 +183,77 @@ class Controller:
                 continue
             if not result.terminal:
                 result = self._check_heartbeats(attempt_id, result)
-            self._record_poll(attempt_id, result)
             if result.state == "Failed":
+                self._fence_lost(backend, handle, result)  # first: a crash after it re-detects and re-fences
+            self._record_poll(attempt_id, result)
+            if result.terminal:
+                self._booted_at.pop(attempt_id, None)
+            if result.state == AttemptState.FAILED:
                 backend.stop(handle)  # the surviving nodes would only wait for their dead peer
 
     def _check_heartbeats(self, attempt_id: str, result: PollResult) -> PollResult:
-        """`node.lost`: a node that stopped heartbeating for `lost_after_heartbeats` intervals."""
+        """`node.lost` (orchestrator/liveness.py): a node that stopped heartbeating for
+        `lost_after_heartbeats` intervals, or that never sent one `health.first_heartbeat_s` after
+        the backend first reported the attempt's machines allocated (`not result.queued`)."""
         now = time.time()
+        if not result.queued:
+            # Seen by this controller: one that (re)starts gives the nodes the whole limit again.
+            self._booted_at.setdefault(attempt_id, now)
         with self.db.session() as s:
             attempt = repo.get_attempt(s, attempt_id)
-            heartbeat_s = float((attempt.job.spec.get("health") or {}).get("heartbeat_s", 5.0))
-            limit = self.settings.lost_after_heartbeats * heartbeat_s
-            if now - self._started_at < limit:
+            health = HealthSettings.from_dict(attempt.job.spec.get("health"))
+            heartbeats = {n.host: n.last_heartbeat_at for n in attempt.nodes}
+            lost = None
+            limit = self.settings.lost_after_heartbeats * health.heartbeat_s
+            if now - self._started_at >= limit:
+                lost = liveness.stopped_reporting(heartbeats, {n.host: n.state for n in attempt.nodes}, now, limit)
+            if lost is None and attempt_id in self._booted_at:
+                expected = int((attempt.job.spec.get("resources") or {}).get("instance_count", 1))
+                lost = liveness.never_reported(
+                    heartbeats,
+                    [(n.host, n.state) for n in result.nodes],
+                    expected,
+                    self._booted_at[attempt_id],
+                    now,
+                    health.first_heartbeat_s,
+                )
+            if lost is None:
                 return result
-            for node in attempt.nodes:
-                if node.last_heartbeat_at is not None and now - node.last_heartbeat_at > limit and node.state == "Running":
-                    reason = {"kind": "node.lost", "host": node.host,
-                              "message": f"no heartbeat from {node.host} for {now - node.last_heartbeat_at:.0f}s"}
-                    repo.record_verdict(s, attempt, node.host, "node.lost", reason["message"],
-                                        {"last_heartbeat_at": node.last_heartbeat_at, "limit_s": limit})
-                    return PollResult("Failed", result.nodes, reason)
-        return result
+            if lost.host:
+                repo.record_verdict(s, attempt, lost.host, FailureKind.NODE_LOST, lost.reason["message"], lost.evidence)
+            return PollResult(AttemptState.FAILED, result.nodes, lost.reason)
+
+    def _fence_lost(self, backend: Backend, handle: dict, result: PollResult) -> None:
+        """A lost node may only be paused or cut off: kill what the backend can reach of it now,
+        so it cannot come back as a zombie of this attempt (what it cannot reach, the store fences:
+        this attempt is no longer current, so nothing it commits is recorded)."""
+        reason = result.reason or {}
+        if reason.get("kind") != "node.lost" or not reason.get("host"):
+            return
+        try:
+            backend.fence(handle, [reason["host"]])
+        except Exception:
+            log.exception("fencing %s failed", reason["host"])
 
     def _record_poll(self, attempt_id: str, result: PollResult) -> None:
         with self.db.session() as s:
             attempt = repo.get_attempt(s, attempt_id)
+            # What the agents reported themselves (POST .../exit, with "t") outranks the backend's view.
+            reported = {n.host: n.exit for n in attempt.nodes if "t" in (n.exit or {})}
             for node in result.nodes:
                 row = repo.node(s, attempt, node.host)
                 row.state = node.state
-                if node.exit_code is not None or node.reason:
+                if (node.exit_code is not None or node.reason) and node.host not in reported:
                     row.exit = {"exit_code": node.exit_code, "reason": node.reason}
             if not result.terminal:
                 return
+            result = first_reported_cause(result, reported)
             job = attempt.job
             if result.state == "Stopped" and not job.stop_requested:
                 # Nodes that stopped without being asked to have failed, as far as the job is concerned.
-                result = PollResult("Failed", result.nodes, {"kind": "node.lost", "message": "nodes stopped unexpectedly"})
+                result = PollResult(
+                    "Failed", result.nodes, {"kind": "node.lost", "message": "nodes stopped unexpectedly"}
+                )
             repo.set_attempt_state(s, attempt, result.state, result.reason, result.exit_code)
             if result.state == "Completed":
                 repo.set_job_state(s, job, "Completed")
@@ -215,4 +275,3 @@ class Controller:
             return self.backends[job.backend]
         except KeyError:
             raise RuntimeError(f"backend {job.backend!r} is not configured on this control plane") from None
-

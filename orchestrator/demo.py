@@ -61,13 +61,18 @@ def main() -> int:
         _wait_healthy(url, up)
         name = f"demo-{time.strftime('%H%M%S')}"
         print(f"==> aerie submit {DEMO_SPEC.relative_to(REPO)} --name {name} --fault {DEMO_FAULT} --follow", flush=True)
-        print("    (2 nodes x 2 ranks; checkpoints every 50 steps to the loopback S3 server; at step 150 rank 1 "
-              "will spin without progress: watch the agent catch it and the job resume by itself)", flush=True)
-        print(f"    in a browser: {url}/ui/jobs (sign in with the admin token in {settings.admin_token_path})",
-              flush=True)
+        print(
+            "    (2 nodes x 2 ranks; checkpoints every 50 steps to the loopback S3 server; at step 150 rank 1 "
+            "will spin without progress: watch the agent catch it and the job resume by itself)",
+            flush=True,
+        )
+        print(
+            f"    in a browser: {url}/ui/jobs (sign in with the admin token in {settings.admin_token_path})", flush=True
+        )
         started = time.time()
-        rc = subprocess.call([*aerie, "submit", str(DEMO_SPEC), "--name", name, "--fault", DEMO_FAULT, "--follow"],
-                             env=env, cwd=REPO)
+        rc = subprocess.call(
+            [*aerie, "submit", str(DEMO_SPEC), "--name", name, "--fault", DEMO_FAULT, "--follow"], env=env, cwd=REPO
+        )
         print(f"==> the job ended in {time.time() - started:.0f}s; its history:", flush=True)
         subprocess.call([*aerie, "describe", name], env=env, cwd=REPO)
         subprocess.call([*aerie, "events", name], env=env, cwd=REPO)
@@ -75,8 +80,10 @@ def main() -> int:
         print("\nWhere to look (start `aerie up` again first, or keep one running in another shell):")
         for cmd in ("describe", "events", "logs", "checkpoints"):
             print(f"  .venv/bin/aerie {cmd} {name}")
-        print(f"  the dashboard: http://{settings.host}:<port>/ui/jobs while `aerie up` runs "
-              f"(sign in with the token in {settings.admin_token_path})")
+        print(
+            f"  the dashboard: http://{settings.host}:<port>/ui/jobs while `aerie up` runs "
+            f"(sign in with the token in {settings.admin_token_path})"
+        )
         print(f"  job files (contract dirs, node logs, metrics): {settings.jobs_dir}")
         return rc
     finally:

@@ -72,7 +72,7 @@ class S3Server:
         detached: bool = False,
         timeout_s: float = 30.0,
         record_state: bool = False,
-    ) -> "S3Server":
+    ) -> S3Server:
         port = port or free_port(host)
         log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         proc = subprocess.Popen(
@@ -97,7 +97,7 @@ class S3Server:
         return server
 
     @classmethod
-    def attach(cls) -> "S3Server | None":
+    def attach(cls) -> S3Server | None:
         """The server recorded in the state file, if it still answers."""
         try:
             st = json.loads(state_path().read_text())
@@ -119,8 +119,17 @@ class S3Server:
         path = state_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": self.pid, "host": self.host, "port": self.port,
-                                   "bucket": self.bucket, "endpoint_url": self.endpoint_url}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "pid": self.pid,
+                    "host": self.host,
+                    "port": self.port,
+                    "bucket": self.bucket,
+                    "endpoint_url": self.endpoint_url,
+                }
+            )
+        )
         os.replace(tmp, path)
 
     def alive(self) -> bool:
@@ -201,7 +210,7 @@ class S3Server:
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
 
-    def __enter__(self) -> "S3Server":
+    def __enter__(self) -> S3Server:
         return self
 
     def __exit__(self, *exc) -> None:

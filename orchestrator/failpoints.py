@@ -14,5 +14,5 @@ _ARMED = os.environ.get("AERIE_FAILPOINT", "")
 
 
 def hit(name: str) -> None:
-    if _ARMED and _ARMED == name:
+    if _ARMED and name == _ARMED:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -64,8 +64,11 @@ class HeartbeatBuffer:
             attempt = s.get(Attempt, attempt_id)
             if attempt is None:
                 return None
-            info = AttemptInfo(attempt.job.tenant, attempt.state in repo.ATTEMPT_TERMINAL or attempt.job.stop_requested,
-                               time.monotonic())
+            info = AttemptInfo(
+                attempt.job.tenant,
+                attempt.state in repo.ATTEMPT_TERMINAL or attempt.job.stop_requested,
+                time.monotonic(),
+            )
         self._info[attempt_id] = info
         self._last_used[attempt_id] = info.fetched_at
         return info
@@ -78,16 +81,23 @@ class HeartbeatBuffer:
             if used < t - self.forget_after_s:
                 self._last_used.pop(attempt_id, None)
                 self._info.pop(attempt_id, None)
-        stale = [a for a, info in list(self._info.items())
-                 if info.fetched_at < t - self.info_ttl_s and self._last_used.get(a, 0.0) >= info.fetched_at]
+        stale = [
+            a
+            for a, info in list(self._info.items())
+            if info.fetched_at < t - self.info_ttl_s and self._last_used.get(a, 0.0) >= info.fetched_at
+        ]
         if not stale:
             return
         with self.db.session() as s:
-            rows = s.execute(select(Attempt.id, Attempt.state, Job.tenant, Job.stop_requested)
-                             .join(Job, Attempt.job_id == Job.id).where(Attempt.id.in_(stale))).all()
+            rows = s.execute(
+                select(Attempt.id, Attempt.state, Job.tenant, Job.stop_requested)
+                .join(Job, Attempt.job_id == Job.id)
+                .where(Attempt.id.in_(stale))
+            ).all()
         fetched = time.monotonic()
-        found = {r.id: AttemptInfo(r.tenant, r.state in repo.ATTEMPT_TERMINAL or r.stop_requested, fetched)
-                 for r in rows}
+        found = {
+            r.id: AttemptInfo(r.tenant, r.state in repo.ATTEMPT_TERMINAL or r.stop_requested, fetched) for r in rows
+        }
         for attempt_id in stale:
             if attempt_id in found:
                 self._info[attempt_id] = found[attempt_id]
@@ -103,8 +113,10 @@ class HeartbeatBuffer:
             batch, self._pending = self._pending, {}
         if not batch:
             return 0
-        rows = [{"attempt_id": a, "host": h, "last_heartbeat_at": t, "summary": summary, "state": "Running"}
-                for (a, h), (t, summary) in batch.items()]
+        rows = [
+            {"attempt_id": a, "host": h, "last_heartbeat_at": t, "summary": summary, "state": "Running"}
+            for (a, h), (t, summary) in batch.items()
+        ]
         with self.db.session() as s:
             s.execute(self._upsert(s), rows)
         return len(batch)
@@ -121,8 +133,12 @@ class HeartbeatBuffer:
         stmt = dialect_insert(Node)
         return stmt.on_conflict_do_update(
             index_elements=[Node.attempt_id, Node.host],
-            set_={"last_heartbeat_at": stmt.excluded.last_heartbeat_at, "summary": stmt.excluded.summary,
-                  "state": case((Node.state == "Starting", "Running"), else_=Node.state)})
+            set_={
+                "last_heartbeat_at": stmt.excluded.last_heartbeat_at,
+                "summary": stmt.excluded.summary,
+                "state": case((Node.state == "Starting", "Running"), else_=Node.state),
+            },
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_s):

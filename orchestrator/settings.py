@@ -21,14 +21,28 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = 0.5
     # A node with no heartbeat for this many heartbeat intervals is lost.
     lost_after_heartbeats: int = 3
+    # EventBridge bus (name or ARN) to publish the outbox to (orchestrator/eventbus.py). Unset,
+    # the default: the handlers run in-process. Set (as the CDK stack does), events go to the
+    # bus, whose rules invoke the deployed Lambda functions, and nothing runs in-process.
+    event_bus: str | None = None
+    # The token the deployed handlers call the API with (Secrets Manager's `aerie/service-token`);
+    # `aerie up` stores it as a service token so their calls are accepted.
+    service_token: SecretStr | None = None
     # Slack (human eval). Secrets are SecretStr: they never appear in reprs or logs. Slack's own
     # variable names are accepted too. `slack_api_url` points the WebClient elsewhere (tests).
     slack_signing_secret: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("AERIE_SLACK_SIGNING_SECRET", "SLACK_SIGNING_SECRET"))
+        default=None, validation_alias=AliasChoices("AERIE_SLACK_SIGNING_SECRET", "SLACK_SIGNING_SECRET")
+    )
     slack_bot_token: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("AERIE_SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN"))
+        default=None, validation_alias=AliasChoices("AERIE_SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN")
+    )
     slack_api_url: str = "https://slack.com/api/"
     slack_max_body_bytes: int = 64 * 1024
+    # The SageMaker-compatible endpoint (orchestrator/sagemaker_api; aerie_contracts.env documents
+    # AERIE_DEFAULT_BACKEND, AERIE_SAGEMAKER_MAX_INSTANCES and AERIE_SIGV4_KEY).
+    default_backend: str = "local"
+    sagemaker_max_instances: int = 0
+    sigv4_key: SecretStr | None = None
 
     @property
     def home_dir(self) -> Path:
@@ -47,6 +61,10 @@ class Settings(BaseSettings):
     @property
     def admin_token_path(self) -> Path:
         return self.home_dir / "admin.token"
+
+    @property
+    def sigv4_key_path(self) -> Path:
+        return self.home_dir / "sigv4.key"
 
     @property
     def api_url_path(self) -> Path:

@@ -7,12 +7,16 @@ so an existing SageMaker launcher can point at Aerie unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from aerie_contracts.health import HealthSettings, field_bounds
 
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
 CHANNEL_PATTERN = r"^[A-Za-z0-9\.\-_]{1,64}$"
@@ -25,9 +29,13 @@ class _Strict(BaseModel):
 
 
 class InputChannel(_Strict):
+    """SageMaker's Channel: `mode` is its TrainingInputMode, `distribution` its
+    S3DataDistributionType (`ShardedByS3Key`: each node gets every n-th object, in key order)."""
+
     channel: str = Field(pattern=CHANNEL_PATTERN)
     s3_uri: str = Field(pattern=S3_OR_FILE_URI)
     mode: Literal["File", "Pipe", "FastFile"] = "File"
+    distribution: Literal["FullyReplicated", "ShardedByS3Key"] = "FullyReplicated"
 
 
 class OutputConfig(_Strict):
@@ -50,42 +58,48 @@ class CheckpointConfig(_Strict):
     every_steps: int = Field(default=100, ge=1)
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1)
+    # SageMaker only. Aerie's checkpoints stream to and from S3 and are never staged on disk; asking
+    # for SageMaker's own sync (CheckpointConfig) also copies `local_path` (default /opt/ml/checkpoints)
+    # to and from `<s3_uri>/<job id>.sagemaker-sync/` — a prefix apart from Aerie's checkpoints.
+    sagemaker_sync: bool = False
+    local_path: str | None = Field(default=None, pattern=r"^/.*")
+
+    @field_validator("local_path")
+    @classmethod
+    def _local_path_needs_sync(cls, value: str | None, info) -> str | None:
+        if value is not None and not info.data.get("sagemaker_sync"):
+            raise ValueError("local_path is SageMaker's checkpoint sync directory: set sagemaker_sync: true with it")
+        return value
 
 
 class RetryConfig(_Strict):
     max_restarts: int = Field(default=3, ge=0, le=100)
     exclude_bad_nodes: bool = True
+    # A node is left out of the job's next attempts once it has been blamed this many times (blame
+    # comes from evidence, lambdas/blame.py; a passed pre-flight check clears it).
+    exclude_after_blames: int = Field(default=1, ge=1, le=100)
     # Exit codes that mean "the user's code or input is wrong": retrying cannot help.
     non_retryable_exit_codes: list[int] = Field(default_factory=lambda: [2])
 
 
-class HealthConfig(_Strict):
-    """Thresholds of the node agent's detectors (agent/detect.py documents each)."""
+def _model_of(settings: type, base: type[BaseModel]) -> type[BaseModel]:
+    """A strict pydantic model generated from a contracts dataclass: same fields, defaults and
+    bounds, so the spec and the agent read one definition (`aerie_contracts.health`)."""
+    hints = typing.get_type_hints(settings)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(settings):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            tp = _model_of(tp, base)
+            fields[f.name] = (tp, Field(default_factory=tp, description=f.metadata.get("doc")))
+        else:
+            fields[f.name] = (tp, Field(default=f.default, description=f.metadata.get("doc"), **field_bounds(f)))
+    return create_model(
+        settings.__name__.replace("Settings", "Config"), __base__=base, __doc__=settings.__doc__, **fields
+    )
 
-    hang_floor_s: float = Field(default=30.0, gt=0)
-    hang_factor: float = Field(default=5.0, gt=0)
-    startup_grace_s: float = Field(default=60.0, ge=0)
-    first_step_timeout_s: float = Field(default=300.0, gt=0)
-    pause_max_s: float = Field(default=1800.0, gt=0)
-    heartbeat_s: float = Field(default=5.0, gt=0)
-    sample_s: float = Field(default=1.0, gt=0)
-    window_s: float = Field(default=300.0, gt=0)
-    busy_util: float = Field(default=50.0, ge=0, le=100)
-    gpu_idle_util: float = Field(default=5.0, ge=0, le=100)
-    gpu_work_util: float = Field(default=10.0, ge=0, le=100)
-    gpu_idle_s: float = Field(default=20.0, gt=0)
-    nic_drop_ratio: float = Field(default=0.1, gt=0, lt=1)
-    nic_window_s: float = Field(default=20.0, gt=0)
-    nic_baseline_s: float = Field(default=120.0, gt=0)
-    nic_min_bps: float = Field(default=256 * 1024, ge=0)
-    nic_min_retrans: int = Field(default=5, ge=0)
-    spike_z: float = Field(default=6.0, gt=0)
-    spike_steps: int = Field(default=3, ge=1)
-    spike_min_rel: float = Field(default=0.1, ge=0)
-    spike_baseline: int = Field(default=50, ge=2)
-    spike_min_baseline: int = Field(default=20, ge=2)
-    accelerator: Literal["auto", "nvml", "cpu"] = "auto"
-    enabled: bool = True
+
+HealthConfig = _model_of(HealthSettings, _Strict)
 
 
 class SamplingConfig(_Strict):
@@ -163,6 +177,14 @@ class JobSpec(_Strict):
             raise ValueError(f"at most 100 hyperparameters (SageMaker's limit), got {len(value)}")
         return value
 
+    @model_validator(mode="after")
+    def _node_slots(self) -> JobSpec:
+        if self.backend == "local":  # the local backend's node pool (other backends have their own)
+            from orchestrator.backends.placement import node_slots
+
+            node_slots(self.backend_options, self.resources.instance_count)
+        return self
+
     @field_validator("inputs")
     @classmethod
     def _unique_channels(cls, value: list[InputChannel]) -> list[InputChannel]:
@@ -171,23 +193,32 @@ class JobSpec(_Strict):
             raise ValueError("input channel names must be unique")
         return value
 
+    @model_validator(mode="after")
+    def _pipe_on_sagemaker_only(self) -> JobSpec:
+        piped = [c.channel for c in self.inputs if c.mode == "Pipe"]
+        if piped and self.backend != "sagemaker":
+            raise ValueError(
+                f"inputs {piped}: Pipe mode is SageMaker's own; on the {self.backend} backend use File or FastFile"
+            )
+        return self
+
     # --- loading -------------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobSpec":
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         """Validate a spec, or convert a raw CreateTrainingJob request (recognised by its keys)."""
         if isinstance(data, dict) and "AlgorithmSpecification" in data:
             return cls.from_create_training_job(data)
         return cls.model_validate(data)
 
     @classmethod
-    def load(cls, path: str | Path) -> "JobSpec":
+    def load(cls, path: str | Path) -> JobSpec:
         return cls.from_dict(load_document(Path(path)))
 
     # --- SageMaker ------------------------------------------------------------------------------
 
     @classmethod
-    def from_create_training_job(cls, request: dict[str, Any]) -> "JobSpec":
+    def from_create_training_job(cls, request: dict[str, Any]) -> JobSpec:
         from orchestrator.sagemaker_mapping import spec_dict_from_request
 
         return cls.model_validate(spec_dict_from_request(request))

@@ -35,8 +35,10 @@ def pg_url():
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:  # the suite needs the real server; say how to start it
-        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} is not usable ({exc}); start it with "
-                    "'pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start'")
+        pytest.fail(
+            f"PostgreSQL at {PG_ADMIN_URL} is not usable ({exc}); start it with "
+            "'pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start'"
+        )
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     yield url
     with admin.connect() as conn:

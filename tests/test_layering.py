@@ -1,11 +1,10 @@
-"""The architecture's import rules: orchestrator, agent and lambdas never import torch."""
+"""The architecture's import rules: orchestrator, agent, lambdas and aerie_s3 never import torch."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
-
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,20 +20,38 @@ sys.meta_path.insert(0, _NoTorch())
 
 
 def _modules(package: str) -> list[str]:
-    return sorted(".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-                  for p in (REPO / package).rglob("*.py") if "migrations" not in p.parts)
+    return sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in (REPO / package).rglob("*.py")
+        if "migrations" not in p.parts
+    )
 
 
 # Every module of the torch-free packages, found on disk so a new one can't be forgotten, plus
 # the trainer modules the handlers and the CLI rely on.
-TORCH_FREE = _modules("orchestrator") + _modules("agent") + _modules("lambdas") + [
-    "trainer", "trainer.checkpoint.manifest", "trainer.faults", "trainer.data.cli",
-]
+TORCH_FREE = (
+    _modules("orchestrator")
+    + _modules("agent")
+    + _modules("lambdas")
+    + _modules("aerie_s3")
+    + [
+        "trainer",
+        "trainer.checkpoint.manifest",
+        "trainer.faults",
+        "trainer.data.cli",
+        "trainer.data.channels",
+        "trainer.data.s3_indexed",
+        "trainer.data.readahead",
+        "trainer.checkpoint.s3io",
+    ]
+)
 
 
 def test_torch_free_modules_import_without_torch():
     """One interpreter with torch made unimportable imports every module in turn."""
-    code = BLOCK_TORCH + f"""
+    code = (
+        BLOCK_TORCH
+        + f"""
 import importlib, traceback
 failed = []
 for name in {TORCH_FREE!r}:
@@ -45,5 +62,27 @@ for name in {TORCH_FREE!r}:
 print("\\n".join(failed))
 raise SystemExit(1 if failed else 0)
 """
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_contracts_use_the_standard_library_only():
+    """`aerie_contracts` ships in the Lambda bundle and the torch-free agent: stdlib imports only."""
+    import ast
+
+    outside = []
+    for path in (REPO / "aerie_contracts").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("aerie_contracts", "__future__"):
+                    outside.append(f"{path.relative_to(REPO)}: {name}")
+    assert not outside, outside

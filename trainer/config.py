@@ -38,14 +38,21 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    """Either `prefixes` (+ `weights`, and `tokenizer` for the vocabulary size) or `corpus: stdlib`.
+    """Either `prefixes` (or one `prefix`; + `weights`, and `tokenizer` for the vocabulary size)
+    or `corpus: stdlib`.
 
     `corpus: stdlib` builds, on first use, a byte-level BPE tokenizer (`vocab_size`) and a
     preprocessed `.bin/.idx` of the Python standard library's sources (capped at `max_bytes`)
     in `cache_dir`; the local rank 0 of every node builds it, the others wait.
+
+    `channel: train` reads the prefixes from the job's input channel `train` (relative to it):
+    its directory in File mode, streamed from S3 in FastFile mode (`trainer.data.channels`), with
+    `read_ahead_mb` of the next micro-batches' bytes fetched ahead per rank.
     """
 
     corpus: Literal["stdlib"] | None = None
+    channel: str | None = None
+    prefix: str | None = None
     prefixes: list[str] = Field(default_factory=list)
     weights: list[float] | None = None
     tokenizer: str | None = None
@@ -53,11 +60,18 @@ class DataSection(_Section):
     vocab_size: int = 512
     max_bytes: int | None = 4_000_000
     workers: int = 1
+    read_ahead_mb: float = Field(default=64.0, gt=0)
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataSection":
+    def _one_source(self) -> DataSection:
+        if self.prefix is not None:
+            if self.prefixes:
+                raise ValueError("give `prefix` or `prefixes`, not both")
+            self.prefixes = [self.prefix]
         if (self.corpus is None) == (not self.prefixes):
-            raise ValueError("data needs exactly one of `corpus: stdlib` or `prefixes`")
+            raise ValueError("data needs exactly one of `corpus: stdlib` or `prefixes` (or `prefix`)")
+        if self.channel is not None and self.corpus is not None:
+            raise ValueError("`channel` reads prefixes from an input channel: give `prefix`, not `corpus`")
         if self.weights is not None and len(self.weights) != len(self.prefixes):
             raise ValueError(f"{len(self.weights)} weights for {len(self.prefixes)} prefixes")
         return self
@@ -118,7 +132,7 @@ class TrainConfig(_Section):
     peak_flops: float | None = None  # per rank's device, FLOP/s
 
     @model_validator(mode="after")
-    def _sane(self) -> "TrainConfig":
+    def _sane(self) -> TrainConfig:
         for name in ("seq_len", "micro_batch_size", "grad_accum", "steps", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -203,7 +217,9 @@ def sagemaker_hyperparameters() -> dict[str, Any]:
     return {}
 
 
-def load_config(path: str | Path | None, sets: list[str] | None = None, use_hyperparameters: bool = True) -> TrainConfig:
+def load_config(
+    path: str | Path | None, sets: list[str] | None = None, use_hyperparameters: bool = True
+) -> TrainConfig:
     raw: dict[str, Any] = {}
     if path is not None:
         raw = yaml.safe_load(resolve_path(path).read_text()) or {}

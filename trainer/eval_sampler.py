@@ -79,9 +79,15 @@ def sample(request: dict[str, Any]) -> dict[str, Any]:
     tok_path = tokenizer_path(cfg)
     tokenizer = load_tokenizer(tok_path)
     s = request.get("sampling") or {}
-    answers = generate(model, tokenizer, request["prompts"], max_new_tokens=int(s.get("max_new_tokens", 64)),
-                       temperature=float(s.get("temperature", 0.8)), top_k=s.get("top_k", 50),
-                       seed=int(s.get("seed", 0)))
+    answers = generate(
+        model,
+        tokenizer,
+        request["prompts"],
+        max_new_tokens=int(s.get("max_new_tokens", 64)),
+        temperature=float(s.get("temperature", 0.8)),
+        top_k=s.get("top_k", 50),
+        seed=int(s.get("seed", 0)),
+    )
     return {"answers": answers, "model": cfg.model.preset, "tokenizer": str(tok_path)}
 
 

@@ -61,8 +61,11 @@ def to_hf_config(cfg: ModelConfig, bos_token_id: int | None = None, eos_token_id
             "hidden_act": "gelu",
             "rotary_pct": cfg.rotary_pct,
             "rotary_emb_base": cfg.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta,
-                                "partial_rotary_factor": cfg.rotary_pct},
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": cfg.rope_theta,
+                "partial_rotary_factor": cfg.rotary_pct,
+            },
             "layer_norm_eps": cfg.norm_eps,
             "use_parallel_residual": cfg.use_parallel_residual,
             "attention_bias": True,
@@ -114,8 +117,11 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         if hf.get("hidden_act", "gelu") != "gelu" or not hf.get("attention_bias", True):
             raise ValueError("only GPT-NeoX with exact GELU and attention biases is supported")
         return ModelConfig(
-            family="gpt_neox", **common,
-            rotary_pct=float(_rope_field(hf, "partial_rotary_factor", "rotary_pct", "partial_rotary_factor", default=0.25)),
+            family="gpt_neox",
+            **common,
+            rotary_pct=float(
+                _rope_field(hf, "partial_rotary_factor", "rotary_pct", "partial_rotary_factor", default=0.25)
+            ),
             rope_theta=float(_rope_field(hf, "rope_theta", "rotary_emb_base", "rope_theta", default=10000.0)),
             use_parallel_residual=bool(hf.get("use_parallel_residual", True)),
             norm_eps=hf.get("layer_norm_eps", 1e-5),
@@ -127,7 +133,8 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         if hf.get("attention_bias") or hf.get("mlp_bias") or hf.get("hidden_act", "silu") != "silu":
             raise ValueError("only LLaMA without biases and with SiLU (SwiGLU) is supported")
         return ModelConfig(
-            family="llama", **common,
+            family="llama",
+            **common,
             num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             rope_theta=float(_rope_field(hf, "rope_theta", "rope_theta", default=10000.0)),
             norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -200,7 +207,9 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
             for p in ("weight", "bias"):
                 out[ours + f"attn_norm.{p}"] = hf_sd[hf + f"input_layernorm.{p}"]
                 out[ours + f"mlp_norm.{p}"] = hf_sd[hf + f"post_attention_layernorm.{p}"]
-                out[ours + f"attn.wqkv.{p}"] = _neox_qkv_from_hf(hf_sd[hf + f"attention.query_key_value.{p}"], cfg.num_heads)
+                out[ours + f"attn.wqkv.{p}"] = _neox_qkv_from_hf(
+                    hf_sd[hf + f"attention.query_key_value.{p}"], cfg.num_heads
+                )
                 out[ours + f"attn.wo.{p}"] = hf_sd[hf + f"attention.dense.{p}"]
                 out[ours + f"mlp.w_in.{p}"] = hf_sd[hf + f"mlp.dense_h_to_4h.{p}"]
                 out[ours + f"mlp.w_out.{p}"] = hf_sd[hf + f"mlp.dense_4h_to_h.{p}"]

@@ -7,7 +7,6 @@ command runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -21,7 +20,7 @@ def export(
     to: str = typer.Option("hf", "--to", help="Format: hf (Hugging Face GPTNeoXForCausalLM / LlamaForCausalLM)."),
     config: Path = typer.Option(..., "--config", help="The trainer config the checkpoint was trained with."),
     set_: list[str] = typer.Option([], "--set", help="Config overrides used in training (key=value)."),
-    tokenizer: Optional[Path] = typer.Option(None, help="tokenizer.json to ship (default: the run's own)."),
+    tokenizer: Path | None = typer.Option(None, help="tokenizer.json to ship (default: the run's own)."),
 ) -> None:
     """Write config.json, model.safetensors and the tokenizer of a checkpoint, loadable with
     transformers' `AutoModelForCausalLM.from_pretrained(OUT)`."""
@@ -43,4 +42,7 @@ def export(
     load_weights(model, checkpoint)
     tok = tokenizer or tokenizer_path(cfg)
     path = export_hf(model.state_dict(), model_cfg, out, tokenizer_path=tok if Path(tok).exists() else None)
-    typer.echo(f"exported {checkpoint} -> {path} ({model_cfg.family}, {sum(p.numel() for p in model.parameters()):,} parameters)")
+    typer.echo(
+        f"exported {checkpoint} -> {path} ({model_cfg.family}, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters)"
+    )

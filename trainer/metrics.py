@@ -46,8 +46,13 @@ def tensorboard_dir() -> Path:
 class MetricsWriter:
     """One per rank. Thread-safe: checkpoint completions are reported from a background thread."""
 
-    def __init__(self, rank: int, directory: str | Path | None = None, tensorboard: str | Path | None = None,
-                 enable_tensorboard: bool | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        directory: str | Path | None = None,
+        tensorboard: str | Path | None = None,
+        enable_tensorboard: bool | None = None,
+    ) -> None:
         self.rank = rank
         self._lock = threading.Lock()
         path = Path(directory) if directory is not None else metrics_dir()
@@ -68,11 +73,21 @@ class MetricsWriter:
             self._file.write(line)
             self._file.flush()
 
-    def step(self, step: int, *, loss: float, grad_norm: float, lr: float, tokens: int, step_s: float,
-             **extra: float | None) -> None:
+    def step(
+        self, step: int, *, loss: float, grad_norm: float, lr: float, tokens: int, step_s: float, **extra: float | None
+    ) -> None:
         """A training step's line (event null) and, on rank 0, its TensorBoard points."""
-        record = {"t": time.time(), "rank": self.rank, "step": step, "loss": loss, "grad_norm": grad_norm,
-                  "lr": lr, "tokens": tokens, "step_s": step_s, "event": None}
+        record = {
+            "t": time.time(),
+            "rank": self.rank,
+            "step": step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": tokens,
+            "step_s": step_s,
+            "event": None,
+        }
         record.update(extra)
         self._write(record)
         self.scalars(step, loss=loss, grad_norm=grad_norm, lr=lr, **extra)

@@ -46,8 +46,14 @@ def _free_port() -> int:
 def init_distributed(timeout_s: float = 1800.0) -> World:
     """Join (or, alone, create) the default process group and pick this rank's device."""
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -59,8 +65,9 @@ def init_distributed(timeout_s: float = 1800.0) -> World:
         device = torch.device("cpu")
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend, timeout=timedelta(seconds=timeout_s), device_id=device if device.type == "cuda" else None
+        )
     return World(rank, world_size, local_rank, local_world_size, device)
 
 
@@ -91,8 +98,9 @@ def apply_compile(model: nn.Module) -> None:
         model.layers[i] = torch.compile(block)
 
 
-def parallelize(model: nn.Module, world: World, parallelism: str, activation_checkpointing: bool = False,
-                compile: bool = False) -> nn.Module:
+def parallelize(
+    model: nn.Module, world: World, parallelism: str, activation_checkpointing: bool = False, compile: bool = False
+) -> nn.Module:
     """Wrap `model` (already on `world.device`, identically initialised on every rank)."""
     if activation_checkpointing:
         apply_activation_checkpointing(model)

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,7 +63,10 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=True,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg) / cfg.lr)
     return optimizer, scheduler
@@ -96,8 +100,15 @@ def prepare_stdlib_corpus(cfg: TrainConfig, world: parallel.World) -> tuple[str,
                 log.info("building the stdlib corpus in %s", out)
                 corpus = write_stdlib_corpus(out / "corpus.jsonl", max_bytes=d.max_bytes)
                 train_bpe([corpus], d.vocab_size, tokenizer)
-                preprocess(corpus, json_key="text", tokenizer=tokenizer, output_prefix=prefix,
-                           workers=d.workers, append_eod=True, progress=False)
+                preprocess(
+                    corpus,
+                    json_key="text",
+                    tokenizer=tokenizer,
+                    output_prefix=prefix,
+                    workers=d.workers,
+                    append_eod=True,
+                    progress=False,
+                )
                 (out / "corpus.jsonl").unlink()
                 ready.write_text("ok\n")
     dist.barrier()
@@ -110,6 +121,10 @@ def build_dataset(cfg: TrainConfig, world: parallel.World, num_samples: int, see
     if cfg.data.corpus == "stdlib":
         prefix, _ = prepare_stdlib_corpus(cfg, world)
         prefixes, weights = [prefix], None
+    elif cfg.data.channel:
+        from trainer.data.channels import resolve
+
+        prefixes, weights = [resolve(cfg.data.channel, p) for p in cfg.data.prefixes], cfg.data.weights
     else:
         prefixes, weights = [str(resolve_path(p)) for p in cfg.data.prefixes], cfg.data.weights
     index_cache = data_cache_dir(cfg) / "index"
@@ -122,10 +137,13 @@ def build_dataset(cfg: TrainConfig, world: parallel.World, num_samples: int, see
     return dataset
 
 
-def micro_batches(dataset, sampler, device: torch.device) -> Iterator[torch.Tensor]:
-    """[micro_batch_size, seq_len + 1] token tensors in the sampler's order."""
-    for indices in sampler:
-        yield torch.from_numpy(np.stack([dataset[i] for i in indices])).to(device, non_blocking=True)
+def micro_batches(dataset, sampler, device: torch.device, read_ahead_mb: float = 64.0) -> Iterator[torch.Tensor]:
+    """[micro_batch_size, seq_len + 1] token tensors in the sampler's order (a streamed, FastFile
+    dataset's bytes fetched `read_ahead_mb` ahead: trainer.data.readahead)."""
+    from trainer.data.readahead import read_ahead
+
+    for samples in read_ahead(dataset, sampler, int(read_ahead_mb * 2**20)):
+        yield torch.from_numpy(np.stack(samples)).to(device, non_blocking=True)
 
 
 # --- model ---------------------------------------------------------------------------------------
@@ -153,8 +171,15 @@ def total_grad_norm(model, max_norm: float) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
-def train_step(model, optimizer, scheduler, batches: Iterator[torch.Tensor], world: parallel.World,
-               cfg: TrainConfig, poison_loss: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def train_step(
+    model,
+    optimizer,
+    scheduler,
+    batches: Iterator[torch.Tensor],
+    world: parallel.World,
+    cfg: TrainConfig,
+    poison_loss: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step: `grad_accum` micro-batches from `batches` (gradients synchronised on
     the last only), clipping, AdamW, schedule. Returns (mean loss, grad norm before clipping),
     both as tensors. `poison_loss` turns the loss into NaN (fault injection). This is all the
@@ -183,8 +208,10 @@ def evaluate(model, dataset, world: parallel.World, cfg: TrainConfig) -> float:
     model.eval()
     sampler = MegatronPretrainingSampler(len(dataset), 0, cfg.micro_batch_size, world.rank, world.world_size)
     total = torch.zeros(2, device=world.device)
-    for tokens in micro_batches(dataset, sampler, world.device):
-        total += torch.stack([loss_of(model, tokens, world, cfg.precision).detach(), torch.ones((), device=world.device)])
+    for tokens in micro_batches(dataset, sampler, world.device, cfg.data.read_ahead_mb):
+        total += torch.stack(
+            [loss_of(model, tokens, world, cfg.precision).detach(), torch.ones((), device=world.device)]
+        )
     dist.all_reduce(total)
     model.train()
     return (total[0] / total[1]).item()
@@ -192,22 +219,63 @@ def evaluate(model, dataset, world: parallel.World, cfg: TrainConfig) -> float:
 
 def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -> tuple[dict, str]:
     """Load `uri`; if it cannot be restored (corrupt, incomplete), fall back to the newest older
-    good checkpoint under the same prefix, and say so. Every rank sees the same failure (DCP
-    gathers read errors), so every rank falls back to the same checkpoint."""
+    good checkpoint under the same prefix (as the control plane records them, when there is one),
+    and say so. Every rank sees the same failure (DCP gathers read errors), so every rank falls
+    back to the same checkpoint. Once a fallback restored, the storage evidently works, so the
+    ones that failed are the checkpoints' fault: rank 0 marks them bad (a `BAD` marker, and the
+    control plane's record), so no later attempt tries them again."""
     from trainer.checkpoint import manifest
 
+    failed: list[tuple[str, str]] = []
     while True:
         try:
-            return checkpointer.load(uri, model, optimizer, scheduler), uri
+            extra = checkpointer.load(uri, model, optimizer, scheduler)
         except (Exception, CheckpointException) as exc:
-            prefix, _, name = uri.rstrip("/").rpartition("/")
-            match = manifest.STEP_RE.match(name)
-            older = [c for c in manifest.list_checkpoints(prefix) if match and c.good and c.step < int(match.group(1))]
+            ref = manifest.parse_uri(uri)
+            if ref is None:
+                raise
+            recorded = checkpointer.gate.recorded() if checkpointer.gate is not None else None
+            older = [c for c in manifest.list_checkpoints(ref.prefix, recorded) if c.good and c.ref.key < ref.key]
             if not older:
                 raise
-            log.error("cannot restore %s (%s); falling back to the previous good checkpoint %s",
-                      uri, describe_error(exc), older[-1].uri)
+            failed.append((uri, describe_error(exc)))
+            log.error(
+                "cannot restore %s (%s); falling back to the previous good checkpoint %s",
+                uri,
+                failed[-1][1],
+                older[-1].uri,
+            )
             uri = older[-1].uri
+            continue
+        if failed and dist.get_rank() == 0:
+            _mark_bad(checkpointer, failed, uri)
+        return extra, uri
+
+
+def _mark_bad(checkpointer: Checkpointer, failed: list[tuple[str, str]], restored: str) -> None:
+    from trainer.checkpoint import manifest
+
+    for uri, error in failed:
+        reason = f"restore failed: {error[:500]} (resumed from {restored} instead)"
+        try:
+            manifest.mark_bad(uri, reason)
+        except Exception as exc:  # the record below still tells the control plane
+            log.warning("could not write the BAD marker of %s: %s", uri, exc)
+        if checkpointer.gate is not None:
+            checkpointer.gate.mark_bad(uri, reason)
+
+
+def fencing_of_attempt() -> dict[str, Any]:
+    """The attempt this run belongs to, from its node's environment: its number is the epoch in
+    the checkpoint keys, and its commits go through the control plane's gate. Nothing outside Aerie."""
+    from trainer.checkpoint.fence import CommitGate
+
+    number = os.environ.get("AERIE_ATTEMPT_NUMBER", "")
+    return {
+        "attempt": int(number) if number.isdigit() else None,
+        "attempt_id": os.environ.get("AERIE_ATTEMPT", ""),
+        "gate": CommitGate.from_env(),
+    }
 
 
 # --- signals -------------------------------------------------------------------------------------
@@ -270,10 +338,19 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     optimizer, scheduler = build_optimizer(model, cfg)
 
     checkpointer = Checkpointer(
-        cfg.checkpoint.resolved_uri(), cfg.checkpoint.resolved_every(), metrics,
-        world={"world_size": world.world_size, "num_nodes": world.num_nodes,
-               "procs_per_node": world.local_world_size, "parallelism": cfg.parallelism},
-        config_hash=cfg.config_hash(), async_=cfg.checkpoint.async_save, thread_count=cfg.checkpoint.thread_count,
+        cfg.checkpoint.resolved_uri(),
+        cfg.checkpoint.resolved_every(),
+        metrics,
+        world={
+            "world_size": world.world_size,
+            "num_nodes": world.num_nodes,
+            "procs_per_node": world.local_world_size,
+            "parallelism": cfg.parallelism,
+        },
+        config_hash=cfg.config_hash(),
+        async_=cfg.checkpoint.async_save,
+        thread_count=cfg.checkpoint.thread_count,
+        **fencing_of_attempt(),
     )
 
     # Resume: weights, optimizer, schedule, RNG and the data position.
@@ -288,7 +365,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         checkpointer.wait()
         return 0
     sampler = MegatronPretrainingSampler(num_samples, consumed, cfg.micro_batch_size, world.rank, world.world_size)
-    batches = micro_batches(dataset, sampler, world.device)
+    batches = micro_batches(dataset, sampler, world.device, cfg.data.read_ahead_mb)
 
     # Throughput accounting for MFU and tokens/$.
     flops_tok = flops_per_token(model_cfg, cfg.seq_len)
@@ -304,8 +381,9 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         t0 = time.perf_counter()
         faults.before_step(step + 1)
         lr = scheduler.get_last_lr()[0]
-        loss_sum, grad_norm = train_step(model, optimizer, scheduler, batches, world, cfg,
-                                         poison_loss=faults.loss_is_nan(step + 1))
+        loss_sum, grad_norm = train_step(
+            model, optimizer, scheduler, batches, world, cfg, poison_loss=faults.loss_is_nan(step + 1)
+        )
         step += 1
         consumed += global_batch
         tokens += tokens_per_step
@@ -313,7 +391,9 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         # One collective carries every rank's loss and whether any rank was asked to stop.
         # Gathered, then summed in rank order: an all-reduce may add in a different order from run
         # to run, and a resumed run must report bitwise the losses of an uninterrupted one.
-        summary = torch.stack([loss_sum, torch.tensor(float(stop.signum > 0), device=world.device)])
+        # A superseded attempt (its commit was refused: the job moved on without it) stops too.
+        halt = stop.signum > 0 or checkpointer.superseded is not None
+        summary = torch.stack([loss_sum, torch.tensor(float(halt), device=world.device)])
         gathered = [torch.empty_like(summary) for _ in range(world.world_size)]
         dist.all_gather(gathered, summary)
         loss_value = sum(g[0].item() for g in gathered) / world.world_size
@@ -322,12 +402,23 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
 
         if step % cfg.log_every == 0 or step == cfg.steps or stopping:
             tokens_per_s = tokens_per_step / step_s
-            metrics.step(step, loss=loss_value, grad_norm=grad_norm.item(), lr=lr, tokens=tokens, step_s=step_s,
-                         tokens_per_s=tokens_per_s, mfu=flops_tok * tokens_per_s / peak,
-                         tokens_per_dollar=pricing.tokens_per_dollar(tokens_per_s, price, world.num_nodes))
+            metrics.step(
+                step,
+                loss=loss_value,
+                grad_norm=grad_norm.item(),
+                lr=lr,
+                tokens=tokens,
+                step_s=step_s,
+                tokens_per_s=tokens_per_s,
+                mfu=flops_tok * tokens_per_s / peak,
+                tokens_per_dollar=pricing.tokens_per_dollar(tokens_per_s, price, world.num_nodes),
+            )
         if world.rank == 0 and cfg.print_every and (step % cfg.print_every == 0 or step == cfg.steps):
-            print(f"step {step}/{cfg.steps} loss {loss_value:.4f} grad_norm {grad_norm.item():.3f} "
-                  f"lr {lr:.2e} {tokens_per_step / step_s:,.0f} tokens/s", flush=True)
+            print(
+                f"step {step}/{cfg.steps} loss {loss_value:.4f} grad_norm {grad_norm.item():.3f} "
+                f"lr {lr:.2e} {tokens_per_step / step_s:,.0f} tokens/s",
+                flush=True,
+            )
         if eval_dataset is not None and step % cfg.eval_every == 0:
             metrics.event("eval_begin", step)
             eval_loss = evaluate(model, eval_dataset, world, cfg)
@@ -335,14 +426,22 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
             metrics.scalars(step, eval_loss=eval_loss)
         if stopping:
             stop.signum = stop.signum or signal.SIGTERM  # a peer was signalled: this rank stops too
-            log.warning("stop requested (signal %d): leaving after step %d", stop.signum, step)
+            if checkpointer.superseded is not None:
+                log.error("this attempt was superseded (%s): leaving after step %d", checkpointer.superseded, step)
+            else:
+                log.warning("stop requested (signal %d): leaving after step %d", stop.signum, step)
             break
         # Periodic checkpoints, and one of the final state (what export and evaluation read).
         # Never checkpoint a diverged model: a NaN state must not become a resume point.
         if (checkpointer.due(step) or (step == cfg.steps and checkpointer.base_uri)) and math.isfinite(loss_value):
-            checkpointer.save(step, model, optimizer, scheduler,
-                              {"step": step, "consumed_samples": consumed, "tokens": tokens},
-                              metrics_at_step={"loss": loss_value, "grad_norm": grad_norm.item(), "lr": lr})
+            checkpointer.save(
+                step,
+                model,
+                optimizer,
+                scheduler,
+                {"step": step, "consumed_samples": consumed, "tokens": tokens},
+                metrics_at_step={"loss": loss_value, "grad_norm": grad_norm.item(), "lr": lr},
+            )
 
     if stopping:
         # A save in flight was staged before the signal: let it finish and commit, within a grace
@@ -356,14 +455,20 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="training config YAML (relative: to $AERIE_WORKDIR, else the cwd)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field by dotted path, e.g. --set lr=3e-4 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field by dotted path, e.g. --set lr=3e-4 (repeatable)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("AERIE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("AERIE_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = parse_args(argv)
     cfg = load_config(args.config, args.set)
     return train(cfg)

@@ -5,6 +5,7 @@ stopped peer.
 
 ``sys_root`` and ``proc_root`` are injectable so tests can drive the counters.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,13 @@ def interfaces_from_resourceconfig(path: Path) -> list[str] | None:
 class NicProbe:
     """Per interface (and IB/EFA port) ``{"rx_bps", "tx_bps"}`` samples in a ring."""
 
-    def __init__(self, interfaces: list[str] | None = None, sys_root: Path | str = "/sys",
-                 proc_root: Path | str = "/proc", maxlen: int = 600):
+    def __init__(
+        self,
+        interfaces: list[str] | None = None,
+        sys_root: Path | str = "/sys",
+        proc_root: Path | str = "/proc",
+        maxlen: int = 600,
+    ):
         self.sys_root, self.proc_root = Path(sys_root), Path(proc_root)
         # Names that do not exist here (a resourceconfig written for another image) fall back
         # to every up interface rather than watching nothing.
@@ -88,14 +94,19 @@ class NicProbe:
                 for port in sorted(os.listdir(ports)) if ports.is_dir() else []:
                     c = ports / port / "counters"
                     if (c / "port_rcv_data").exists():
-                        out[f"{dev}/{port}"] = ([c / "port_rcv_data"], [c / "port_xmit_data"], 4,
-                                                ports / port / "state")
+                        out[f"{dev}/{port}"] = (
+                            [c / "port_rcv_data"],
+                            [c / "port_xmit_data"],
+                            4,
+                            ports / port / "state",
+                        )
         return out
 
     def _tcp_retrans(self) -> int | None:
         try:
-            lines = [ln.split() for ln in (self.proc_root / "net" / "snmp").read_text().splitlines()
-                     if ln.startswith("Tcp:")]
+            lines = [
+                ln.split() for ln in (self.proc_root / "net" / "snmp").read_text().splitlines() if ln.startswith("Tcp:")
+            ]
             return int(lines[1][lines[0].index("RetransSegs")])
         except (OSError, IndexError, ValueError):
             return None

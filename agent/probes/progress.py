@@ -4,6 +4,7 @@ Each file's byte offset is remembered, so a tick reads only what was appended si
 one; a partial last line (the trainer is mid-write) stays buffered until its newline arrives;
 files that appear later (ranks start at different times) are picked up on the next poll.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,12 +15,16 @@ from collections import deque
 from pathlib import Path
 
 _RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
-_PAUSES = {"checkpoint_begin": ("checkpoint", True), "checkpoint_end": ("checkpoint", False),
-           "eval_begin": ("eval", True), "eval_end": ("eval", False)}
+_PAUSES = {
+    "checkpoint_begin": ("checkpoint", True),
+    "checkpoint_end": ("checkpoint", False),
+    "eval_begin": ("eval", True),
+    "eval_end": ("eval", False),
+}
 
 
 class _Tail:
-    __slots__ = ("path", "offset", "partial")
+    __slots__ = ("offset", "partial", "path")
 
     def __init__(self, path: Path):
         self.path, self.offset, self.partial = path, 0, b""
@@ -112,6 +117,14 @@ class ProgressProbe:
     def last_step(self) -> int | None:
         last = [s[-1][1] for s in self.steps.values() if s]
         return min(last) if last else None  # the slowest rank's step is the job's step
+
+    def last_step_t(self) -> float | None:
+        """When the slowest rank logged its last step (chaining compares it across nodes)."""
+        last = [s[-1] for s in self.steps.values() if s]
+        if not last:
+            return None
+        low = min(s[1] for s in last)
+        return min(s[0] for s in last if s[1] == low)
 
     def last_loss(self) -> float | None:
         for rank in sorted(self.steps):

@@ -86,6 +86,7 @@ class ThrottlingProxy:
         self.stats = ProxyStats()
         self.cut_off = False  # see cut()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._buckets: set[TokenBucket] = set()  # of open connections (see set_rate())
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -113,6 +114,14 @@ class ThrottlingProxy:
     def heal(self) -> None:
         self.cut_off = False
 
+    def set_rate(self, rate: float) -> None:
+        """Change the cap of every open connection and of new ones (a proxy started with a cap
+        only: one started without has no buckets to change). Tests slow one phase down this way."""
+        self.rate = float(rate)
+        for bucket in list(self._buckets):
+            bucket.rate = self.rate
+            bucket.burst = max(CHUNK, self.rate * 0.05)
+
     def _close_all(self) -> None:
         for w in list(self._writers):
             w.transport.abort()
@@ -133,6 +142,7 @@ class ThrottlingProxy:
         s.peak_active = max(s.peak_active, s.active)
         up = TokenBucket(self.rate) if self.rate else None
         down = TokenBucket(self.rate) if self.rate else None
+        self._buckets.update(b for b in (up, down) if b is not None)
         try:
             await asyncio.gather(
                 self._pipe(client_r, server_w, up, "bytes_up"),
@@ -140,6 +150,7 @@ class ThrottlingProxy:
             )
         finally:
             s.active -= 1
+            self._buckets.difference_update((up, down))
             for w in (client_w, server_w):
                 self._writers.discard(w)
                 w.close()
@@ -164,7 +175,7 @@ class ThrottlingProxy:
 
     # --- running in a background thread -------------------------------------------------
 
-    def start(self) -> "ThrottlingProxy":
+    def start(self) -> ThrottlingProxy:
         """Run the proxy's event loop in a daemon thread; returns once it listens."""
         ready = threading.Event()
 
@@ -196,7 +207,7 @@ class ThrottlingProxy:
         self._thread.join(5)
         self._loop = None
 
-    def __enter__(self) -> "ThrottlingProxy":
+    def __enter__(self) -> ThrottlingProxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -212,9 +223,18 @@ class ProxyProcess:
 
         self.stats_path = stats_path
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--target", f"{target_host}:{target_port}",
-             "--rate-mb", str((rate or 0) / 1e6), "--stats", stats_path],
-            stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--target",
+                f"{target_host}:{target_port}",
+                "--rate-mb",
+                str((rate or 0) / 1e6),
+                "--stats",
+                stats_path,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "listening":
@@ -242,7 +262,7 @@ class ProxyProcess:
         self.proc.terminate()
         self.proc.wait(10)
 
-    def __enter__(self) -> "ProxyProcess":
+    def __enter__(self) -> ProxyProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -255,8 +275,12 @@ def _hostport(text: str) -> tuple[str, int]:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    proxy = ThrottlingProxy(*_hostport(args.target), rate=args.rate_mb * 1e6, listen_host=_hostport(args.listen)[0],
-                            listen_port=_hostport(args.listen)[1])
+    proxy = ThrottlingProxy(
+        *_hostport(args.target),
+        rate=args.rate_mb * 1e6,
+        listen_host=_hostport(args.listen)[0],
+        listen_port=_hostport(args.listen)[1],
+    )
     await proxy.serve()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, proxy.reset_peak)

@@ -7,8 +7,8 @@ Tokens are looked up by their SHA-256 hash; agent tokens are bound to one attemp
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -76,8 +76,9 @@ async def principal(request: Request, creds: HTTPAuthorizationCredentials | None
     """Async on purpose: the cached path does no I/O, and skipping the threadpool hop is what
     lets one process answer thousands of heartbeats a second. A cache miss runs a short query."""
     if creds is None or not creds.credentials:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
     cache: TokenCache = request.app.state.tokens
     key = repo.hash_token(creds.credentials)
     who = cache.get(key)
@@ -85,11 +86,13 @@ async def principal(request: Request, creds: HTTPAuthorizationCredentials | None
         return who
     # A miss queries the store in a worker thread, once for all the requests that missed
     # together: the event loop keeps answering heartbeats.
-    who, expires_at = await request.app.state.lookups.run(("token", key), _lookup_token, request.app.state.db,
-                                                          creds.credentials)
+    who, expires_at = await request.app.state.lookups.run(
+        ("token", key), _lookup_token, request.app.state.db, creds.credentials
+    )
     if who is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "invalid, expired or revoked token", headers={"WWW-Authenticate": "Bearer"}
+        )
     cache.put(key, expires_at, who)
     return who
 
@@ -115,8 +118,11 @@ def writer(request: Request, who: Principal = Depends(user)) -> Principal:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"a {who.kind} token is read-only")
     retry_after = request.app.state.limiter.hit(who.token_id)
     if retry_after:
-        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, "too many writes with this token; slow down",
-                            headers={"Retry-After": str(max(1, round(retry_after)))})
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            "too many writes with this token; slow down",
+            headers={"Retry-After": str(max(1, round(retry_after)))},
+        )
     return who
 
 

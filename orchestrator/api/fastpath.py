@@ -43,9 +43,13 @@ class HeartbeatFastPath:
         attempt_id, host = match.groups()
         store_heartbeat(self.api.state, attempt_id, host, summary)
         answer = ANSWERS[info.stop]
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(answer)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": answer})
 
     def _cached(self, scope: Scope, match: re.Match):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,9 +61,24 @@ class JobOut(BaseModel):
     spec: dict[str, Any] | None = None
 
 
+class BlameOut(BaseModel):
+    """A node chaining blamed for a failed attempt; `cleared_at` set: it no longer counts."""
+
+    attempt_id: str
+    host: str
+    kind: str
+    rule: str
+    why: str = ""
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+    cleared_at: float | None = None
+    cleared_by: str | None = None
+
+
 class JobDetail(JobOut):
     attempt_list: list[AttemptOut] = Field(default_factory=list)
     verdicts: list[VerdictOut] = Field(default_factory=list)
+    blames: list[BlameOut] = Field(default_factory=list)
 
 
 class EventOut(BaseModel):
@@ -78,11 +93,13 @@ class EventOut(BaseModel):
 class CheckpointOut(BaseModel):
     step: int
     uri: str
-    state: str
+    state: str  # aerie_contracts.states.CheckpointState: good, bad or deleted once recorded
     attempt_id: str | None = None
     size_bytes: int | None = None
     created_at: float
     meta: dict[str, Any] = Field(default_factory=dict)
+    reason: str | None = None  # why it is bad or deleted
+    state_at: float | None = None  # when it left `good`
 
 
 class LogsOut(BaseModel):
@@ -123,6 +140,7 @@ class CheckpointIn(BaseModel):
 
 class MetricsIn(BaseModel):
     """A batch of rank-0 training-step records from the metrics stream (see docs/architecture.md)."""
+
     records: list[dict[str, Any]] = Field(default_factory=list, max_length=5000)
 
 
@@ -131,6 +149,20 @@ class RestartIn(BaseModel):
     resume_from: str | None = Field(default=None, max_length=2048)
     exclude_nodes: list[str] = Field(default_factory=list, max_length=4096)
     cause: dict[str, Any] = Field(default_factory=dict)
+
+
+class BlameIn(BaseModel):
+    """One node blamed for the attempt (`aerie_contracts.failures.NodeBlame`)."""
+
+    host: str = Field(min_length=1, max_length=128)
+    kind: str = Field(pattern=r"^[a-z]+(\.[a-z_]+)+$", max_length=64)
+    rule: str = Field(pattern=r"^[a-z_]+$", max_length=32)
+    why: str = Field(default="", max_length=2000)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+
+
+class BlamesIn(BaseModel):
+    blames: list[BlameIn] = Field(default_factory=list, max_length=4096)
 
 
 class FailIn(BaseModel):
@@ -150,3 +182,30 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorOut, "description": "Request body too large"},
     429: {"model": ErrorOut, "description": "Too many writes with this token (see Retry-After)"},
 }
+
+
+class AttemptViewOut(BaseModel):
+    """An attempt as its own nodes see it: is it still its job's current one (fencing)?"""
+
+    id: str
+    job_id: str
+    number: int
+    state: str
+    current: bool
+
+
+class CheckpointBadIn(BaseModel):
+    uri: str = Field(min_length=1, max_length=2048)
+    reason: str = Field(default="", max_length=1000)
+
+
+class CheckpointStateIn(BaseModel):
+    """What a handler found out about recorded checkpoints: verification failed, or GC deleted them."""
+
+    uris: list[str] = Field(min_length=1, max_length=1000)
+    state: Literal["bad", "deleted"]
+    reason: str = Field(default="", max_length=1000)
+
+
+class CheckpointStateOut(BaseModel):
+    changed: list[str]

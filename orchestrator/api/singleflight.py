@@ -8,7 +8,8 @@ here the first starts it and the others await its result.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 

@@ -48,6 +48,10 @@ class PollResult:
     nodes: tuple[NodeStatus, ...] = ()
     reason: dict[str, Any] | None = None
     exit_code: int | None = None
+    # The platform has not allocated the attempt's machines yet (a Slurm job pending in the queue,
+    # SageMaker provisioning instances): nodes are not expected to report, and the controller's
+    # `health.first_heartbeat_s` clock has not started. Keyword-only, so subclasses keep their order.
+    queued: bool = field(default=False, kw_only=True)
 
     @property
     def terminal(self) -> bool:
@@ -69,9 +73,16 @@ class Backend(abc.ABC):
     def stop(self, handle: dict[str, Any]) -> None:
         """Ask every node to stop (non-blocking; later polls escalate if needed)."""
 
+    def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
+        """Kill what is left of lost nodes now, without a grace period (a paused or partitioned node
+        must not come back and act for its attempt). What a backend cannot reach is fenced by the
+        store instead: a superseded attempt's checkpoints are never recorded. Default: stop."""
+        self.stop(handle)
+
     @abc.abstractmethod
-    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
-             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+    def logs(
+        self, handle: dict[str, Any], offsets: dict[str, int] | None = None, max_bytes: int = 1 << 20
+    ) -> dict[str, dict[str, Any]]:
         """Per host: {"text": new output since offsets[host], "offset": next offset}."""
 
 
@@ -108,13 +119,35 @@ def node_outcome(ml_root: Path, host: str) -> NodeStatus | None:
     return NodeStatus(host, state, code, reason if code else None, outcome.get("t"))
 
 
+def _first_key(reason: dict[str, Any] | None, ended_at: float | None) -> float:
+    return (reason or {}).get("at") or ended_at or float("inf")
+
+
+def first_reported_cause(result: PollResult, reported: dict[str, dict[str, Any]]) -> PollResult:
+    """A failed attempt's cause from its agents' own exit reports (`POST .../exit`), when the backend
+    knows only that a node's program failed (`exit.nonzero`): SageMaker's FailureReason quotes one
+    instance, not necessarily the first to fail, and a peer's collateral failure (its collective
+    broke because the real culprit died) must not take the blame. Same rule as `summarize_nodes`."""
+    if result.state != "Failed" or (result.reason or {}).get("kind") not in (None, "exit.nonzero"):
+        return result
+    failed = [
+        e
+        for e in reported.values()
+        if e.get("exit_code") and (e.get("reason") or {}).get("kind") not in (None, "user.stop")
+    ]
+    if not failed:
+        return result
+    first = min(failed, key=lambda e: _first_key(e["reason"], e.get("t")))
+    return PollResult("Failed", result.nodes, first["reason"], first["exit_code"])
+
+
 def summarize_nodes(nodes: list[NodeStatus]) -> PollResult:
     """The attempt's state from its nodes': the first node to fail decides the reason."""
     failed = [n for n in nodes if n.state == "Failed"]
     if failed:
         # The cause is what went wrong first: a rank's own exit or a verdict ("at"), which precedes
         # the node's exit by however long its launcher took to notice.
-        first = min(failed, key=lambda n: (n.reason or {}).get("at") or n.ended_at or float("inf"))
+        first = min(failed, key=lambda n: _first_key(n.reason, n.ended_at))
         return PollResult("Failed", tuple(nodes), first.reason, first.exit_code)
     if nodes and all(n.state == "Stopped" for n in nodes):
         return PollResult("Stopped", tuple(nodes))

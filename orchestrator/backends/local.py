@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -17,17 +18,23 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
 from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
-from agent.contract import NodeContract, read_json, write_json
-from orchestrator.backends import netns
+from aerie_contracts import env as aerie_env
+from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
+from orchestrator.backends import local_fence, netns, placement
 from orchestrator.backends.base import (
-    Backend, LaunchRequest, NodeStatus, PollResult, node_outcome, read_log_chunk, summarize_nodes,
+    Backend,
+    LaunchRequest,
+    NodeStatus,
+    PollResult,
+    node_outcome,
+    read_log_chunk,
+    summarize_nodes,
 )
-from orchestrator.backends.nodeenv import node_env
+from orchestrator.backends.nodeenv import channels, node_env
 
 # A node whose agent has not written its pid this long after launch never started.
 START_TIMEOUT_S = 60.0
@@ -38,15 +45,20 @@ STOP_GRACE_S = 20.0
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, jobs_dir: Path):
+    def __init__(self, jobs_dir: Path, channel_cache: Path | None = None):
         self.jobs_dir = Path(jobs_dir)
+        # Every local node is on this host: one cache of downloaded channel objects for all of
+        # them, beside the jobs (AERIE_CHANNEL_CACHE, set for the control plane, wins).
+        self.channel_cache = Path(channel_cache) if channel_cache else self.jobs_dir.parent / "cache" / "channels"
 
     # --- launch -----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
-        hosts = [f"algo-{i + 1}" for i in range(spec.resources.instance_count)]
+        # The first free slots of the job's node pool: excluded (blamed) nodes are left out.
+        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count)
+        hosts = placement.place(spec.resources.instance_count, slots, request.exclude_nodes)
         # Namespaces are planned from the attempt id alone, so a re-adopted handle names them too.
         net = netns.plan(request.attempt_id, hosts) if spec.backend_options.get("netns") else None
         handle: dict[str, Any] = {"root": str(root), "hosts": hosts}
@@ -64,18 +76,32 @@ class LocalBackend(Backend):
 
         master_port = _free_port()
         workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
+        container_paths = bool(spec.backend_options.get("container_paths"))
+        if container_paths:
+            check_container_paths()
         if net:
             netns.create(request.attempt_id, hosts)
         for host in hosts:
             contract = NodeContract(
-                ml_root=root / host, hosts=tuple(hosts), current_host=host,
+                ml_root=root / host,
+                hosts=tuple(hosts),
+                current_host=host,
                 hyperparameters=dict(spec.hyperparameters),
-                channels={c.channel: c.s3_uri for c in spec.inputs},
+                channels=channels(spec),
                 network_interface=netns.NS_IFACE if net else "lo",
+                instance_type=spec.resources.instance_type,
             )
             contract.write()
             env = node_env(request, contract, net.nodes[0].ip if net else "127.0.0.1", master_port, workdir)
+            if spec.backend_options.get("model_artifacts_uri"):
+                env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
+            env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
             argv = [sys.executable, "-m", "agent.entrypoint"]
+            if container_paths:
+                # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
+                # user's shell commands is the Python the nodes run (the local stand-in for the image).
+                argv = container_paths_argv(contract.ml_root, argv)
+                env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
             if net:
                 # Inside its namespace the node reaches the control plane through the bridge
                 # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
@@ -86,8 +112,14 @@ class LocalBackend(Backend):
             # start_new_session: the node survives the control plane and can be signalled as a group.
             # The command is a fixed argv; user strings only travel in the environment.
             psutil.Popen(
-                argv, cwd=str(workdir), env=env,
-                stdin=open(os.devnull), stdout=log, stderr=log, start_new_session=True, close_fds=True,
+                argv,
+                cwd=str(workdir),
+                env=env,
+                stdin=open(os.devnull),
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
             )
             log.close()
         write_json(root / "handle.json", handle)
@@ -125,9 +157,13 @@ class LocalBackend(Backend):
         if stop:
             return NodeStatus(host, "Stopped")
         # The agent is gone without writing its outcome: killed, or the machine lost it.
-        return NodeStatus(host, "Failed", None, {"kind": "node.lost", "host": host,
-                                                  "message": "agent process vanished without reporting an exit"},
-                          time.time())
+        return NodeStatus(
+            host,
+            "Failed",
+            None,
+            {"kind": "node.lost", "host": host, "message": "agent process vanished without reporting an exit"},
+            time.time(),
+        )
 
     # --- stop and logs ----------------------------------------------------------------------
 
@@ -135,6 +171,11 @@ class LocalBackend(Backend):
         root = Path(handle["root"])
         if not (root / "stop.json").exists():
             write_json(root / "stop.json", {"t": time.time()})
+            # The controller stops polling an attempt that failed, so polls cannot escalate for it:
+            # whatever is still there after the grace is killed from here.
+            backstop = threading.Timer(STOP_GRACE_S, self._kill_all, [handle])
+            backstop.daemon = True
+            backstop.start()
         for host in handle["hosts"]:
             _kill_node(root / host, signal.SIGTERM)
         if handle.get("netns"):
@@ -144,13 +185,43 @@ class LocalBackend(Backend):
             timer.daemon = True
             timer.start()
 
-    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
-             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+    def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
+        """SIGKILL every process of the lost nodes now, wherever they sit and stopped or not
+        (`local_fence`); the other nodes get the usual stop."""
+        root = Path(handle["root"])
+        for host in hosts:
+            if host in handle["hosts"]:
+                local_fence.kill_node(root / host)
+        self.stop(handle)
+
+    def _kill_all(self, handle: dict[str, Any]) -> None:
+        for host in handle["hosts"]:
+            local_fence.kill_node(Path(handle["root"]) / host)
+
+    def logs(
+        self, handle: dict[str, Any], offsets: dict[str, int] | None = None, max_bytes: int = 1 << 20
+    ) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for host in handle["hosts"]:
             path = Path(handle["root"]) / host / "logs" / "node.log"
             out[host] = read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes)
         return out
+
+
+def check_container_paths() -> None:
+    """Nodes with /opt/ml need `unshare` and root (or an /opt/ml to bind over in a user namespace)."""
+    if shutil.which("unshare") is None:
+        raise RuntimeError("container paths (/opt/ml) need util-linux's `unshare`, which is not installed")
+    if os.geteuid() != 0 and not os.path.isdir("/opt/ml"):
+        raise RuntimeError("container paths (/opt/ml) need root, or an existing /opt/ml directory to bind over")
+
+
+def container_paths_argv(ml_root: Path, command: list[str]) -> list[str]:
+    """`command` in a private mount namespace with the node's directory bound over /opt/ml."""
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        unshare.append("--map-root-user")
+    return [*unshare, "--", sys.executable, "-m", "agent.container_paths", str(ml_root), "--", *command]
 
 
 def _via(url: str, host: str) -> str:

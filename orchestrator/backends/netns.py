@@ -37,8 +37,12 @@ class Network:
     nodes: tuple[NodeNet, ...]
 
     def to_dict(self) -> dict:
-        return {"tag": self.tag, "bridge": self.bridge, "bridge_ip": self.bridge_ip,
-                "nodes": {n.host: n.to_dict() for n in self.nodes}}
+        return {
+            "tag": self.tag,
+            "bridge": self.bridge,
+            "bridge_ip": self.bridge_ip,
+            "nodes": {n.host: n.to_dict() for n in self.nodes},
+        }
 
     def node(self, host: str) -> NodeNet:
         return next(n for n in self.nodes if n.host == host)
@@ -53,8 +57,9 @@ def _ip(*argv: str) -> None:
 def plan(attempt_id: str, hosts: list[str]) -> Network:
     tag = hashlib.sha256(attempt_id.encode()).hexdigest()[:6]
     subnet = int(tag, 16) % 250 + 1
-    nodes = tuple(NodeNet(host, f"aerie-{tag}-{i}", f"10.213.{subnet}.{i + 1}", f"ae{tag}h{i}")
-                  for i, host in enumerate(hosts))
+    nodes = tuple(
+        NodeNet(host, f"aerie-{tag}-{i}", f"10.213.{subnet}.{i + 1}", f"ae{tag}h{i}") for i, host in enumerate(hosts)
+    )
     return Network(tag, f"ae{tag}br", f"10.213.{subnet}.254", nodes)
 
 

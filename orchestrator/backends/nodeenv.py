@@ -1,20 +1,23 @@
-"""The environment every backend gives a node's agent: the contract's SM_* plus Aerie's AERIE_*.
+"""The environment every backend gives a node's agent: Aerie's AERIE_* variables.
 
-One place, so that `local`, `slurm` and `sagemaker` nodes see the same variables. The layers, in
-order (a later one wins): the launcher's own environment minus any AERIE_*/SM_* of its own, the
-spec's `env`, the node's contract (`NodeContract.env()`), the request's `extra_env`, the attempt's
-AERIE_* variables, and the rendezvous address. Slurm builds the node half on the node itself
-(`agent.slurm`), from the attempt half computed here.
+One place, so that `local`, `slurm` and `sagemaker` nodes see the same variables. No SM_*: the
+node's identity comes from its `resourceconfig.json`, as on SageMaker, and the agent sets the SM_*
+variables for the ranks itself (`agent.contract.trainer_env`). The layers, in order (a later one
+wins): the launcher's own environment minus any AERIE_*/SM_* of its own, the spec's `env`, the
+node's contract (`NodeContract.env()`: where its /opt/ml is), the request's `extra_env`, the
+attempt's AERIE_* variables, and the rendezvous address. Slurm builds the node half on the node
+itself (`agent.slurm`), from the attempt half computed here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from agent.contract import NodeContract
+from agent.contract import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends.base import LaunchRequest
 
 
@@ -25,10 +28,30 @@ def checkpoint_uri(spec: Any, job_id: str) -> str:
     return spec.checkpoint.s3_uri.rstrip("/") + "/" + job_id
 
 
+SAGEMAKER_SYNC_SUFFIX = ".sagemaker-sync"  # job ids never hold a ".": no job's prefix can equal it
+
+
+def sagemaker_sync_uri(spec: Any, job_id: str) -> str:
+    """Where SageMaker's own checkpoint sync (`checkpoint.sagemaker_sync`) keeps `local_path`: beside
+    Aerie's `<s3_uri>/<job id>/`, never inside it, so SageMaker never downloads Aerie's checkpoints."""
+    if not spec.checkpoint or not spec.checkpoint.s3_uri:
+        return ""
+    return spec.checkpoint.s3_uri.rstrip("/") + "/" + job_id + SAGEMAKER_SYNC_SUFFIX
+
+
+def channels(spec: Any) -> dict[str, dict[str, str]]:
+    """The spec's input channels as the node contract takes them (agent.contract.channel_config)."""
+    return {c.channel: {"s3_uri": c.s3_uri, "mode": c.mode, "distribution": c.distribution} for c in spec.inputs}
+
+
 def attempt_env(request: LaunchRequest, workdir: Path | str) -> dict[str, str]:
-    """The AERIE_* variables that are the same on every node of the attempt."""
+    """The variables that are the same on every node of the attempt: Aerie's AERIE_*, and
+    SageMaker's TRAINING_JOB_NAME (set in every training container; its SDK's drivers read it)."""
     spec = request.spec
+    # The operator's per-host channel cache directory (a path valid on every node), if set.
+    cache = {CHANNEL_CACHE_ENV: os.environ[CHANNEL_CACHE_ENV]} if os.environ.get(CHANNEL_CACHE_ENV) else {}
     return {
+        **cache,
         "AERIE_API": request.api_url,
         "AERIE_AGENT_TOKEN": request.agent_token,
         "AERIE_ATTEMPT": request.attempt_id,
@@ -42,6 +65,7 @@ def attempt_env(request: LaunchRequest, workdir: Path | str) -> dict[str, str]:
         "AERIE_ENTRYPOINT": json.dumps(list(spec.entrypoint) + list(spec.args)),
         "AERIE_WORKDIR": str(workdir),
         "PYTHONUNBUFFERED": "1",
+        "TRAINING_JOB_NAME": request.job_name,
     }
 
 
@@ -51,8 +75,9 @@ def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in base.items() if not k.startswith(("AERIE_", "SM_"))}
 
 
-def node_env(request: LaunchRequest, contract: NodeContract, master_addr: str, master_port: int,
-             workdir: Path | str) -> dict[str, str]:
+def node_env(
+    request: LaunchRequest, contract: NodeContract, master_addr: str, master_port: int, workdir: Path | str
+) -> dict[str, str]:
     """The whole environment of one node's agent, built where the contract is known."""
     env = inherited_env()
     env.update(request.spec.env)

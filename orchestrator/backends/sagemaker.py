@@ -24,10 +24,14 @@ from typing import Any
 
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
 from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-exported for callers
-    _epoch, attempt_state, event_from_sagemaker, failure_reason, transitions,
+    _epoch,
+    attempt_state,
+    event_from_sagemaker,
+    failure_reason,
+    transitions,
 )
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
-from orchestrator.backends.nodeenv import attempt_env, checkpoint_uri
+from orchestrator.backends.nodeenv import attempt_env, sagemaker_sync_uri
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 NAME_MAX = 63
@@ -48,8 +52,13 @@ class SageMakerPollResult(PollResult):
 class SageMakerBackend(Backend):
     name = "sagemaker"
 
-    def __init__(self, client: Any = None, logs_client: Any = None, region: str | None = None,
-                 defaults: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        client: Any = None,
+        logs_client: Any = None,
+        region: str | None = None,
+        defaults: dict[str, Any] | None = None,
+    ):
         self._client = client
         self._logs = logs_client
         self.region = region
@@ -57,7 +66,7 @@ class SageMakerBackend(Backend):
         self.defaults = dict(defaults or {})
 
     @classmethod
-    def from_env(cls) -> "SageMakerBackend":
+    def from_env(cls) -> SageMakerBackend:
         """Defaults from AERIE_SAGEMAKER_ROLE_ARN, _SUBNETS and _SECURITY_GROUPS (comma-separated)."""
         env = os.environ
         defaults: dict[str, Any] = {}
@@ -129,15 +138,22 @@ class SageMakerBackend(Backend):
             if _error_code(exc) != "ValidationException":
                 raise
 
-    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
-             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+    def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
+        """StopTrainingJob of the attempt's job: SageMaker owns the instances and stops them its
+        way (SIGTERM, SIGKILL after 120 s); a lost instance's writes meanwhile are fenced by the
+        store (its attempt's checkpoints are never recorded)."""
+        self.stop(handle)
+
+    def logs(
+        self, handle: dict[str, Any], offsets: dict[str, int] | None = None, max_bytes: int = 1 << 20
+    ) -> dict[str, dict[str, Any]]:
         """Per host (algo-N): new lines of its CloudWatch stream. Offsets count events read."""
         job = handle["training_job_name"]
         streams = self.logs_client.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=job + "/")
         out: dict[str, dict[str, Any]] = {}
         for stream in streams.get("logStreams", []):
             name = stream["logStreamName"]
-            host = name[len(job) + 1:].rsplit("-", 1)[0]  # "<job>/algo-1-1700000000" -> "algo-1"
+            host = name[len(job) + 1 :].rsplit("-", 1)[0]  # "<job>/algo-1-1700000000" -> "algo-1"
             start = max(int((offsets or {}).get(host, 0)), 0)
             text, taken = self._read_stream(name, start, max_bytes)
             out[host] = {"text": text, "offset": start + taken}
@@ -149,8 +165,12 @@ class SageMakerBackend(Backend):
         size = index = taken = 0
         token = None
         while size < max_bytes:
-            kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True,
-                                      "limit": 10000}
+            kwargs: dict[str, Any] = {
+                "logGroupName": LOG_GROUP,
+                "logStreamName": stream,
+                "startFromHead": True,
+                "limit": 10000,
+            }
             if token:
                 kwargs["nextToken"] = token
             page = self.logs_client.get_log_events(**kwargs)
@@ -171,6 +191,7 @@ class SageMakerBackend(Backend):
 
 
 # --- the request ---------------------------------------------------------------------------------
+
 
 def training_job_name(request: LaunchRequest) -> str:
     """`<job id>-a<N>`: unique per attempt (SageMaker names are unique per account and region)."""
@@ -195,28 +216,41 @@ def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any]
     algo = body["AlgorithmSpecification"]
     algo["ContainerEntrypoint"] = agent_entrypoint
     algo.pop("ContainerArguments", None)
-    uri = checkpoint_uri(spec, request.job_id)
-    if uri:  # every attempt of the job shares one prefix: attempt N+1 resumes from N's checkpoints
-        body["CheckpointConfig"] = {**body.get("CheckpointConfig", {}), "S3Uri": uri}
+    # Aerie's checkpoints (AERIE_CHECKPOINT_URI = <s3_uri>/<job id>, shared by every attempt) stream
+    # to and from S3 and never go through CheckpointConfig, which would have SageMaker copy all of
+    # them to /opt/ml/checkpoints at every start. SageMaker's sync only if the spec asks, elsewhere.
+    sync_uri = sagemaker_sync_uri(spec, request.job_id)
+    if "CheckpointConfig" in body and sync_uri:
+        body["CheckpointConfig"]["S3Uri"] = sync_uri
     aerie = attempt_env(request, workdir)
-    aerie.update({"AERIE_MASTER_ADDR": "algo-1", "AERIE_MASTER_PORT": str(options.get("master_port") or 29500)})
+    aerie.pop("TRAINING_JOB_NAME")  # SageMaker sets it in the container itself
+    # No rendezvous address: each node reads it from resourceconfig.json (the first sorted host,
+    # by name); the port is fixed (agent.identity's default) unless the spec names one.
+    if options.get("master_port"):
+        aerie["AERIE_MASTER_PORT"] = str(options["master_port"])
     # Only the health fields the spec changed: the whole section nears SageMaker's 512-character cap
     # on one Environment value, and the agent fills the rest with the same defaults (tested).
     aerie["AERIE_HEALTH"] = spec.health.model_dump_json(exclude_defaults=True)
     environment = {**body.get("Environment", {}), **request.extra_env, **aerie}
     too_long = sorted(k for k, v in environment.items() if len(v) > ENV_VALUE_MAX)
     if too_long:
-        raise ValueError(f"SageMaker limits Environment values to {ENV_VALUE_MAX} characters; too long: "
-                         f"{too_long} (move long entrypoint arguments into hyperparameters)")
+        raise ValueError(
+            f"SageMaker limits Environment values to {ENV_VALUE_MAX} characters; too long: "
+            f"{too_long} (move long entrypoint arguments into hyperparameters)"
+        )
     body["Environment"] = environment
     tags = [t for t in body.get("Tags", []) if not t["Key"].startswith("aerie:")]
-    tags += [{"Key": "aerie:job", "Value": request.job_id}, {"Key": "aerie:job-name", "Value": request.job_name},
-             {"Key": "aerie:attempt", "Value": request.attempt_id}]
+    tags += [
+        {"Key": "aerie:job", "Value": request.job_id},
+        {"Key": "aerie:job-name", "Value": request.job_name},
+        {"Key": "aerie:attempt", "Value": request.attempt_id},
+    ]
     body["Tags"] = tags
     return body
 
 
 # --- state ---------------------------------------------------------------------------------------
+
 
 def poll_result(described: dict[str, Any], hosts: list[str]) -> SageMakerPollResult:
     """One DescribeTrainingJob answer as the attempt's PollResult."""
@@ -230,12 +264,16 @@ def poll_result(described: dict[str, Any], hosts: list[str]) -> SageMakerPollRes
     elif state == "Completed":
         code = 0
     ended = _epoch(described.get("TrainingEndTime"))
-    nodes = tuple(NodeStatus(h, state, code if state in ("Completed", "Failed") else None,
-                             reason, ended) for h in hosts)
-    return SageMakerPollResult(state, nodes, reason, code, transitions(described), secondary)
+    nodes = tuple(
+        NodeStatus(h, state, code if state in ("Completed", "Failed") else None, reason, ended) for h in hosts
+    )
+    # Before "Training" SageMaker is still provisioning instances and pulling the image.
+    queued = state == "Starting"
+    return SageMakerPollResult(state, nodes, reason, code, transitions(described), secondary, queued=queued)
 
 
 # --- helpers -------------------------------------------------------------------------------------
+
 
 def _error_code(exc: Exception) -> str | None:
     response = getattr(exc, "response", None)
@@ -263,4 +301,3 @@ def _credentials() -> Any:
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
-

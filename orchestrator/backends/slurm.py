@@ -28,9 +28,16 @@ from typing import Any
 
 from agent.contract import read_json, write_json
 from orchestrator.backends.base import (
-    Backend, LaunchRequest, NodeStatus, PollResult, node_outcome, read_log_chunk, summarize_nodes,
+    Backend,
+    LaunchRequest,
+    NodeStatus,
+    PollResult,
+    node_outcome,
+    read_log_chunk,
+    summarize_nodes,
 )
-from orchestrator.backends.nodeenv import attempt_env, inherited_env
+from orchestrator.backends.nodeenv import attempt_env, channels, inherited_env
+from orchestrator.backends.placement import PlacementError
 
 # A value that may appear on an #SBATCH line: no spaces, quotes, newlines or shell syntax.
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:\[\]=/@+%-]{1,256}$")
@@ -38,8 +45,21 @@ SLURM_TIMEOUT_S = 30.0
 # Slurm states, grouped by what they mean for the attempt.
 PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-            "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "REVOKED",
+    "SPECIAL_EXIT",
+}
+# What sbatch answers when no set of nodes could ever hold the job (e.g. too many excluded).
+UNPLACEABLE = "Requested node configuration is not available"
 # A job Slurm has forgotten and `sacct` does not list: after this long, call it lost.
 FORGOTTEN_AFTER_S = 60.0
 
@@ -61,7 +81,7 @@ class SlurmOptions:
     master_port: int | None = None
 
     @classmethod
-    def resolve(cls, spec: Any, defaults: "SlurmOptions") -> "SlurmOptions":
+    def resolve(cls, spec: Any, defaults: SlurmOptions) -> SlurmOptions:
         raw = dict((spec.backend_options or {}).get("slurm") or {})
         known = set(cls.__dataclass_fields__)
         unknown = set(raw) - known
@@ -83,12 +103,16 @@ class SlurmBackend(Backend):
         self.python = python or sys.executable
 
     @classmethod
-    def from_env(cls, jobs_dir: Path) -> "SlurmBackend":
+    def from_env(cls, jobs_dir: Path) -> SlurmBackend:
         """Cluster-wide defaults from AERIE_SLURM_PARTITION / _ACCOUNT / _PYTHON."""
         env = os.environ
-        return cls(jobs_dir, SlurmOptions(partition=env.get("AERIE_SLURM_PARTITION") or None,
-                                          account=env.get("AERIE_SLURM_ACCOUNT") or None),
-                   python=env.get("AERIE_SLURM_PYTHON") or None)
+        return cls(
+            jobs_dir,
+            SlurmOptions(
+                partition=env.get("AERIE_SLURM_PARTITION") or None, account=env.get("AERIE_SLURM_ACCOUNT") or None
+            ),
+            python=env.get("AERIE_SLURM_PYTHON") or None,
+        )
 
     @staticmethod
     def available() -> bool:
@@ -107,8 +131,13 @@ class SlurmBackend(Backend):
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
-        handle: dict[str, Any] = {"root": str(root), "hosts": [], "slurm_job_id": None,
-                                  "job_name": request.attempt_id, "nodes": spec.resources.instance_count}
+        handle: dict[str, Any] = {
+            "root": str(root),
+            "hosts": [],
+            "slurm_job_id": None,
+            "job_name": request.attempt_id,
+            "nodes": spec.resources.instance_count,
+        }
         root.mkdir(parents=True, exist_ok=True)
         recorded = read_json(root / "handle.json")
         if isinstance(recorded, dict) and recorded.get("slurm_job_id"):
@@ -126,8 +155,16 @@ class SlurmBackend(Backend):
             # Slurm copies the submitting environment into the job: never the control plane's own
             # AERIE_* (database URL, tokens); the nodes get theirs from launch.json.
             env = {**inherited_env(), "AERIE_SLURM_LAUNCH": str(launch_path), "AERIE_SLURM_PYTHON": self.python}
-            existing = int(_run(["sbatch", "--parsable", "--export=ALL", str(script)], cwd=root, env=env)
-                           .strip().split(";")[0])
+            try:
+                out = _run(["sbatch", "--parsable", "--export=ALL", str(script)], cwd=root, env=env)
+            except SlurmError as exc:
+                if request.exclude_nodes and UNPLACEABLE in str(exc):
+                    raise PlacementError(
+                        f"Slurm cannot place {spec.resources.instance_count} node(s) with "
+                        f"{', '.join(request.exclude_nodes)} excluded after blame: {exc}"
+                    ) from None
+                raise
+            existing = int(out.strip().split(";")[0])
         handle["slurm_job_id"] = existing
         write_json(root / "handle.json", handle)
         return handle
@@ -145,7 +182,7 @@ class SlurmBackend(Backend):
             age = time.time() - (root / "handle.json").stat().st_mtime if (root / "handle.json").exists() else 0
             slurm_state = "PENDING" if age < FORGOTTEN_AFTER_S else "LOST"
         if slurm_state in PENDING:
-            return PollResult("Starting", tuple(NodeStatus(h, "Starting") for h in hosts))
+            return PollResult("Starting", tuple(NodeStatus(h, "Starting") for h in hosts), queued=True)
 
         ended = slurm_state not in RUNNING
         nodes = [_node_status(root / h, h, ended, bool(stop), slurm_state) for h in hosts]
@@ -177,10 +214,28 @@ class SlurmBackend(Backend):
             except SlurmError:
                 pass  # already gone
             if not first:
-                write_json(root / "stop.json", {"t": time.time()})
+                write_json(root / "stop.json", {**stop, "t": time.time()})
 
-    def logs(self, handle: dict[str, Any], offsets: dict[str, int] | None = None,
-             max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+    def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
+        """SIGKILL the attempt's job steps (the `srun` that runs the agents), wherever slurmd can
+        still reach; the batch script then ends and the job with it. Per step, not per job: Slurm
+        takes `scancel --signal=KILL <job>` for a cancel, which sends SIGCONT and SIGTERM first, and a
+        paused rank would resume into its graceful save. The stop marker written here keeps the
+        controller's `stop` that follows from cancelling (so signalling) the job for 45 s. A node
+        slurmd cannot reach is fenced by the store (its attempt's commits are refused)."""
+        write_json(Path(handle["root"]) / "stop.json", {"t": time.time(), "fenced": True, "hosts": list(hosts)})
+        job_id = handle.get("slurm_job_id")
+        if not job_id:
+            return
+        for step in _job_steps(int(job_id)) or [f"{job_id}.0"]:
+            try:
+                _run(["scancel", "--signal=KILL", step])
+            except SlurmError:
+                pass  # already gone
+
+    def logs(
+        self, handle: dict[str, Any], offsets: dict[str, int] | None = None, max_bytes: int = 1 << 20
+    ) -> dict[str, dict[str, Any]]:
         """Every node's `logs/node.log`, plus Slurm's own output of the batch step under `slurm`."""
         root = Path(handle["root"])
         files = {h: root / h / "logs" / "node.log" for h in _hosts(root) or handle.get("hosts") or []}
@@ -192,18 +247,21 @@ class SlurmBackend(Backend):
 
 # --- rendering ------------------------------------------------------------------------------------
 
+
 def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
     """The batch script: checked #SBATCH values and a fixed srun line; nothing else from the user."""
     spec = request.spec
-    lines = ["#!/bin/bash",
-             f"# Aerie attempt {_safe(request.attempt_id, 'attempt id')} of job {_safe(request.job_id, 'job id')}.",
-             "# Rendered by orchestrator/backends/slurm.py. Every user value is in launch.json beside",
-             "# this script ($AERIE_SLURM_LAUNCH); agent.slurm reads it on each node.",
-             f"#SBATCH --job-name={_safe(request.attempt_id, 'attempt id')}",
-             f"#SBATCH --nodes={int(spec.resources.instance_count)}",
-             "#SBATCH --ntasks-per-node=1",
-             "#SBATCH --output=slurm-%j.out",
-             "#SBATCH --open-mode=append"]
+    lines = [
+        "#!/bin/bash",
+        f"# Aerie attempt {_safe(request.attempt_id, 'attempt id')} of job {_safe(request.job_id, 'job id')}.",
+        "# Rendered by orchestrator/backends/slurm.py. Every user value is in launch.json beside",
+        "# this script ($AERIE_SLURM_LAUNCH); agent.slurm reads it on each node.",
+        f"#SBATCH --job-name={_safe(request.attempt_id, 'attempt id')}",
+        f"#SBATCH --nodes={int(spec.resources.instance_count)}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --output=slurm-%j.out",
+        "#SBATCH --open-mode=append",
+    ]
     if request.exclude_nodes:
         lines.append(f"#SBATCH --exclude={_safe(','.join(request.exclude_nodes), 'exclude_nodes')}")
     if options.partition:
@@ -232,12 +290,10 @@ def launch_document(request: LaunchRequest, root: Path, workdir: Path, options: 
         "root": str(root),
         "workdir": str(workdir),
         "hyperparameters": dict(spec.hyperparameters),
-        "channels": {c.channel: c.s3_uri for c in spec.inputs},
-        "num_gpus": int(options.gpus_per_node or 0),
+        "channels": channels(spec),
         "network_interface": options.network_interface,
         "master_port": options.master_port,
-        "env": {"user": dict(spec.env), "extra": dict(request.extra_env),
-                "attempt": attempt_env(request, workdir)},
+        "env": {"user": dict(spec.env), "extra": dict(request.extra_env), "attempt": attempt_env(request, workdir)},
     }
 
 
@@ -248,6 +304,7 @@ def _safe(value: str, what: str) -> str:
 
 
 # --- talking to Slurm ------------------------------------------------------------------------------
+
 
 def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
     try:
@@ -278,8 +335,12 @@ def slurm_job_state(job_id: int) -> dict[str, Any] | None:
         return _from_sacct(job_id)
     line = out.strip().splitlines()[0] if out.strip() else ""
     fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-    return {"state": _state_word(fields.get("JobState")), "reason": fields.get("Reason"),
-            "exit_code": _exit_code(fields.get("ExitCode")), "nodes": fields.get("NodeList", "")}
+    return {
+        "state": _state_word(fields.get("JobState")),
+        "reason": fields.get("Reason"),
+        "exit_code": _exit_code(fields.get("ExitCode")),
+        "nodes": fields.get("NodeList", ""),
+    }
 
 
 def _state_word(value: Any) -> str:
@@ -309,9 +370,22 @@ def _from_sacct(job_id: int) -> dict[str, Any] | None:
         for line in out.splitlines():
             parts = line.strip().split("|")
             if len(parts) >= 4 and parts[0] == str(job_id):
-                return {"state": _state_word(parts[1]), "reason": None, "exit_code": _exit_code(parts[2]),
-                        "nodes": parts[3]}
+                return {
+                    "state": _state_word(parts[1]),
+                    "reason": None,
+                    "exit_code": _exit_code(parts[2]),
+                    "nodes": parts[3],
+                }
     return None
+
+
+def _job_steps(job_id: int) -> list[str]:
+    """The job's running steps, `<job>.<n>` (none known: an empty list)."""
+    try:
+        out = _run(["squeue", "-h", "--steps", f"--job={job_id}", "-o", "%i"])
+    except SlurmError:
+        return []
+    return [s for s in out.split() if re.fullmatch(rf"{job_id}\.\d+", s)]
 
 
 def _find_job_by_name(name: str) -> int | None:
@@ -324,6 +398,7 @@ def _find_job_by_name(name: str) -> int | None:
 
 
 # --- reading the nodes' files ----------------------------------------------------------------------
+
 
 def _hosts(root: Path) -> list[str]:
     data = read_json(root / "hosts.json")
@@ -343,16 +418,30 @@ def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_st
     if stop or slurm_state == "CANCELLED":
         return NodeStatus(host, "Stopped")
     # Slurm ended the job and this node's agent never wrote its outcome: killed or lost with its node.
-    return NodeStatus(host, "Failed", None, {
-        "kind": "node.lost", "host": host,
-        "message": f"agent ended without reporting an exit (Slurm job state {slurm_state})"}, time.time())
+    return NodeStatus(
+        host,
+        "Failed",
+        None,
+        {
+            "kind": "node.lost",
+            "host": host,
+            "message": f"agent ended without reporting an exit (Slurm job state {slurm_state})",
+        },
+        time.time(),
+    )
 
 
 def _slurm_reason(state: str, job: dict[str, Any] | None, root: Path) -> dict[str, Any]:
     detail = (job or {}).get("reason")
-    kind = {"NODE_FAIL": "node.lost", "BOOT_FAIL": "node.lost", "LOST": "node.lost",
-            "TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "exit.oom",
-            "PREEMPTED": "node.preempted"}.get(state, "launch.failed")
+    kind = {
+        "NODE_FAIL": "node.lost",
+        "BOOT_FAIL": "node.lost",
+        "LOST": "node.lost",
+        "TIMEOUT": "timeout",
+        "DEADLINE": "timeout",
+        "OUT_OF_MEMORY": "exit.oom",
+        "PREEMPTED": "node.preempted",
+    }.get(state, "launch.failed")
     message = f"Slurm job ended {state}" + (f" ({detail})" if detail and detail != "None" else "")
     tail = _tail(root / f"slurm-{_job_id_of(root)}.out")
     if tail:
@@ -370,5 +459,3 @@ def _tail(path: Path, n: int = 400) -> str:
         return path.read_bytes()[-n:].decode("utf-8", "replace").strip()
     except OSError:
         return ""
-
-

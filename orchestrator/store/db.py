@@ -7,9 +7,9 @@ by `create_all`, so the migrations are exercised by every test run.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from alembic import command
 from alembic.config import Config
@@ -21,10 +21,10 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
     if url.startswith("sqlite"):
         if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            Path(url[len("sqlite:///") :]).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -62,9 +62,8 @@ class Database:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A transaction: committed on success, rolled back on any error."""
-        with self.sessions() as s:
-            with s.begin():
-                yield s
+        with self.sessions() as s, s.begin():
+            yield s
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -36,7 +36,7 @@ class Job(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now, onupdate=now)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
-    attempts: Mapped[list["Attempt"]] = relationship(back_populates="job", order_by="Attempt.number")
+    attempts: Mapped[list[Attempt]] = relationship(back_populates="job", order_by="Attempt.number")
 
 
 class Attempt(Base):
@@ -60,7 +60,7 @@ class Attempt(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="attempts")
-    nodes: Mapped[list["Node"]] = relationship(back_populates="attempt", order_by="Node.host")
+    nodes: Mapped[list[Node]] = relationship(back_populates="attempt", order_by="Node.host")
 
 
 class Node(Base):
@@ -86,6 +86,30 @@ class Verdict(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     t: Mapped[float] = mapped_column(Float, default=now)
+
+
+class NodeBlame(Base):
+    """A node blamed for a failed attempt (by chaining, from the attempt's evidence: lambdas/blame.py).
+
+    Blame counts per job: `retry.exclude_after_blames` active rows exclude the host from the
+    job's next attempts. A row stays as history; it stops counting once `cleared_at` is set, which
+    `repo.clear_blames` does when the node has proven itself again (a passed pre-flight check).
+    One row per (attempt, host): a redelivered failure records nothing twice."""
+
+    __tablename__ = "node_blames"
+    __table_args__ = (UniqueConstraint("attempt_id", "host", name="uq_blame_attempt_host"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    host: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(64))  # the attempt's failure kind
+    rule: Mapped[str] = mapped_column(String(32))  # aerie_contracts.failures.BlameRule
+    why: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    cleared_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cleared_by: Mapped[str | None] = mapped_column(String(128), nullable=True)  # e.g. "preflight:<attempt id>"
 
 
 class Event(Base):
@@ -116,10 +140,14 @@ class Checkpoint(Base):
     attempt_id: Mapped[str | None] = mapped_column(String(80), nullable=True)
     step: Mapped[int] = mapped_column(Integer)
     uri: Mapped[str] = mapped_column(Text)
+    # A CheckpointState: `good` when recorded (only from the job's current attempt), then `bad`
+    # (verification or a restore failed) or `deleted` (GC), with why and when in reason/state_at.
     state: Mapped[str] = mapped_column(String(16), default="good")
     size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[float] = mapped_column(Float, default=now)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    state_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Token(Base):
@@ -136,6 +164,9 @@ class Token(Base):
     created_at: Mapped[float] = mapped_column(Float, default=now)
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The token's AWS access key id when it was made for SigV4 (`aerie token create --aws`); the
+    # secret key is derived from it with the server's key, never stored (sagemaker_api/sigv4.py).
+    access_key_id: Mapped[str | None] = mapped_column(String(32), unique=True, index=True, nullable=True)
 
 
 class EvalSample(Base):
@@ -215,3 +246,26 @@ class WebSession(Base):
     token_id: Mapped[int] = mapped_column(ForeignKey("tokens.id", ondelete="CASCADE"), index=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class SageMakerTrainingJob(Base):
+    """A job created through the SageMaker-compatible endpoint: the name it was created with, its
+    ARN (unique per tenant: SageMaker's names are unique per account and region, and an ARN holds
+    the region and the lower-cased name; each tenant is one account), the request exactly
+    as sent (DescribeTrainingJob returns every field of it), its tags (AddTags/DeleteTags change
+    them) and what Aerie could not honour on the chosen backend."""
+
+    __tablename__ = "sagemaker_training_jobs"
+    __table_args__ = (UniqueConstraint("tenant", "arn", name="uq_sagemaker_job_arn"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(63))
+    arn: Mapped[str] = mapped_column(String(256))
+    region: Mapped[str] = mapped_column(String(32))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    tags: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    warnings: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+    job: Mapped[Job] = relationship()

@@ -9,13 +9,29 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import delete, func, or_, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import delete, exists, func, or_, select, update
+from sqlalchemy.orm import Session, aliased, selectinload
 
+from aerie_contracts.events import SEQ
+from aerie_contracts.states import ATTEMPT_ACTIVE, CheckpointState
 from orchestrator.store.models import (
-    Attempt, Checkpoint, EvalSample, Event, Job, MetricPoint, Node, Rating, Token, Verdict, WebSession, now,
+    Attempt,
+    Checkpoint,
+    EvalSample,
+    Event,
+    Job,
+    MetricPoint,
+    Node,
+    NodeBlame,
+    Rating,
+    SageMakerTrainingJob,
+    Token,
+    Verdict,
+    WebSession,
+    now,
 )
 
 SOURCE = "aerie.orchestrator"
@@ -34,10 +50,16 @@ class NotFound(LookupError):
 
 # --- events --------------------------------------------------------------------------------------
 
+
 def emit(s: Session, job: Job, detail_type: str, detail: dict[str, Any]) -> Event:
     event = Event(
-        id=str(uuid.uuid4()), job_id=job.id, tenant=job.tenant, detail_type=detail_type,
-        source=SOURCE, time=now(), detail={"job_id": job.id, "job_name": job.name, **detail},
+        id=str(uuid.uuid4()),
+        job_id=job.id,
+        tenant=job.tenant,
+        detail_type=detail_type,
+        source=SOURCE,
+        time=now(),
+        detail={"job_id": job.id, "job_name": job.name, **detail},
         status="pending",
     )
     s.add(event)
@@ -57,7 +79,8 @@ def eventbridge(event: Event) -> dict[str, Any]:
         "time": datetime.fromtimestamp(event.time, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "region": "local",
         "resources": [f"aerie:job/{event.job_id}"],
-        "detail": event.detail,
+        # The outbox sequence number: the idempotency key a consumer dedupes on (aerie_contracts.events.SEQ).
+        "detail": {**event.detail, SEQ: event.seq},
     }
 
 
@@ -68,10 +91,15 @@ def list_events(s: Session, job: Job, after: int = 0, limit: int | None = None) 
 
 # --- jobs ----------------------------------------------------------------------------------------
 
+
 def create_job(s: Session, spec: dict[str, Any], tenant: str) -> Job:
     job = Job(
-        id=f"{spec['name'][:50]}-{secrets.token_hex(3)}", tenant=tenant, name=spec["name"],
-        spec=spec, backend=spec.get("backend", "local"), state="Submitted",
+        id=f"{spec['name'][:50]}-{secrets.token_hex(3)}",
+        tenant=tenant,
+        name=spec["name"],
+        spec=spec,
+        backend=spec.get("backend", "local"),
+        state="Submitted",
     )
     s.add(job)
     s.flush()
@@ -82,16 +110,26 @@ def create_job(s: Session, spec: dict[str, Any], tenant: str) -> Job:
 def get_job(s: Session, tenant: str, ref: str) -> Job:
     """A job by id, or by name (the newest of that name), within the tenant."""
     job = s.scalars(
-        select(Job).where(Job.tenant == tenant, or_(Job.id == ref, Job.name == ref))
-        .order_by((Job.id == ref).desc(), Job.created_at.desc()).limit(1)
+        select(Job)
+        .where(Job.tenant == tenant, or_(Job.id == ref, Job.name == ref))
+        .order_by((Job.id == ref).desc(), Job.created_at.desc())
+        .limit(1)
     ).first()
     if job is None:
         raise NotFound(f"no job {ref!r}")
     return job
 
 
-def list_jobs(s: Session, tenant: str, state: str | None = None, limit: int = 100, offset: int = 0,
-              name: str | None = None, backend: str | None = None, with_attempts: bool = False) -> Sequence[Job]:
+def list_jobs(
+    s: Session,
+    tenant: str,
+    state: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+    name: str | None = None,
+    backend: str | None = None,
+    with_attempts: bool = False,
+) -> Sequence[Job]:
     q = select(Job).where(Job.tenant == tenant)
     if state:
         q = q.where(Job.state == state)
@@ -128,12 +166,17 @@ def set_job_state(s: Session, job: Job, state: str, reason: dict[str, Any] | Non
 
 # --- attempts ------------------------------------------------------------------------------------
 
+
 def create_attempt(
     s: Session, job: Job, number: int, resume_from: str | None = None, exclude_nodes: list[str] | None = None
 ) -> Attempt:
     attempt = Attempt(
-        id=f"{job.id}-a{number}", job_id=job.id, number=number, state="Pending",
-        resume_from=resume_from, exclude_nodes=exclude_nodes or [],
+        id=f"{job.id}-a{number}",
+        job_id=job.id,
+        number=number,
+        state="Pending",
+        resume_from=resume_from,
+        exclude_nodes=exclude_nodes or [],
     )
     s.add(attempt)
     s.flush()  # the (job, number) unique constraint fires here for a duplicate
@@ -179,6 +222,7 @@ def set_attempt_state(
 
 # --- nodes and verdicts --------------------------------------------------------------------------
 
+
 def node(s: Session, attempt: Attempt, host: str) -> Node:
     row = s.get(Node, (attempt.id, host))
     if row is None:
@@ -196,12 +240,23 @@ def record_heartbeat(s: Session, attempt: Attempt, host: str, summary: dict[str,
     return row
 
 
-def record_verdict(s: Session, attempt: Attempt, host: str, kind: str, message: str, evidence: dict[str, Any]) -> Verdict:
+def record_verdict(
+    s: Session, attempt: Attempt, host: str, kind: str, message: str, evidence: dict[str, Any]
+) -> Verdict:
     verdict = Verdict(attempt_id=attempt.id, host=host, kind=kind, message=message, evidence=evidence)
     s.add(verdict)
-    emit(s, attempt.job, VERDICT_RAISED, {
-        "attempt_id": attempt.id, "attempt": attempt.number, "host": host, "kind": kind, "message": message,
-    })
+    emit(
+        s,
+        attempt.job,
+        VERDICT_RAISED,
+        {
+            "attempt_id": attempt.id,
+            "attempt": attempt.number,
+            "host": host,
+            "kind": kind,
+            "message": message,
+        },
+    )
     return verdict
 
 
@@ -209,35 +264,155 @@ def verdicts_of(s: Session, attempt_ids: list[str]) -> Sequence[Verdict]:
     return s.scalars(select(Verdict).where(Verdict.attempt_id.in_(attempt_ids)).order_by(Verdict.t)).all()
 
 
+# --- node blame ----------------------------------------------------------------------------------
+
+
+def record_blames(s: Session, attempt: Attempt, blames: list[dict[str, Any]]) -> None:
+    """Chaining's blame of nodes for a failed attempt (`aerie_contracts.failures.NodeBlame` dicts).
+    A host already blamed for this attempt keeps its first row: a redelivered failure counts once."""
+    from sqlalchemy.exc import IntegrityError
+
+    for b in blames:
+        taken = select(NodeBlame.id).where(NodeBlame.attempt_id == attempt.id, NodeBlame.host == b["host"])
+        if s.scalars(taken).first() is not None:
+            continue
+        row = NodeBlame(
+            job_id=attempt.job_id,
+            attempt_id=attempt.id,
+            host=b["host"],
+            kind=b["kind"],
+            rule=b["rule"],
+            why=b.get("why", ""),
+            evidence=b.get("evidence") or {},
+        )
+        try:
+            with s.begin_nested():
+                s.add(row)
+        except IntegrityError:  # a concurrent delivery recorded it first
+            pass
+
+
+def blames_of(s: Session, job: Job) -> Sequence[NodeBlame]:
+    return s.scalars(select(NodeBlame).where(NodeBlame.job_id == job.id).order_by(NodeBlame.id)).all()
+
+
+def clear_blames(s: Session, job: Job, host: str, by: str) -> int:
+    """The node proved itself again (it passed the pre-launch health check): its blames in this job
+    stop counting towards exclusion, and stay as history. Returns how many were cleared."""
+    rows = [b for b in blames_of(s, job) if b.host == host and b.cleared_at is None]
+    for b in rows:
+        b.cleared_at, b.cleared_by = now(), by
+    return len(rows)
+
+
 # --- checkpoints ---------------------------------------------------------------------------------
 
+
+class Superseded(RuntimeError):
+    """The attempt is no longer its job's current one: nothing it commits counts (fencing)."""
+
+
+def hold_current_attempt(s: Session, attempt: Attempt) -> bool:
+    """Whether `attempt` is still its job's current attempt (active, and no newer one exists).
+
+    Checked by a conditional UPDATE of the attempt's own row rather than a read: the row then stays
+    locked until the caller's transaction ends, so the controller cannot end the attempt between
+    this check and what the caller writes next (a PostgreSQL row lock; SQLite's single writer). An
+    attempt ended first is seen ended (PostgreSQL re-reads the row the UPDATE waited for)."""
+    newer = aliased(Attempt)
+    result = s.execute(
+        update(Attempt)
+        .where(
+            Attempt.id == attempt.id,
+            Attempt.state.in_([str(x) for x in ATTEMPT_ACTIVE]),
+            ~exists().where(newer.job_id == Attempt.job_id, newer.number > Attempt.number),
+        )
+        .values(state=Attempt.state)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1
+
+
 def record_checkpoint(s: Session, attempt: Attempt, step: int, uri: str, meta: dict[str, Any]) -> Checkpoint | None:
+    """Record a committed checkpoint as good; None if it is known already. Raises `Superseded`
+    when its attempt is no longer the job's current one: a zombie's commit never becomes good."""
     exists = s.scalars(select(Checkpoint).where(Checkpoint.job_id == attempt.job_id, Checkpoint.uri == uri)).first()
     if exists:
         return None  # already known: reported twice, by two ranks or on a re-sent line
-    ckpt = Checkpoint(job_id=attempt.job_id, attempt_id=attempt.id, step=step, uri=uri,
-                      size_bytes=meta.get("size_bytes"), meta=meta, state="good")
+    if not hold_current_attempt(s, attempt):
+        raise Superseded(f"attempt {attempt.id} is no longer its job's current attempt: {uri} is not recorded")
+    size = meta.get("size_bytes")
+    ckpt = Checkpoint(
+        job_id=attempt.job_id,
+        attempt_id=attempt.id,
+        step=step,
+        uri=uri,
+        size_bytes=size if isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 2**63 else None,
+        meta=meta,
+        state=CheckpointState.GOOD,
+    )
     s.add(ckpt)
     emit(s, attempt.job, CHECKPOINT_COMMITTED, {"attempt_id": attempt.id, "step": step, "uri": uri})
     return ckpt
 
 
 def list_checkpoints(s: Session, job: Job) -> Sequence[Checkpoint]:
-    return s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)).all()
+    return s.scalars(
+        select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step, Checkpoint.id)
+    ).all()
+
+
+# Where a recorded checkpoint may go: `bad` is final but for GC, `deleted` is final.
+_CHECKPOINT_NEXT = {
+    CheckpointState.BAD: {CheckpointState.GOOD},
+    CheckpointState.DELETED: {CheckpointState.GOOD, CheckpointState.BAD},
+}
+
+
+def set_checkpoint_state(s: Session, job: Job, uris: list[str], state: str, reason: str = "") -> list[Checkpoint]:
+    """Move the job's checkpoints at `uris` to `bad` or `deleted` (others and unknown URIs are left
+    alone: a repeated report changes nothing). Returns the rows changed."""
+    allowed_from = _CHECKPOINT_NEXT[CheckpointState(state)]
+    wanted = {u.rstrip("/") for u in uris}
+    rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.uri.in_(wanted))).all()
+    changed = []
+    for row in rows:
+        if row.state in allowed_from:
+            row.state, row.reason, row.state_at = str(state), reason or None, now()
+            changed.append(row)
+    return changed
 
 
 # --- tokens --------------------------------------------------------------------------------------
+
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def mint_token(s: Session, kind: str, tenant: str = "default", attempt_id: str | None = None,
-               name: str = "", token: str | None = None, expires_at: float | None = None) -> str:
+def mint_token(
+    s: Session,
+    kind: str,
+    tenant: str = "default",
+    attempt_id: str | None = None,
+    name: str = "",
+    token: str | None = None,
+    expires_at: float | None = None,
+    access_key_id: str | None = None,
+) -> str:
     """Store a token's hash and return the token itself (shown once)."""
     token = token or f"aer_{kind[:3]}_{secrets.token_urlsafe(32)}"
-    s.add(Token(token_hash=hash_token(token), kind=kind, tenant=tenant, attempt_id=attempt_id,
-                name=name, expires_at=expires_at))
+    s.add(
+        Token(
+            token_hash=hash_token(token),
+            kind=kind,
+            tenant=tenant,
+            attempt_id=attempt_id,
+            name=name,
+            expires_at=expires_at,
+            access_key_id=access_key_id,
+        )
+    )
     return token
 
 
@@ -263,13 +438,19 @@ def find_token(s: Session, token: str) -> Token | None:
     return row if _live(row) else None
 
 
+def find_token_by_access_key(s: Session, access_key_id: str) -> Token | None:
+    """The live token an AWS access key id belongs to (SigV4), or None."""
+    row = s.scalars(select(Token).where(Token.access_key_id == access_key_id)).first()
+    return row if _live(row) else None
+
+
 def _live(token: Token | None) -> bool:
     """Neither revoked nor expired."""
-    return (token is not None and token.revoked_at is None
-            and (token.expires_at is None or token.expires_at >= now()))
+    return token is not None and token.revoked_at is None and (token.expires_at is None or token.expires_at >= now())
 
 
 # --- human eval: samples and ratings ---------------------------------------------------------------
+
 
 def eval_sample_id(job_id: str, checkpoint_uri: str, prompt_index: int) -> str:
     """Deterministic, so every delivery of one checkpoint's event names the same samples."""
@@ -277,8 +458,15 @@ def eval_sample_id(job_id: str, checkpoint_uri: str, prompt_index: int) -> str:
     return f"es_{digest[:32]}"
 
 
-def add_eval_samples(s: Session, job: Job, checkpoint_uri: str, step: int, attempt_id: str | None,
-                     answers: list[dict[str, Any]], channel: str | None) -> list[EvalSample]:
+def add_eval_samples(
+    s: Session,
+    job: Job,
+    checkpoint_uri: str,
+    step: int,
+    attempt_id: str | None,
+    answers: list[dict[str, Any]],
+    channel: str | None,
+) -> list[EvalSample]:
     """Store a checkpoint's samples; ones that exist already are kept as they are (first answer
     wins), so two deliveries racing here end up posting the same text. Returns all of them."""
     from sqlalchemy.exc import IntegrityError
@@ -289,9 +477,20 @@ def add_eval_samples(s: Session, job: Job, checkpoint_uri: str, step: int, attem
             continue
         try:
             with s.begin_nested():
-                s.add(EvalSample(id=sid, job_id=job.id, attempt_id=attempt_id, checkpoint_uri=checkpoint_uri,
-                                 step=step, prompt_index=int(item["prompt_index"]), prompt=item["prompt"],
-                                 answer=item["answer"], meta=item.get("meta") or {}, slack_channel=channel))
+                s.add(
+                    EvalSample(
+                        id=sid,
+                        job_id=job.id,
+                        attempt_id=attempt_id,
+                        checkpoint_uri=checkpoint_uri,
+                        step=step,
+                        prompt_index=int(item["prompt_index"]),
+                        prompt=item["prompt"],
+                        answer=item["answer"],
+                        meta=item.get("meta") or {},
+                        slack_channel=channel,
+                    )
+                )
         except IntegrityError:  # another delivery stored it first
             pass
     return list(eval_samples_of(s, job, checkpoint_uri))
@@ -324,9 +523,15 @@ def claim_eval_sample(s: Session, sample_id: str, claim: str, lease_s: float) ->
     previous = row.claim
     result = s.execute(
         update(EvalSample)
-        .where(EvalSample.id == sample_id, EvalSample.slack_ts.is_(None),
-               or_(EvalSample.claim.is_(None), EvalSample.claim == claim,
-                   and_(EvalSample.claimed_at.is_not(None), EvalSample.claimed_at < t - lease_s)))
+        .where(
+            EvalSample.id == sample_id,
+            EvalSample.slack_ts.is_(None),
+            or_(
+                EvalSample.claim.is_(None),
+                EvalSample.claim == claim,
+                and_(EvalSample.claimed_at.is_not(None), EvalSample.claimed_at < t - lease_s),
+            ),
+        )
         .values(claim=claim, claimed_at=t)
         .execution_options(synchronize_session=False)
     )
@@ -341,8 +546,14 @@ def mark_eval_sample_posted(s: Session, sample: EvalSample, channel: str, ts: st
         sample.slack_channel, sample.slack_ts, sample.posted_at = channel, ts, now()
 
 
-def record_rating(s: Session, sample: EvalSample, user_id: str, user_name: str = "", score: int | None = None,
-                  toggle_hallucination: bool = False) -> Rating:
+def record_rating(
+    s: Session,
+    sample: EvalSample,
+    user_id: str,
+    user_name: str = "",
+    score: int | None = None,
+    toggle_hallucination: bool = False,
+) -> Rating:
     """Upsert one person's rating: a new score replaces theirs; the toggle flips their flag."""
     from sqlalchemy.exc import IntegrityError
 
@@ -399,9 +610,18 @@ def ratings_by_checkpoint(s: Session, job: Job, raters_needed: int = 1) -> list[
         by_sample.setdefault(r.sample_id, []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for x in samples:
-        row = out.setdefault(x.checkpoint_uri, {"step": x.step, "uri": x.checkpoint_uri,
-                                                "attempt_id": x.attempt_id, "samples": 0, "posted": 0,
-                                                "_ratings": [], "complete": True})
+        row = out.setdefault(
+            x.checkpoint_uri,
+            {
+                "step": x.step,
+                "uri": x.checkpoint_uri,
+                "attempt_id": x.attempt_id,
+                "samples": 0,
+                "posted": 0,
+                "_ratings": [],
+                "complete": True,
+            },
+        )
         row["samples"] += 1
         row["posted"] += x.slack_ts is not None
         mine = by_sample.get(x.id, [])
@@ -439,11 +659,23 @@ def record_metrics(s: Session, attempt: Attempt, records: list[dict[str, Any]]) 
             steps[step] = r
     if not steps:
         return 0
-    have = set(s.scalars(select(MetricPoint.step).where(
-        MetricPoint.attempt_id == attempt.id, MetricPoint.step.in_(list(steps)))))
-    rows = [dict(job_id=attempt.job_id, attempt_id=attempt.id, attempt_number=attempt.number, step=step,
-                 t=_finite(r.get("t")) or now(), **{k: _finite(r.get(k)) for k in METRIC_SERIES})
-            for step, r in sorted(steps.items()) if step not in have]
+    have = set(
+        s.scalars(
+            select(MetricPoint.step).where(MetricPoint.attempt_id == attempt.id, MetricPoint.step.in_(list(steps)))
+        )
+    )
+    rows = [
+        dict(
+            job_id=attempt.job_id,
+            attempt_id=attempt.id,
+            attempt_number=attempt.number,
+            step=step,
+            t=_finite(r.get("t")) or now(),
+            **{k: _finite(r.get(k)) for k in METRIC_SERIES},
+        )
+        for step, r in sorted(steps.items())
+        if step not in have
+    ]
     if rows:
         s.execute(MetricPoint.__table__.insert(), rows)
     return len(rows)
@@ -452,15 +684,19 @@ def record_metrics(s: Session, attempt: Attempt, records: list[dict[str, Any]]) 
 def metric_rows(s: Session, job: Job) -> list[tuple]:
     """Every point of a job's chain: (attempt_number, step, t, *METRIC_SERIES), by step."""
     cols = [getattr(MetricPoint, k) for k in METRIC_SERIES]
-    q = (select(MetricPoint.attempt_number, MetricPoint.step, MetricPoint.t, *cols)
-         .where(MetricPoint.job_id == job.id).order_by(MetricPoint.step, MetricPoint.attempt_number))
+    q = (
+        select(MetricPoint.attempt_number, MetricPoint.step, MetricPoint.t, *cols)
+        .where(MetricPoint.job_id == job.id)
+        .order_by(MetricPoint.step, MetricPoint.attempt_number)
+    )
     return [tuple(r) for r in s.execute(q)]
 
 
 def metrics_version(s: Session, job: Job) -> tuple[int, int]:
     """(count, newest id) of a job's points: a cheap key for caching its downsampled curves."""
-    count, newest = s.execute(select(func.count(MetricPoint.id), func.max(MetricPoint.id))
-                              .where(MetricPoint.job_id == job.id)).one()
+    count, newest = s.execute(
+        select(func.count(MetricPoint.id), func.max(MetricPoint.id)).where(MetricPoint.job_id == job.id)
+    ).one()
     return int(count or 0), int(newest or 0)
 
 
@@ -468,8 +704,7 @@ def _newest_per_job(s: Session, model, job_ids: list[str]) -> dict[str, Any]:
     """The row with the highest id of each job, in one query (for a whole jobs list)."""
     if not job_ids:
         return {}
-    newest = (select(func.max(model.id)).where(model.job_id.in_(job_ids))
-              .group_by(model.job_id).scalar_subquery())
+    newest = select(func.max(model.id)).where(model.job_id.in_(job_ids)).group_by(model.job_id).scalar_subquery()
     return {row.job_id: row for row in s.scalars(select(model).where(model.id.in_(newest)))}
 
 
@@ -482,6 +717,7 @@ def latest_checkpoints(s: Session, job_ids: list[str]) -> dict[str, Checkpoint]:
 
 
 # --- web sessions ----------------------------------------------------------------------------------
+
 
 def open_web_session(s: Session, token: Token, ttl_s: float) -> str:
     """A new session id for a dashboard login (returned once; only its hash is stored)."""
@@ -508,3 +744,109 @@ def close_web_session(s: Session, sid: str) -> None:
     row = s.get(WebSession, hash_token(sid))
     if row is not None:
         s.delete(row)
+
+
+# --- jobs created through the SageMaker-compatible endpoint ----------------------------------------
+
+
+class NameInUse(ValueError):
+    """A SageMaker training job of this name exists already in the tenant."""
+
+
+def create_sagemaker_job(
+    s: Session,
+    spec: dict[str, Any],
+    tenant: str,
+    *,
+    arn: str,
+    region: str,
+    request: dict[str, Any],
+    tags: list[dict[str, str]],
+    warnings: list[str],
+) -> tuple[Job, SageMakerTrainingJob]:
+    """The Aerie job and its SageMaker record, together or not at all; a taken name is NameInUse
+    (the unique (tenant, arn) key decides, so two racing creates cannot both win)."""
+    from sqlalchemy.exc import IntegrityError
+
+    try:
+        with s.begin_nested():
+            job = create_job(s, spec, tenant)
+            record = SageMakerTrainingJob(
+                job_id=job.id,
+                tenant=tenant,
+                name=spec["name"],
+                arn=arn,
+                region=region,
+                request=request,
+                tags=tags,
+                warnings=warnings,
+            )
+            s.add(record)
+            s.flush()
+    except IntegrityError:
+        raise NameInUse(spec["name"]) from None
+    return job, record
+
+
+def get_sagemaker_job(s: Session, tenant: str, arn: str) -> SageMakerTrainingJob:
+    """A tenant's SageMaker job by ARN (names resolve to ARNs in the caller's region)."""
+    record = s.scalars(
+        select(SageMakerTrainingJob).where(SageMakerTrainingJob.tenant == tenant, SageMakerTrainingJob.arn == arn)
+    ).first()
+    if record is None:
+        raise NotFound(f"no training job {arn!r}")
+    return record
+
+
+def list_sagemaker_jobs(
+    s: Session,
+    tenant: str,
+    region: str,
+    *,
+    name_contains: str | None = None,
+    name_prefix: str | None = None,
+    states: Sequence[str] | None = None,
+    stop_requested: bool | None = None,
+    created_after: float | None = None,
+    created_before: float | None = None,
+    modified_after: float | None = None,
+    modified_before: float | None = None,
+    sort_by: str = "CreationTime",
+    descending: bool = False,
+    limit: int = 10,
+    offset: int = 0,
+) -> Sequence[SageMakerTrainingJob]:
+    """ListTrainingJobs' filters over the tenant's SageMaker jobs in one region (names match
+    case-insensitively)."""
+    q = select(SageMakerTrainingJob).join(Job, Job.id == SageMakerTrainingJob.job_id)
+    q = q.where(SageMakerTrainingJob.tenant == tenant, SageMakerTrainingJob.region == region)
+    if name_contains:
+        q = q.where(func.lower(SageMakerTrainingJob.name).contains(name_contains.lower(), autoescape=True))
+    if name_prefix:
+        q = q.where(SageMakerTrainingJob.name.startswith(name_prefix, autoescape=True))
+    if states is not None:
+        q = q.where(Job.state.in_(list(states)))
+    if stop_requested is not None:
+        q = q.where(Job.stop_requested.is_(stop_requested))
+    if created_after is not None:
+        q = q.where(Job.created_at > created_after)
+    if created_before is not None:
+        q = q.where(Job.created_at < created_before)
+    if modified_after is not None:
+        q = q.where(Job.updated_at > modified_after)
+    if modified_before is not None:
+        q = q.where(Job.updated_at < modified_before)
+    column = {"Name": SageMakerTrainingJob.name, "Status": Job.state}.get(sort_by, Job.created_at)
+    order = [column.desc() if descending else column.asc(), SageMakerTrainingJob.job_id]
+    q = q.options(selectinload(SageMakerTrainingJob.job).selectinload(Job.attempts))
+    return s.scalars(q.order_by(*order).limit(limit).offset(offset)).all()
+
+
+def sagemaker_instances_in_use(s: Session, tenant: str) -> int:
+    """Instances held by the tenant's SageMaker jobs that have not ended (the instance quota)."""
+    q = (
+        select(Job.spec)
+        .join(SageMakerTrainingJob, SageMakerTrainingJob.job_id == Job.id)
+        .where(SageMakerTrainingJob.tenant == tenant, Job.state.not_in(JOB_TERMINAL))
+    )
+    return sum(int((spec.get("resources") or {}).get("instance_count", 1)) for spec in s.scalars(q))

@@ -6,7 +6,7 @@ lasts one step stays visible at any zoom, which is what people look at these cur
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def minmax(xs: Sequence[float], ys: Sequence[float | None], max_points: int) -> tuple[list, list]:

@@ -64,5 +64,11 @@ def _point(now: float, summary: dict[str, Any], gap: float) -> tuple:
     nics = [n for n in summary.get("nics") or [] if isinstance(n, dict)]
     rx = sum(float(n["rx_bps"]) for n in nics if isinstance(n.get("rx_bps"), (int, float)))
     tx = sum(float(n["tx_bps"]) for n in nics if isinstance(n.get("tx_bps"), (int, float)))
-    return (round(now, 1), sum(utils) / len(utils) if utils else None, sum(mems) if mems else None,
-            rx if nics else None, tx if nics else None, round(gap, 2))
+    return (
+        round(now, 1),
+        sum(utils) / len(utils) if utils else None,
+        sum(mems) if mems else None,
+        rx if nics else None,
+        tx if nics else None,
+        round(gap, 2),
+    )

@@ -56,8 +56,12 @@ templates.env.filters.update(ts=_ts, ago=_ago, size=_size, num=_num)
 
 
 def _page(request: Request, name: str, status_code: int = 200, **context) -> HTMLResponse:
-    headers = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
-               "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"}
+    headers = {
+        "Cache-Control": "no-store",
+        "X-Frame-Options": "DENY",
+        "Referrer-Policy": "same-origin",
+        "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    }
     return templates.TemplateResponse(request, name, context, status_code=status_code, headers=headers)
 
 
@@ -70,6 +74,7 @@ def _job(request: Request, s: Session, who: Principal, ref: str) -> Job | HTMLRe
 
 # --- sign in / out ---------------------------------------------------------------------------------
 
+
 @router.get("/login")
 def login_form(request: Request, next: str = "/ui/jobs") -> HTMLResponse:
     return _page(request, "login.html", next=safe_next(next), error=None)
@@ -81,13 +86,19 @@ def login(request: Request, token: str = Form(""), next: str = Form("/ui/jobs"))
     with request.app.state.db.session() as s:
         row = repo.find_token(s, token.strip()) if token.strip() else None
         if row is None or row.kind == "agent":
-            return _page(request, "login.html", 401, next=safe_next(next),
-                         error="That token is not valid (unknown, expired, revoked, or an agent's).")
+            return _page(
+                request,
+                "login.html",
+                401,
+                next=safe_next(next),
+                error="That token is not valid (unknown, expired, revoked, or an agent's).",
+            )
         repo.purge_web_sessions(s)
         sid = repo.open_web_session(s, row, SESSION_TTL_S)
     response = RedirectResponse(safe_next(next), status_code=303)
-    response.set_cookie(COOKIE, sid, max_age=int(SESSION_TTL_S), httponly=True, samesite="strict",
-                        secure=is_https(request), path="/")
+    response.set_cookie(
+        COOKIE, sid, max_age=int(SESSION_TTL_S), httponly=True, samesite="strict", secure=is_https(request), path="/"
+    )
     return response
 
 
@@ -104,19 +115,38 @@ def logout(request: Request) -> Response:
 
 # --- pages -----------------------------------------------------------------------------------------
 
+
 @router.get("/jobs")
-def jobs_page(request: Request, state: str = "", q: str = Query("", max_length=63), backend: str = "",
-              partial: bool = False, who: Principal = Depends(viewer),
-              s: Session = Depends(get_session, scope="function")) -> HTMLResponse:
+def jobs_page(
+    request: Request,
+    state: str = "",
+    q: str = Query("", max_length=63),
+    backend: str = "",
+    partial: bool = False,
+    who: Principal = Depends(viewer),
+    s: Session = Depends(get_session, scope="function"),
+) -> HTMLResponse:
     rows = views.job_rows(s, who.tenant, state, q, backend)
-    ctx = dict(who=who, rows=rows, state=state, q=q, backend=backend, states=STATES,
-               backends=sorted(request.app.state.backends))
+    ctx = dict(
+        who=who,
+        rows=rows,
+        state=state,
+        q=q,
+        backend=backend,
+        states=STATES,
+        backends=sorted(request.app.state.backends),
+    )
     return _page(request, "_job_rows.html" if partial else "jobs.html", **ctx)
 
 
 @router.get("/jobs/{job_ref}")
-def job_page(request: Request, job_ref: str, partial: bool = False, who: Principal = Depends(viewer),
-             s: Session = Depends(get_session, scope="function")) -> HTMLResponse:
+def job_page(
+    request: Request,
+    job_ref: str,
+    partial: bool = False,
+    who: Principal = Depends(viewer),
+    s: Session = Depends(get_session, scope="function"),
+) -> HTMLResponse:
     job = _job(request, s, who, job_ref)
     if not isinstance(job, Job):
         return job
@@ -125,8 +155,13 @@ def job_page(request: Request, job_ref: str, partial: bool = False, who: Princip
 
 
 @router.get("/jobs/{job_ref}/series.json")
-def job_series(request: Request, job_ref: str, max_points: int = Query(views.MAX_POINTS, ge=10, le=views.MAX_POINTS),
-               who: Principal = Depends(viewer), s: Session = Depends(get_session, scope="function")) -> Response:
+def job_series(
+    request: Request,
+    job_ref: str,
+    max_points: int = Query(views.MAX_POINTS, ge=10, le=views.MAX_POINTS),
+    who: Principal = Depends(viewer),
+    s: Session = Depends(get_session, scope="function"),
+) -> Response:
     job = _job(request, s, who, job_ref)
     if not isinstance(job, Job):
         return JSONResponse({"detail": f"no job {job_ref!r}"}, status_code=404)
@@ -135,8 +170,12 @@ def job_series(request: Request, job_ref: str, max_points: int = Query(views.MAX
 
 
 @router.get("/jobs/{job_ref}/checkpoints")
-def checkpoints_page(request: Request, job_ref: str, who: Principal = Depends(viewer),
-                     s: Session = Depends(get_session, scope="function")) -> HTMLResponse:
+def checkpoints_page(
+    request: Request,
+    job_ref: str,
+    who: Principal = Depends(viewer),
+    s: Session = Depends(get_session, scope="function"),
+) -> HTMLResponse:
     job = _job(request, s, who, job_ref)
     if not isinstance(job, Job):
         return job

@@ -22,11 +22,13 @@ HEALTH_POINTS = 2000  # per health chart, shared by its nodes
 LOG_TAIL_BYTES = 4096
 
 
-def job_rows(s: Session, tenant: str, state: str | None, name: str | None, backend: str | None,
-             limit: int = 200) -> list[dict[str, Any]]:
+def job_rows(
+    s: Session, tenant: str, state: str | None, name: str | None, backend: str | None, limit: int = 200
+) -> list[dict[str, Any]]:
     """The jobs list: one row per job with its latest step, loss, throughput and checkpoint."""
-    jobs = repo.list_jobs(s, tenant, state or None, limit, 0, name=name or None, backend=backend or None,
-                          with_attempts=True)
+    jobs = repo.list_jobs(
+        s, tenant, state or None, limit, 0, name=name or None, backend=backend or None, with_attempts=True
+    )
     ids = [j.id for j in jobs]
     points = repo.latest_metrics(s, ids)
     ckpts = repo.latest_checkpoints(s, ids)
@@ -37,13 +39,21 @@ def job_rows(s: Session, tenant: str, state: str | None, name: str | None, backe
         point = points.get(job.id)
         node_step = max((x["last_step"] for x in summaries if isinstance(x.get("last_step"), int)), default=None)
         node_loss = next((x["last_loss"] for x in summaries if isinstance(x.get("last_loss"), (int, float))), None)
-        rows.append(dict(
-            id=job.id, name=job.name, state=job.state, backend=job.backend, attempts=len(job.attempts),
-            step=max([x for x in (node_step, point.step if point else None) if x is not None], default=None),
-            loss=point.loss if point and point.loss is not None else node_loss,
-            tokens_per_s=point.tokens_per_s if point else None,
-            checkpoint=ckpts.get(job.id), created_at=job.created_at, reason=job.reason,
-        ))
+        rows.append(
+            dict(
+                id=job.id,
+                name=job.name,
+                state=job.state,
+                backend=job.backend,
+                attempts=len(job.attempts),
+                step=max([x for x in (node_step, point.step if point else None) if x is not None], default=None),
+                loss=point.loss if point and point.loss is not None else node_loss,
+                tokens_per_s=point.tokens_per_s if point else None,
+                checkpoint=ckpts.get(job.id),
+                created_at=job.created_at,
+                reason=job.reason,
+            )
+        )
     return rows
 
 
@@ -51,16 +61,28 @@ def job_panels(s: Session, job: Job, backend: Any) -> dict[str, Any]:
     """Everything on the job page except the curves: attempts, verdicts, nodes, events, logs."""
     attempts = attempts_out(job)
     numbers = {a.id: a.number for a in job.attempts}
-    verdicts = [dict(t=v.t, attempt=numbers.get(v.attempt_id), host=v.host, kind=v.kind, message=v.message)
-                for v in repo.verdicts_of(s, list(numbers))]
-    events = [dict(seq=e.seq, t=e.time, kind=e.detail_type.replace("Aerie ", ""), text=_event_text(e))
-              for e in repo.list_events(s, job)][-200:]
+    verdicts = [
+        dict(t=v.t, attempt=numbers.get(v.attempt_id), host=v.host, kind=v.kind, message=v.message)
+        for v in repo.verdicts_of(s, list(numbers))
+    ]
+    events = [
+        dict(seq=e.seq, t=e.time, kind=e.detail_type.replace("Aerie ", ""), text=_event_text(e))
+        for e in repo.list_events(s, job)
+    ][-200:]
     latest = job.attempts[-1] if job.attempts else None
     checkpoints = repo.list_checkpoints(s, job)
-    return dict(job=job, attempts=attempts, verdicts=verdicts, events=list(reversed(events)),
-                nodes=list(attempts[-1].nodes) if attempts else [], latest=latest,
-                checkpoints=len(checkpoints), last_checkpoint=checkpoints[-1] if checkpoints else None,
-                logs=_log_tail(latest, backend), running=job.state not in repo.JOB_TERMINAL)
+    return dict(
+        job=job,
+        attempts=attempts,
+        verdicts=verdicts,
+        events=list(reversed(events)),
+        nodes=list(attempts[-1].nodes) if attempts else [],
+        latest=latest,
+        checkpoints=len(checkpoints),
+        last_checkpoint=checkpoints[-1] if checkpoints else None,
+        logs=_log_tail(latest, backend),
+        running=job.state not in repo.JOB_TERMINAL,
+    )
 
 
 def checkpoint_rows(s: Session, job: Job) -> list[dict[str, Any]]:
@@ -69,10 +91,20 @@ def checkpoint_rows(s: Session, job: Job) -> list[dict[str, Any]]:
     ratings = {r["uri"]: r for r in repo.ratings_by_checkpoint(s, job, raters)}
     resumed_by = {a.resume_from: a.number for a in job.attempts if a.resume_from}
     numbers = {a.id: a.number for a in job.attempts}
-    return [dict(step=c.step, uri=c.uri, state=c.state, attempt=numbers.get(c.attempt_id or ""),
-                 size=c.size_bytes or (c.meta or {}).get("size_bytes"), created_at=c.created_at,
-                 resumed_by=resumed_by.get(c.uri), rating=ratings.get(c.uri))
-            for c in reversed(repo.list_checkpoints(s, job))]
+    return [
+        dict(
+            step=c.step,
+            uri=c.uri,
+            state=c.state,
+            attempt=numbers.get(c.attempt_id or ""),
+            size=c.size_bytes or (c.meta or {}).get("size_bytes"),
+            reason=c.reason,
+            created_at=c.created_at,
+            resumed_by=resumed_by.get(c.uri),
+            rating=ratings.get(c.uri),
+        )
+        for c in reversed(repo.list_checkpoints(s, job))
+    ]
 
 
 def series(s: Session, job: Job, history: NodeHistory, cache: dict, max_points: int = MAX_POINTS) -> dict[str, Any]:
@@ -90,12 +122,24 @@ def series(s: Session, job: Job, history: NodeHistory, cache: dict, max_points: 
         hit = cache[(job.id, max_points)] = (key, time.monotonic(), time.monotonic() - started, metrics)
     metrics = hit[3]
     numbers = {a.id: a.number for a in job.attempts}
-    verdicts = [dict(t=round(v.t, 1), attempt=numbers.get(v.attempt_id), host=v.host, kind=v.kind,
-                     step=_step_at(metrics["_steps_at"], numbers.get(v.attempt_id), v.t))
-                for v in repo.verdicts_of(s, list(numbers))]
-    return {"points": metrics["points"], "series": metrics["series"], "resumes": metrics["resumes"],
-            "verdicts": verdicts, "health": _health(history, [a.id for a in job.attempts]),
-            "running": job.state not in repo.JOB_TERMINAL}
+    verdicts = [
+        dict(
+            t=round(v.t, 1),
+            attempt=numbers.get(v.attempt_id),
+            host=v.host,
+            kind=v.kind,
+            step=_step_at(metrics["_steps_at"], numbers.get(v.attempt_id), v.t),
+        )
+        for v in repo.verdicts_of(s, list(numbers))
+    ]
+    return {
+        "points": metrics["points"],
+        "series": metrics["series"],
+        "resumes": metrics["resumes"],
+        "verdicts": verdicts,
+        "health": _health(history, [a.id for a in job.attempts]),
+        "running": job.state not in repo.JOB_TERMINAL,
+    }
 
 
 def _chain_metrics(rows: list[tuple], attempts: list[Attempt], max_points: int) -> dict[str, Any]:
@@ -124,8 +168,12 @@ def _chain_metrics(rows: list[tuple], attempts: list[Attempt], max_points: int) 
             out[name] = {"x": x, "y": y}
     # Per attempt, a few (t, step) pairs are enough to place a verdict on the step axis.
     sparse = {n: pts[:: max(1, len(pts) // 500)] + pts[-1:] for n, pts in steps_at.items()}
-    return {"points": len(kept), "series": out, "_steps_at": sparse,
-            "resumes": [{"attempt": n, "step": r} for n, r in sorted(resumes.items())]}
+    return {
+        "points": len(kept),
+        "series": out,
+        "_steps_at": sparse,
+        "resumes": [{"attempt": n, "step": r} for n, r in sorted(resumes.items())],
+    }
 
 
 def _step_at(steps_at: dict[int, list[tuple[float, int]]], attempt: int | None, t: float) -> int | None:
@@ -167,8 +215,12 @@ def _log_tail(attempt: Attempt | None, backend: Any) -> dict[str, str]:
         return {}
     try:
         hosts = attempt.handle.get("hosts", [])
-        return {h: c.get("text", "") for h, c in backend.logs(attempt.handle, {h: -LOG_TAIL_BYTES for h in hosts},
-                                                              max_bytes=LOG_TAIL_BYTES).items()}
+        return {
+            h: c.get("text", "")
+            for h, c in backend.logs(
+                attempt.handle, {h: -LOG_TAIL_BYTES for h in hosts}, max_bytes=LOG_TAIL_BYTES
+            ).items()
+        }
     except Exception as exc:  # a backend that can't read logs must not break the page
         return {"(logs)": f"unavailable: {exc}"}
 

@@ -6,6 +6,7 @@ rank 0 has heard from everyone), appends the metrics stream, writes ``rank-<R>.p
 misbehave on cue: stop itself, spin forever, log NaN or spiking losses, idle its "device",
 stall in the data loader, pause for checkpoints and eval.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,8 +114,17 @@ def main() -> None:
     peers = connect_peers(args)
 
     def emit(**rec) -> None:
-        base = {"t": round(time.time(), 3), "rank": args.rank, "step": None, "loss": None, "grad_norm": None,
-                "lr": None, "tokens": None, "step_s": None, "event": None}
+        base = {
+            "t": round(time.time(), 3),
+            "rank": args.rank,
+            "step": None,
+            "loss": None,
+            "grad_norm": None,
+            "lr": None,
+            "tokens": None,
+            "step_s": None,
+            "event": None,
+        }
         base.update(rec)
         out.write(json.dumps(base) + "\n")
 
@@ -149,8 +159,14 @@ def main() -> None:
             loss *= 4
         if due("nan", args.nan_after, once=False):
             loss = float("nan")
-        emit(step=step, loss=round(loss, 5) if math.isfinite(loss) else loss, grad_norm=1.0, lr=3e-4,
-             tokens=step * 4096, step_s=round(time.time() - t0, 4))
+        emit(
+            step=step,
+            loss=round(loss, 5) if math.isfinite(loss) else loss,
+            grad_norm=1.0,
+            lr=3e-4,
+            tokens=step * 4096,
+            step_s=round(time.time() - t0, 4),
+        )
         t_first = t_first or time.time()
         if args.ckpt_every and step % args.ckpt_every == 0:
             emit(step=step, event="checkpoint_begin")
@@ -162,6 +178,7 @@ def main() -> None:
             burn(args.eval_s * 0.1)
             time.sleep(args.eval_s * 0.9)
             emit(step=step, event="eval_end")
+
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,6 @@
 """Detectors on synthetic windows: each verdict fires on its fault, at its threshold, and not
 in the situations that look like it (start-up, checkpoints, eval, a stopped or spinning peer)."""
+
 from __future__ import annotations
 
 import json
@@ -7,16 +8,38 @@ import math
 
 import pytest
 
-from agent.detect import (HealthConfig, Verdict, Window, detect_all, detect_gpu_idle, detect_hang,
-                          detect_loss_nan, detect_loss_spike, detect_nic_stall)
+from agent.detect import (
+    HealthConfig,
+    Verdict,
+    Window,
+    detect_all,
+    detect_gpu_idle,
+    detect_hang,
+    detect_loss_nan,
+    detect_loss_spike,
+    detect_nic_stall,
+)
 
 CFG = HealthConfig()
 
 
-def make_window(now: float, *, ranks: int = 2, step_s: float = 1.0, first_step: float = 10.0,
-                steps_until: float | None = None, started_at: float = 0.0, util=lambda i, t: 80.0,
-                nic=lambda t: 1e7, nic_state: str = "up", retrans=lambda t: 0, loss=None,
-                open_=None, pauses=None, processes=None) -> Window:
+def make_window(
+    now: float,
+    *,
+    ranks: int = 2,
+    step_s: float = 1.0,
+    first_step: float = 10.0,
+    steps_until: float | None = None,
+    started_at: float = 0.0,
+    util=lambda i, t: 80.0,
+    nic=lambda t: 1e7,
+    nic_state: str = "up",
+    retrans=lambda t: 0,
+    loss=None,
+    open_=None,
+    pauses=None,
+    processes=None,
+) -> Window:
     until = now if steps_until is None else steps_until
     steps = {}
     for r in range(ranks):
@@ -27,11 +50,15 @@ def make_window(now: float, *, ranks: int = 2, step_s: float = 1.0, first_step: 
         steps[str(r)] = series
     ts = [now - i for i in range(130, -1, -1) if now - i >= started_at]
     return Window(
-        now=now, started_at=started_at,
+        now=now,
+        started_at=started_at,
         accel={str(i): [[t, util(i, t)] for t in ts if t >= now - 90] for i in range(ranks)},
-        nics={"eth0": [[t, nic(t)] for t in ts]}, nic_state={"eth0": nic_state},
+        nics={"eth0": [[t, nic(t)] for t in ts]},
+        nic_state={"eth0": nic_state},
         retrans=[[t, retrans(t)] for t in ts],
-        steps=steps, open=open_ or {}, pauses=pauses or [],
+        steps=steps,
+        open=open_ or {},
+        pauses=pauses or [],
         processes=processes or [{"rank": r, "pid": 100 + r, "state": "sleeping", "cpu": 50.0} for r in range(ranks)],
     )
 
@@ -85,11 +112,16 @@ def test_hang_threshold_scales_with_p95_step_time():
 def test_hang_busy_vs_idle_evidence():
     busy = detect_hang(make_window(260.0, steps_until=200.0, util=lambda i, t: 100.0), CFG)
     assert busy.evidence["state"] == "busy" and busy.evidence["busy"] == ["0", "1"]
-    one_spins = detect_hang(make_window(260.0, steps_until=200.0,
-                                        util=lambda i, t: 100.0 if i == 1 or t < 200 else 0.0), CFG)
+    one_spins = detect_hang(
+        make_window(260.0, steps_until=200.0, util=lambda i, t: 100.0 if i == 1 or t < 200 else 0.0), CFG
+    )
     assert one_spins.evidence["state"] == "busy" and one_spins.evidence["idle"] == ["0"]
-    idle = detect_hang(make_window(260.0, steps_until=200.0, util=lambda i, t: 80.0 if t < 200 else 0.5,
-                                   nic=lambda t: 1e7 if t < 200 else 0.0), CFG)
+    idle = detect_hang(
+        make_window(
+            260.0, steps_until=200.0, util=lambda i, t: 80.0 if t < 200 else 0.5, nic=lambda t: 1e7 if t < 200 else 0.0
+        ),
+        CFG,
+    )
     assert idle.evidence["state"] == "idle" and "idle" in idle.message
     assert idle.evidence["nic_bps"]["eth0"] == 0.0
 
@@ -106,7 +138,10 @@ def test_hang_busy_is_relative_to_the_util_before_the_stall():
 
 
 def test_hang_names_stopped_processes():
-    procs = [{"rank": 0, "pid": 1, "state": "sleeping", "cpu": 0.0}, {"rank": 1, "pid": 2, "state": "stopped", "cpu": 0.0}]
+    procs = [
+        {"rank": 0, "pid": 1, "state": "sleeping", "cpu": 0.0},
+        {"rank": 1, "pid": 2, "state": "stopped", "cpu": 0.0},
+    ]
     v = detect_hang(make_window(260.0, steps_until=200.0, util=lambda i, t: 0.0, processes=procs), CFG)
     assert v.evidence["stopped"][0]["rank"] == 1 and "stopped" in v.message
 
@@ -232,11 +267,15 @@ def test_nic_stall_not_when_steps_still_normal():
 
 
 def test_nic_stall_not_explained_by_stopped_or_spinning_rank():
-    procs = [{"rank": 0, "pid": 1, "state": "sleeping", "cpu": 0.0}, {"rank": 1, "pid": 2, "state": "stopped", "cpu": 0.0}]
+    procs = [
+        {"rank": 0, "pid": 1, "state": "sleeping", "cpu": 0.0},
+        {"rank": 1, "pid": 2, "state": "stopped", "cpu": 0.0},
+    ]
     w = make_window(200.0, steps_until=176.0, nic=collapsed, retrans=lambda t: int(t), processes=procs)
     assert detect_nic_stall(w, CFG) is None
-    spin = make_window(200.0, steps_until=176.0, nic=collapsed, retrans=lambda t: int(t),
-                       util=lambda i, t: 100.0 if i == 1 else 0.0)
+    spin = make_window(
+        200.0, steps_until=176.0, nic=collapsed, retrans=lambda t: int(t), util=lambda i, t: 100.0 if i == 1 else 0.0
+    )
     assert detect_nic_stall(spin, CFG) is None
 
 
@@ -245,8 +284,9 @@ def test_nic_stall_ignores_quiet_links_and_pauses():
     assert detect_nic_stall(quiet, CFG) is None
     ckpt = make_window(200.0, steps_until=176.0, nic=collapsed, nic_state="down", open_={"0": {"checkpoint": 177.0}})
     assert detect_nic_stall(ckpt, CFG) is None
-    just_after = make_window(200.0, steps_until=176.0, nic=collapsed, retrans=lambda t: int(max(0, t - 175)),
-                             pauses=[[177.0, 195.0]])
+    just_after = make_window(
+        200.0, steps_until=176.0, nic=collapsed, retrans=lambda t: int(max(0, t - 175)), pauses=[[177.0, 195.0]]
+    )
     assert detect_nic_stall(just_after, CFG) is None
 
 

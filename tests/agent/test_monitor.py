@@ -1,4 +1,5 @@
 """The Monitor end to end: real fake-rank processes, real probes, real metrics files."""
+
 from __future__ import annotations
 
 import json
@@ -34,11 +35,31 @@ def node(tmp_path):
 
     def launch(world: int = 2, extra: dict[int, list[str]] | None = None) -> list[subprocess.Popen]:
         for r in range(world):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(FAKE_RANK), "--rank", str(r), "--world", str(world),
-                 "--metrics", str(root / "output" / "metrics"), "--pid-dir", str(root / "agent" / "ranks"),
-                 "--port", str(port), "--bytes", "65536", "--compute-s", "0.05", "--wait-s", "0.05",
-                 *(extra or {}).get(r, [])]))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(FAKE_RANK),
+                        "--rank",
+                        str(r),
+                        "--world",
+                        str(world),
+                        "--metrics",
+                        str(root / "output" / "metrics"),
+                        "--pid-dir",
+                        str(root / "agent" / "ranks"),
+                        "--port",
+                        str(port),
+                        "--bytes",
+                        "65536",
+                        "--compute-s",
+                        "0.05",
+                        "--wait-s",
+                        "0.05",
+                        *(extra or {}).get(r, []),
+                    ]
+                )
+            )
         deadline = time.time() + 20
         while len(list((root / "agent" / "ranks").glob("rank-*.pid"))) < world:
             assert time.time() < deadline, "ranks did not start"
@@ -69,30 +90,53 @@ def test_summary_follows_the_heartbeat_contract(node):
     root, launch = node
     launch()
     wait_steps(root, 1, 3)
-    mon = Monitor(node_dir=root / "agent", metrics_dir=root / "output" / "metrics", health={}, host="algo-1",
-                  interfaces=["lo"], accelerator="cpu")
+    mon = Monitor(
+        node_dir=root / "agent",
+        metrics_dir=root / "output" / "metrics",
+        health={},
+        host="algo-1",
+        interfaces=["lo"],
+        accelerator="cpu",
+    )
     for _ in range(4):
         assert mon.tick() == []
         time.sleep(0.4)
     s = mon.summary()
     json.dumps(s, allow_nan=False)
-    assert {"accelerators", "nics", "last_step", "last_loss", "step_time_p50", "step_time_p95", "processes",
-            "in_checkpoint", "in_eval"} <= set(s)
+    assert {
+        "accelerators",
+        "nics",
+        "last_step",
+        "last_step_t",
+        "last_loss",
+        "step_time_p50",
+        "step_time_p95",
+        "processes",
+        "in_checkpoint",
+        "in_eval",
+    } <= set(s)
     assert sorted(a["index"] for a in s["accelerators"]) == [0, 1]
     assert all({"index", "util", "mem_used"} <= set(a) for a in s["accelerators"])
     assert s["nics"][0]["name"] == "lo" and s["nics"][0]["rx_bps"] > 0  # the all-reduce crosses lo
     assert s["last_step"] >= 3 and s["last_loss"] > 0 and 0 < s["step_time_p50"] <= s["step_time_p95"]
+    assert time.time() - 60 < s["last_step_t"] <= time.time()  # when the slowest rank logged it
     assert [(p["rank"], p["state"] in ("running", "sleeping")) for p in s["processes"]] == [(0, True), (1, True)]
     assert s["in_checkpoint"] is False and s["in_eval"] is False
 
 
 def test_sigstopped_rank_is_an_idle_hang_within_seconds(node):
     root, launch = node
-    procs = launch()
+    launch()
     wait_steps(root, 1, 5)
     health = {"startup_grace_s": 0, "hang_floor_s": 2, "hang_factor": 1, "unknown_key": "ignored"}
-    mon = Monitor(node_dir=root / "agent", metrics_dir=root / "output" / "metrics", health=health,
-                  interfaces=["lo"], accelerator="cpu", sample_s=0.25)
+    mon = Monitor(
+        node_dir=root / "agent",
+        metrics_dir=root / "output" / "metrics",
+        health=health,
+        interfaces=["lo"],
+        accelerator="cpu",
+        sample_s=0.25,
+    )
     mon.tick()
     pid1 = int((root / "agent" / "ranks" / "rank-1.pid").read_text())
     os.kill(pid1, signal.SIGSTOP)
@@ -113,11 +157,19 @@ def test_checkpoint_window_shows_in_summary_and_suppresses_hang(tmp_path):
     metrics = tmp_path / "metrics"
     metrics.mkdir()
     now = time.time()
-    lines = [{"t": now - 100 + i, "rank": 0, "step": i, "loss": 2.0, "step_s": 1.0, "event": None} for i in range(1, 10)]
+    lines = [
+        {"t": now - 100 + i, "rank": 0, "step": i, "loss": 2.0, "step_s": 1.0, "event": None} for i in range(1, 10)
+    ]
     lines.append({"t": now - 90, "rank": 0, "step": 9, "event": "checkpoint_begin"})
     (metrics / "rank-00000.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    mon = Monitor(node_dir=tmp_path / "agent", metrics_dir=metrics, health={"startup_grace_s": 0},
-                  interfaces=["lo"], accelerator="cpu", started_at=now - 200)
+    mon = Monitor(
+        node_dir=tmp_path / "agent",
+        metrics_dir=metrics,
+        health={"startup_grace_s": 0},
+        interfaces=["lo"],
+        accelerator="cpu",
+        started_at=now - 200,
+    )
     assert mon.tick() == [] and mon.summary()["in_checkpoint"] is True
     with open(metrics / "rank-00000.jsonl", "a") as f:
         f.write(json.dumps({"t": now - 50, "rank": 0, "step": 9, "event": "checkpoint_end"}) + "\n")
@@ -127,9 +179,11 @@ def test_checkpoint_window_shows_in_summary_and_suppresses_hang(tmp_path):
 def test_interfaces_come_from_resourceconfig(tmp_path):
     (tmp_path / "input" / "config").mkdir(parents=True)
     (tmp_path / "input" / "config" / "resourceconfig.json").write_text(
-        json.dumps({"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}))
-    mon = Monitor(node_dir=tmp_path / "agent", metrics_dir=tmp_path / "output" / "metrics", health={},
-                  accelerator="cpu")
+        json.dumps({"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"})
+    )
+    mon = Monitor(
+        node_dir=tmp_path / "agent", metrics_dir=tmp_path / "output" / "metrics", health={}, accelerator="cpu"
+    )
     assert mon.nic.interfaces == ["lo"]
     mon.tick()
     mon.tick()

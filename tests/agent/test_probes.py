@@ -1,4 +1,5 @@
 """Probes against real files, a fake ``/sys`` tree, and real processes."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -22,8 +22,23 @@ from agent.probes.progress import ProgressProbe
 
 
 def rec(rank, step, **kw):
-    return json.dumps({"t": 100.0 + step, "rank": rank, "step": step, "loss": 2.0, "grad_norm": 1.0, "lr": 1e-4,
-                       "tokens": 10, "step_s": 0.5, "event": None, **kw}) + "\n"
+    return (
+        json.dumps(
+            {
+                "t": 100.0 + step,
+                "rank": rank,
+                "step": step,
+                "loss": 2.0,
+                "grad_norm": 1.0,
+                "lr": 1e-4,
+                "tokens": 10,
+                "step_s": 0.5,
+                "event": None,
+                **kw,
+            }
+        )
+        + "\n"
+    )
 
 
 def test_progress_tails_incrementally_with_partial_lines_and_late_files(tmp_path):
@@ -72,9 +87,14 @@ def test_progress_events_losses_and_bad_lines(tmp_path):
     p.sample()
     assert p.in_pause("checkpoint") and not p.in_pause("eval") and p.bad_lines == 1
     with open(f, "a") as fh:
-        fh.write(rec(0, 1, event="checkpoint_end") + rec(0, 1, event="checkpoint_committed", uri="s3://b/k")
-                 + rec(0, 2, event="eval_begin") + rec(0, 2, event="eval_end") + rec(0, 3, loss="nan")
-                 + rec(0, 4, loss=float("nan")))
+        fh.write(
+            rec(0, 1, event="checkpoint_end")
+            + rec(0, 1, event="checkpoint_committed", uri="s3://b/k")
+            + rec(0, 2, event="eval_begin")
+            + rec(0, 2, event="eval_end")
+            + rec(0, 3, loss="nan")
+            + rec(0, 4, loss=float("nan"))
+        )
     p.sample()
     assert not p.in_pause("checkpoint") and not p.in_pause("eval")
     assert p.pauses == type(p.pauses)([[101.0, 101.0], [102.0, 102.0]], maxlen=p.pauses.maxlen)
@@ -108,13 +128,20 @@ def fake_sys(root: Path, ifaces: dict[str, tuple[int, int, str, int]]) -> None:
 def fake_snmp(root: Path, retrans: int) -> None:
     (root / "net").mkdir(parents=True, exist_ok=True)
     (root / "net" / "snmp").write_text(
-        "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
-        "Tcp: RtoAlgorithm RtoMin RetransSegs InErrs\nTcp: 1 200 %d 0\n" % retrans)
+        f"Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin RetransSegs InErrs\nTcp: 1 200 {retrans} 0\n"
+    )
 
 
 def test_default_interfaces_skip_loopback_and_down(tmp_path):
-    fake_sys(tmp_path, {"lo": (0, 0, "unknown", 0x9), "eth0": (0, 0, "up", 0x1003),
-                        "eth1": (0, 0, "down", 0x1002), "veth0": (0, 0, "unknown", 0x1003)})
+    fake_sys(
+        tmp_path,
+        {
+            "lo": (0, 0, "unknown", 0x9),
+            "eth0": (0, 0, "up", 0x1003),
+            "eth1": (0, 0, "down", 0x1002),
+            "veth0": (0, 0, "unknown", 0x1003),
+        },
+    )
     assert default_interfaces(tmp_path) == ["eth0", "veth0"]
 
 
@@ -212,7 +239,7 @@ def ranks(tmp_path):
 
 
 def test_cpu_accelerator_probe_sees_busy_idle_stopped_and_gone(tmp_path, ranks):
-    busy, idle = ranks(0, SPIN), ranks(1, SLEEP)
+    busy, _idle = ranks(0, SPIN), ranks(1, SLEEP)
     stopped = ranks(2, SPIN)
     (tmp_path / "rank-3.pid").write_text("999999999")  # a rank that already exited
     (tmp_path / "rank-4.pid").write_text("")  # being written
@@ -265,35 +292,23 @@ def test_accelerator_probe_falls_back_to_cpu_without_nvml(tmp_path, monkeypatch)
 
 def test_nvml_probe_sample_shape_with_a_stub_library(monkeypatch):
     """The NVML path, against a stand-in for the pynvml module (the real one needs a GPU)."""
+    from tests.helpers.nvml_standin import Gpu, module
 
-    class NVMLError(Exception):
-        pass
-
-    class Ev:
-        device, eventData = "h1", 79
-
-    pending = [Ev()]
-
-    def wait(es, timeout):
-        if pending:
-            return pending.pop()
-        raise NVMLError("timeout")
-
-    nv = types.SimpleNamespace(
-        NVMLError=NVMLError, nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
-        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}", nvmlDeviceGetIndex=lambda h: int(h[1:]),
-        nvmlEventSetCreate=lambda: "es", nvmlEventTypeXidCriticalError=8,
-        nvmlDeviceRegisterEvents=lambda h, t, es: None, nvmlEventSetWait_v2=wait,
-        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=97 if h == "h0" else 0, memory=10),
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=123, total=456),
-        nvmlDeviceGetPowerUsage=lambda h: 350000, nvmlDeviceGetTemperature=lambda h, s: 61,
-        NVML_TEMPERATURE_GPU=0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1, NVML_VOLATILE_ECC=0,
-        nvmlDeviceGetTotalEccErrors=lambda h, a, b: (_ for _ in ()).throw(NVMLError("not supported")),
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    gpus = [Gpu("GPU-aaaa", util=97, mem_used=123), Gpu("GPU-bbbb", util=0, mem_used=123)]
+    monkeypatch.setitem(sys.modules, "pynvml", module(gpus, xids=[(1, 79)]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
     probe = NvmlProbe()
     s = probe.sample(1.0)
     assert [x["util"] for x in s] == [97.0, 0.0]
-    assert s[1] == {"index": 1, "util": 0.0, "mem_used": 123, "power_w": 350.0, "temp_c": 61,
-                    "ecc_uncorrected": None, "xid_count": 1, "last_xid": 79}
+    assert s[1] == {
+        "index": 1,
+        "util": 0.0,
+        "mem_used": 123,
+        "power_w": 70.0,
+        "temp_c": 40,
+        "ecc_uncorrected": None,
+        "xid_count": 1,
+        "last_xid": 79,
+    }
     assert len(probe.rings[0]) == 1

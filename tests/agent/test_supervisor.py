@@ -23,21 +23,35 @@ from agent.supervisor import AgentConfig, rank_command
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _node(tmp_path: Path, command: list[str], health: dict | None = None,
-          procs_per_node: int = 1) -> tuple[NodeContract, dict]:
-    contract = NodeContract(ml_root=tmp_path / "algo-1", hosts=("algo-1",), current_host="algo-1",
-                            hyperparameters={"lr": "0.1"})
+def _node(
+    tmp_path: Path, command: list[str], health: dict | None = None, procs_per_node: int = 1
+) -> tuple[NodeContract, dict]:
+    contract = NodeContract(
+        ml_root=tmp_path / "algo-1", hosts=("algo-1",), current_host="algo-1", hyperparameters={"lr": "0.1"}
+    )
     contract.write()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AERIE_", "SM_"))}
     env.update(contract.env())
-    env.update({"AERIE_ENTRYPOINT": json.dumps(command), "AERIE_PROCS_PER_NODE": str(procs_per_node),
-                "AERIE_HEALTH": json.dumps(health or {"startup_grace_s": 600}), "AERIE_WORKDIR": str(REPO)})
+    env.update(
+        {
+            "AERIE_ENTRYPOINT": json.dumps(command),
+            "AERIE_PROCS_PER_NODE": str(procs_per_node),
+            "AERIE_HEALTH": json.dumps(health or {"startup_grace_s": 600}),
+            "AERIE_WORKDIR": str(REPO),
+        }
+    )
     return contract, env
 
 
 def _start(env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agent.entrypoint"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent.entrypoint"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_exit_code_and_rank_output_are_preserved(tmp_path):
@@ -101,7 +115,9 @@ def test_ranks_that_ignore_sigterm_under_torchrun_die_with_the_node(tmp_path):
     """torchrun starts each worker in a session of its own, so killing torchrun's process group
     misses the ranks; a rank that ignores SIGTERM (a busy hang) outlived the node and kept its
     core (or GPU) forever. The agent is a child subreaper and kills the whole tree it started."""
-    hung = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+    hung = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+    )
     contract, env = _node(tmp_path, ["python", "-c", hung], procs_per_node=2)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -144,9 +160,17 @@ def test_a_rank_killed_by_a_signal_is_reported_with_it(tmp_path):
 
 
 def test_multi_rank_nodes_go_through_torchrun_with_static_rendezvous(tmp_path):
-    cfg = AgentConfig(ml_root=tmp_path, node_dir=tmp_path / "agent", metrics_dir=tmp_path / "m",
-                      hosts=("algo-1", "algo-2"), host="algo-2", entrypoint=("python", "t.py"),
-                      procs_per_node=4, master_addr="10.0.0.1", master_port=1234)
+    cfg = AgentConfig(
+        ml_root=tmp_path,
+        node_dir=tmp_path / "agent",
+        metrics_dir=tmp_path / "m",
+        hosts=("algo-1", "algo-2"),
+        host="algo-2",
+        entrypoint=("python", "t.py"),
+        procs_per_node=4,
+        master_addr="10.0.0.1",
+        master_port=1234,
+    )
     cmd = rank_command(cfg)
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=1" in cmd

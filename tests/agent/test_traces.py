@@ -1,5 +1,6 @@
 """Recorded traces (real processes through the real probes, see record_traces.py) replayed
 through the live code path: each fault gets its verdict, and clean runs get none."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ def test_fault_trace_fires_its_verdict_first(path):
     header, samples = load_trace(path)
     fired = replay(samples, header["health"], header["started_at"])
     assert fired, f"{path.name}: no verdict"
-    t, first = fired[0]
+    _t, first = fired[0]
     assert first.kind == header["expect"][0], [(round(t - header["started_at"], 1), v.kind) for t, v in fired]
     json.dumps(first.evidence, allow_nan=False)
     assert "window" in first.evidence
@@ -61,7 +62,7 @@ def test_busy_spin_is_a_busy_hang():
 def test_hang_is_detected_within_the_goal():
     """Issue 7 goal: time-to-detect <= max(30 s, 3 x p95 step time) after the last step."""
     for name in ("sigstop", "busy_spin"):
-        header, t, v = first_verdict(name)
+        _header, t, v = first_verdict(name)
         last_step_t = t - v.evidence["stalled_s"]
         assert t - last_step_t <= max(30.0, 3 * (v.evidence["step_time_p95"] or 0)) + 2 * HealthConfig().sample_s
 

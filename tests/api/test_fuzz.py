@@ -11,10 +11,13 @@ import os
 import tempfile
 
 import schemathesis
-from schemathesis.checks import (
-    content_type_conformance, not_a_server_error, response_schema_conformance, status_code_conformance,
-)
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from orchestrator.server import build_app
 from orchestrator.settings import Settings
@@ -40,5 +43,6 @@ class AdminToken:
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_never_5xx_and_keeps_its_schema(case):
-    case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
-                                   response_schema_conformance])
+    case.call_and_validate(
+        checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+    )

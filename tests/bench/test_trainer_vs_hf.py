@@ -17,9 +17,29 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_bench_prints_eager_and_bf16_lines_for_a_family():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "trainer_vs_hf.py"), "--family", "llama", "--no-compile",
-         "--rounds", "2", "--steps", "1", "--warmup", "0", "--batch", "2", "--seq", "16", "--threads", "1"],
-        capture_output=True, text=True, timeout=300, check=True,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "trainer_vs_hf.py"),
+            "--family",
+            "llama",
+            "--no-compile",
+            "--rounds",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--batch",
+            "2",
+            "--seq",
+            "16",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert set(result["meets_goal"]) == {"llama_eager", "llama_bf16"}

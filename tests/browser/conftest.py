@@ -31,9 +31,17 @@ def plane(tmp_path_factory):
     home = root / "home"
     home.mkdir()
     cp = ControlPlane(home, extra_env={"AERIE_WEB_HEALTH_EVERY_S": "2"}).start()
-    spec = trainer_spec(root / "spec.json", JOB, steps=90, nodes=1, procs=2,
-                        faults=[{"kind": "busy_hang", "step": FAULT_STEP, "rank": 1}],
-                        checkpoint_uri=f"file://{root / 'ckpt'}", every_steps=10, max_restarts=1)
+    spec = trainer_spec(
+        root / "spec.json",
+        JOB,
+        steps=90,
+        nodes=1,
+        procs=2,
+        faults=[{"kind": "busy_hang", "step": FAULT_STEP, "rank": 1}],
+        checkpoint_uri=f"file://{root / 'ckpt'}",
+        every_steps=10,
+        max_restarts=1,
+    )
     cp.cli("submit", str(spec), check=True)
     yield cp
     cp.stop()
@@ -62,4 +70,4 @@ def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.5):
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-__all__ = ["JOB", "FAULT_STEP", "wait_for", "launch_chromium", "Path"]
+__all__ = ["FAULT_STEP", "JOB", "Path", "launch_chromium", "wait_for"]

@@ -47,6 +47,8 @@ def test_click_through_to_the_checkpoint_list(plane, page):
     rows = page.locator("#checkpoints tbody tr[data-step]")
     assert rows.count() >= 1
     assert "good" in rows.first.text_content()
-    steps = [int(s) for s in page.locator("#checkpoints tbody tr[data-step]").evaluate_all(
-        "rows => rows.map(r => r.dataset.step)")]
+    steps = [
+        int(s)
+        for s in page.locator("#checkpoints tbody tr[data-step]").evaluate_all("rows => rows.map(r => r.dataset.step)")
+    ]
     assert steps == sorted(steps, reverse=True) and min(steps) >= 10

@@ -43,8 +43,11 @@ def test_chaos_run_finishes_with_the_uninterrupted_losses(cp, tmp_path, monkeypa
     s3_env = json.loads((cp.home / "devstack" / "s3.json").read_text())
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["endpoint_url"])
     monkeypatch.setenv("AERIE_S3_ENDPOINT", s3_env["endpoint_url"])
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     resumed = [a["resumed_step"] for a in attempts[1:]]
     assert all(step and step > 0 for step in resumed), resumed
@@ -61,15 +64,17 @@ def test_chaos_run_finishes_with_the_uninterrupted_losses(cp, tmp_path, monkeypa
     for a in attempts:
         mine = result.losses[a["number"]]
         start = a["resumed_step"] or 0
-        after = {s: l for s, l in mine.items() if s > start}
+        after = {s: loss for s, loss in mine.items() if s > start}
         assert after, f"attempt {a['number']} trained no step"
-        stitched = {s: l for s, l in stitched.items() if s <= start}
+        stitched = {s: loss for s, loss in stitched.items() if s <= start}
         stitched.update(after)
     assert sorted(stitched) == list(range(1, STEPS + 1))
-    mismatched = {s: (l, reference[s]) for s, l in stitched.items() if l != reference[s]}
+    mismatched = {s: (loss, reference[s]) for s, loss in stitched.items() if loss != reference[s]}
     assert not mismatched, f"diverged from the uninterrupted run: {dict(list(mismatched.items())[:5])}"
 
     # The outbox kept every state change across the control-plane restart: one Running per attempt.
     events = cp.events("chaos")
-    running = [e for e in events if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Running"]
+    running = [
+        e for e in events if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Running"
+    ]
     assert len(running) == len(attempts)

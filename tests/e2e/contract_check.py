@@ -1,7 +1,8 @@
 """A tiny entrypoint that checks the container contract from inside a rank, then exits.
 
-Every rank: reads resourceconfig.json and hyperparameters.json, checks them against SM_* and the
-torchrun variables, writes a few metrics lines, prints what it saw, and exits with `--exit-code`.
+Every rank: reads resourceconfig.json (SageMaker's full layout) and hyperparameters.json, checks
+them against the SM_* variables the agent derived from them, the agent's directory and the torchrun
+variables, writes a few metrics lines, prints what it saw, and exits with `--exit-code`.
 """
 
 import argparse
@@ -27,6 +28,12 @@ def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     problems = []
+    layout = ("current_host", "current_instance_type", "current_group_name", "hosts", "instance_groups")
+    missing = [k for k in (*layout, "network_interface_name") if k not in resource]
+    if missing:
+        problems.append(f"resourceconfig.json lacks SageMaker's {missing}")
+    if os.environ.get("AERIE_NODE_DIR") != str(root / "agent"):
+        problems.append(f"AERIE_NODE_DIR {os.environ.get('AERIE_NODE_DIR')!r} is not {root / 'agent'}")
     if resource["hosts"] != hosts:
         problems.append(f"resourceconfig hosts {resource['hosts']} != SM_HOSTS {hosts}")
     if resource["current_host"] != host:
@@ -41,8 +48,22 @@ def main() -> int:
     with open(metrics, "a") as f:
         for step in range(1, args.steps + 1):
             time.sleep(args.sleep)
-            f.write(json.dumps({"t": time.time(), "rank": rank, "step": step, "loss": 1.0 / step, "grad_norm": 1.0,
-                                "lr": 1e-3, "tokens": step * 64, "step_s": args.sleep, "event": None}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "t": time.time(),
+                        "rank": rank,
+                        "step": step,
+                        "loss": 1.0 / step,
+                        "grad_norm": 1.0,
+                        "lr": 1e-3,
+                        "tokens": step * 64,
+                        "step_s": args.sleep,
+                        "event": None,
+                    }
+                )
+                + "\n"
+            )
             f.flush()
     print(f"contract ok={not problems} host={host} rank={rank} world={world} hosts={hosts} hps={hps}", flush=True)
     for problem in problems:

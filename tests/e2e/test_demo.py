@@ -30,11 +30,13 @@ def test_make_demo_tells_the_whole_story(tmp_path):
     env.update({"AERIE_HOME": str(home), "AERIE_PORT": "0", "COLUMNS": "200"})
     started = time.time()
     try:
-        r = subprocess.run([sys.executable, "-m", "orchestrator.demo"], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=900)
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator.demo"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+        )
     finally:
-        subprocess.run([sys.executable, "-m", "orchestrator.devstack", "down"], cwd=REPO, env=env,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "orchestrator.devstack", "down"], cwd=REPO, env=env, capture_output=True, timeout=60
+        )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     elapsed = time.time() - started
@@ -56,8 +58,8 @@ def test_make_demo_tells_the_whole_story(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags = set()
-    for events in job_dir.glob("attempt-*/algo-1/output/tensorboard"):
+    for events in job_dir.glob("attempt-*/algo-*/output/tensorboard"):  # rank 0's node moves with blame
         acc = EventAccumulator(str(events))
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
-    assert SCALARS <= tags, tags
+    assert tags >= SCALARS, tags

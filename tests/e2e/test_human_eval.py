@@ -37,17 +37,28 @@ def standin():
 
 @pytest.fixture
 def cp(tmp_path, standin):
-    plane = ControlPlane(tmp_path / "home", extra_env={
-        "AERIE_SLACK_API_URL": standin.base_url, "SLACK_BOT_TOKEN": BOT_TOKEN,
-        "SLACK_SIGNING_SECRET": SIGNING_SECRET, "OMP_NUM_THREADS": "1"})
+    plane = ControlPlane(
+        tmp_path / "home",
+        extra_env={
+            "AERIE_SLACK_API_URL": standin.base_url,
+            "SLACK_BOT_TOKEN": BOT_TOKEN,
+            "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+            "OMP_NUM_THREADS": "1",
+        },
+    )
     plane.home.mkdir()
     plane.start()
     yield plane
     plane.stop()
     plane.cleanup_nodes()
     # `aerie up` starts a loopback S3 server that outlives it on purpose; this test's must go.
-    subprocess.run([sys.executable, "-m", "orchestrator.devstack", "down"], env=plane.env, cwd=plane.home,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "orchestrator.devstack", "down"],
+        env=plane.env,
+        cwd=plane.home,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def _wait(predicate, timeout_s: float, what: str):
@@ -63,26 +74,47 @@ def _wait(predicate, timeout_s: float, what: str):
 @pytest.mark.slow
 def test_checkpoint_to_slack_to_ratings(cp, standin, tmp_path):
     config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"preset": "pythia-tiny"},
-        "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(tmp_path / "data-cache")},
-        "seq_len": 32, "micro_batch_size": 4, "steps": 4, "warmup": 1, "lr": 3e-3, "min_lr": 3e-4,
-        "checkpoint": {"async": False},
-    }))
-    spec = write_spec(tmp_path / "job.json", name="eval-e2e", entrypoint=["python", "-m", "trainer.train"],
-                      args=["--config", str(config)], resources={"instance_count": 1, "procs_per_node": 1},
-                      checkpoint={"s3_uri": str(tmp_path / "ckpt"), "every_steps": 4, "keep_last": 2},
-                      eval={"prompts": PROMPTS, "slack_channel": CHANNEL, "raters_needed": 3,
-                            "sampling": {"max_new_tokens": 12, "temperature": 0.7, "top_k": 40, "seed": 3}},
-                      health={"startup_grace_s": 120, "hang_floor_s": 120})
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"preset": "pythia-tiny"},
+                "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(tmp_path / "data-cache")},
+                "seq_len": 32,
+                "micro_batch_size": 4,
+                "steps": 4,
+                "warmup": 1,
+                "lr": 3e-3,
+                "min_lr": 3e-4,
+                "checkpoint": {"async": False},
+            }
+        )
+    )
+    spec = write_spec(
+        tmp_path / "job.json",
+        name="eval-e2e",
+        entrypoint=["python", "-m", "trainer.train"],
+        args=["--config", str(config)],
+        resources={"instance_count": 1, "procs_per_node": 1},
+        checkpoint={"s3_uri": str(tmp_path / "ckpt"), "every_steps": 4, "keep_last": 2},
+        eval={
+            "prompts": PROMPTS,
+            "slack_channel": CHANNEL,
+            "raters_needed": 3,
+            "sampling": {"max_new_tokens": 12, "temperature": 0.7, "top_k": 40, "seed": 3},
+        },
+        health={"startup_grace_s": 120, "hang_floor_s": 120},
+    )
     r = cp.cli("submit", str(spec), "--follow", timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     [ckpt] = cp.get("/v1/jobs/eval-e2e/checkpoints")
     assert ckpt["step"] == 4
 
     # The dispatcher delivers "checkpoint committed" to eval_dispatch: one message per prompt.
-    messages = _wait(lambda: len(standin.messages(CHANNEL)) == len(PROMPTS) and standin.messages(CHANNEL),
-                     240, "the eval messages at the Slack stand-in")
+    messages = _wait(
+        lambda: len(standin.messages(CHANNEL)) == len(PROMPTS) and standin.messages(CHANNEL),
+        240,
+        "the eval messages at the Slack stand-in",
+    )
     for message, prompt in zip(messages, PROMPTS):
         slack_blocks.validate(message["blocks"])
         fields = [f["text"] for f in message["blocks"][1]["fields"]]

@@ -23,14 +23,26 @@ def cp(tmp_path):
 
 
 def _spec(tmp_path, name: str, args: list[str], **extra) -> str:
-    return str(write_spec(tmp_path / f"{name}.json", name=name, entrypoint=CONTRACT, args=args,
-                          hyperparameters={"lr": "3e-4", "layers": "2"},
-                          resources={"instance_count": 2, "procs_per_node": 2}, **extra))
+    return str(
+        write_spec(
+            tmp_path / f"{name}.json",
+            name=name,
+            entrypoint=CONTRACT,
+            args=args,
+            hyperparameters={"lr": "3e-4", "layers": "2"},
+            resources={"instance_count": 2, "procs_per_node": 2},
+            **extra,
+        )
+    )
 
 
 def _all_nodes_running(job: dict) -> bool:
     attempts = job["attempt_list"]
-    return bool(attempts) and len(attempts[-1]["nodes"]) == 2 and all(n["state"] == "Running" for n in attempts[-1]["nodes"])
+    return (
+        bool(attempts)
+        and len(attempts[-1]["nodes"]) == 2
+        and all(n["state"] == "Running" for n in attempts[-1]["nodes"])
+    )
 
 
 def test_two_nodes_two_procs_job_completes_with_events_and_logs(cp, tmp_path):
@@ -40,7 +52,12 @@ def test_two_nodes_two_procs_job_completes_with_events_and_logs(cp, tmp_path):
     assert job["state"] == "Completed"
     assert len(job["attempt_list"]) == 1
     assert event_story(cp.events("ok-job")) == [
-        "job Submitted", "job InProgress", "attempt 1 Running", "attempt 1 Completed", "job Completed"]
+        "job Submitted",
+        "job InProgress",
+        "attempt 1 Running",
+        "attempt 1 Completed",
+        "job Completed",
+    ]
 
     events = cp.cli("events", "ok-job", check=True).stdout
     order = [events.index(word) for word in ("Submitted", "Running", "attempt 1 Completed", "Completed")]
@@ -58,8 +75,11 @@ def test_nonzero_exit_fails_the_job_with_the_exit_code(cp, tmp_path):
     job = cp.job("exit-three")
     assert job["state"] == "Failed"
     assert job["reason"]["kind"] == "exit.nonzero"
-    failed = [e for e in cp.events("exit-three")
-              if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Failed"]
+    failed = [
+        e
+        for e in cp.events("exit-three")
+        if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Failed"
+    ]
     assert len(failed) == 1
     assert failed[0]["detail"]["reason"]["kind"] == "exit.nonzero"
     assert failed[0]["detail"]["exit_code"] == 3

@@ -62,8 +62,14 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
 
     # The reference: same config and world size, no faults.
     t0 = time.time()
-    ref_spec = trainer_spec(work / "reference.json", "chaos-reference", steps=STEPS, extra_hps=HPS,
-                            checkpoint_uri=bucket_prefix + "-ref", every_steps=EVERY)
+    ref_spec = trainer_spec(
+        work / "reference.json",
+        "chaos-reference",
+        steps=STEPS,
+        extra_hps=HPS,
+        checkpoint_uri=bucket_prefix + "-ref",
+        every_steps=EVERY,
+    )
     cp.cli("submit", str(ref_spec), check=True)
     ref_job = cp.wait_state("chaos-reference", {"Completed", "Failed"}, timeout_s=600)
     assert ref_job["state"] == "Completed", ref_job
@@ -71,8 +77,16 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
     reference_wall = time.time() - t0
 
     start = time.time()
-    spec = trainer_spec(work / "chaos.json", "chaos", steps=STEPS, faults=TRAINER_FAULTS, extra_hps=HPS,
-                        checkpoint_uri=bucket_prefix, every_steps=EVERY, max_restarts=len(TRAINER_FAULTS))
+    spec = trainer_spec(
+        work / "chaos.json",
+        "chaos",
+        steps=STEPS,
+        faults=TRAINER_FAULTS,
+        extra_hps=HPS,
+        checkpoint_uri=bucket_prefix,
+        every_steps=EVERY,
+        max_restarts=len(TRAINER_FAULTS),
+    )
     cp.cli("submit", str(spec), check=True)
     note("submitted")
     final_attempt = len(TRAINER_FAULTS) + 1
@@ -106,8 +120,14 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
     job = cp.wait_state("chaos", {"Completed", "Failed", "Stopped"}, timeout_s=max(60, deadline - time.time()))
     note(f"job {job['state']}")
     losses = rank_losses(cp.home / "jobs", job["id"])
-    return ChaosResult(job=job, reference=reference, losses=losses, wall_s=time.time() - start,
-                       reference_wall_s=reference_wall, timeline=timeline)
+    return ChaosResult(
+        job=job,
+        reference=reference,
+        losses=losses,
+        wall_s=time.time() - start,
+        reference_wall_s=reference_wall,
+        timeline=timeline,
+    )
 
 
 def resume_step(attempt: dict) -> int:

@@ -24,15 +24,20 @@ def free_port() -> int:
 
 
 class ControlPlane:
-    def __init__(self, home: Path, extra_env: dict[str, str] | None = None, s3: bool = False,
-                 host: str = "127.0.0.1"):
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None, s3: bool = False, host: str = "127.0.0.1"):
         self.home = home
         self.s3 = s3
         self.host = host
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "AERIE_HOME": str(home), "AERIE_API": self.url, "COLUMNS": "250",
-                    "AERIE_RECONCILE_INTERVAL_S": "0.3", **(extra_env or {})}
+        self.env = {
+            **os.environ,
+            "AERIE_HOME": str(home),
+            "AERIE_API": self.url,
+            "COLUMNS": "250",
+            "AERIE_RECONCILE_INTERVAL_S": "0.3",
+            **(extra_env or {}),
+        }
         for var in ("AERIE_TOKEN", "AERIE_DATABASE_URL"):
             if var not in (extra_env or {}):
                 self.env.pop(var, None)
@@ -41,11 +46,26 @@ class ControlPlane:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 60) -> "ControlPlane":
+    def start(self, timeout_s: float = 60) -> ControlPlane:
         log = open(self.log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "up", "--host", self.host, "--port", str(self.port),
-                                      "--s3" if self.s3 else "--no-s3"],
-                                     env=self.env, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "up",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                "--s3" if self.s3 else "--no-s3",
+            ],
+            env=self.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -75,8 +95,13 @@ class ControlPlane:
         """Kill every process a test's jobs left behind (agents run in their own sessions), and the
         loopback S3 server `aerie up` started for this home."""
         if self.s3:
-            subprocess.run([sys.executable, "-m", "orchestrator.devstack", "down"], env=self.env, cwd=REPO,
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                [sys.executable, "-m", "orchestrator.devstack", "down"],
+                env=self.env,
+                cwd=REPO,
+                capture_output=True,
+                timeout=60,
+            )
         for proc in psutil.process_iter(["pid", "environ"]):
             try:
                 env = proc.info.get("environ") or {}
@@ -95,8 +120,14 @@ class ControlPlane:
         return (self.home / "admin.token").read_text().strip()
 
     def cli(self, *args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
-        r = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=self.env, cwd=REPO,
-                           capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"aerie {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r

@@ -9,15 +9,31 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 # Tight enough that a hang is caught in seconds here; clean runs of the tiny model never trip them.
-FAST_HEALTH = {"startup_grace_s": 20, "hang_floor_s": 12, "hang_factor": 5, "heartbeat_s": 2,
-               "first_step_timeout_s": 240}
+FAST_HEALTH = {
+    "startup_grace_s": 20,
+    "hang_floor_s": 12,
+    "hang_factor": 5,
+    "heartbeat_s": 2,
+    "first_step_timeout_s": 240,
+}
 
 
-def trainer_spec(path: Path, name: str, *, steps: int = 60, nodes: int = 2, procs: int = 2,
-                 faults: list[dict[str, Any]] | None = None, checkpoint_uri: str | None = None,
-                 every_steps: int = 20, max_restarts: int = 0, health: dict | None = None,
-                 extra_hps: dict[str, str] | None = None, env: dict[str, str] | None = None,
-                 backend_options: dict[str, Any] | None = None) -> Path:
+def trainer_spec(
+    path: Path,
+    name: str,
+    *,
+    steps: int = 60,
+    nodes: int = 2,
+    procs: int = 2,
+    faults: list[dict[str, Any]] | None = None,
+    checkpoint_uri: str | None = None,
+    every_steps: int = 20,
+    max_restarts: int = 0,
+    health: dict | None = None,
+    extra_hps: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    backend_options: dict[str, Any] | None = None,
+) -> Path:
     """A job spec that trains the tiny Pythia-style model (examples/configs/pythia-tiny.yaml)."""
     spec: dict[str, Any] = {
         "name": name,
@@ -55,5 +71,7 @@ def step_records(attempt_dir: Path, rank: int | None = 0) -> list[dict]:
 
 def rank_losses(jobs_dir: Path, job_id: str, rank: int = 0) -> dict[int, dict[int, float]]:
     """{attempt number: {step: loss}} from the metrics stream of `rank` in every attempt."""
-    return {int(d.name.split("-")[1]): {int(r["step"]): r["loss"] for r in step_records(d, rank)}
-            for d in sorted((jobs_dir / job_id).glob("attempt-*"))}
+    return {
+        int(d.name.split("-")[1]): {int(r["step"]): r["loss"] for r in step_records(d, rank)}
+        for d in sorted((jobs_dir / job_id).glob("attempt-*"))
+    }

@@ -119,8 +119,9 @@ class SlackStandIn:
             if self._limited > 0:
                 self._limited -= 1
                 self.calls.append(Call(method, args, time.time(), 429))
-                return self._send(req, 429, {"ok": False, "error": "ratelimited"},
-                                  {"Retry-After": str(self._retry_after)})
+                return self._send(
+                    req, 429, {"ok": False, "error": "ratelimited"}, {"Retry-After": str(self._retry_after)}
+                )
             auth = req.headers.get("Authorization", "")
             if auth != f"Bearer {self.token}":
                 body = {"ok": False, "error": "not_authed" if not auth else "invalid_auth"}
@@ -142,7 +143,9 @@ class SlackStandIn:
         return args
 
     @staticmethod
-    def _send(req: BaseHTTPRequestHandler, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def _send(
+        req: BaseHTTPRequestHandler, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         data = json.dumps(body).encode()
         req.send_response(status)
         req.send_header("Content-Type", "application/json; charset=utf-8")
@@ -226,18 +229,23 @@ class SlackStandIn:
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"  # the format of Slack's documentation example
 
 
-def block_actions_payload(message: dict[str, Any], channel_id: str, user_id: str, action_id: str,
-                          user_name: str | None = None) -> dict[str, Any]:
+def block_actions_payload(
+    message: dict[str, Any], channel_id: str, user_id: str, action_id: str, user_name: str | None = None
+) -> dict[str, Any]:
     """A `block_actions` payload as Slack builds it when `user_id` clicks `action_id` in `message`."""
-    button = next(el for b in message["blocks"] if b["type"] == "actions" for el in b["elements"]
-                  if el["action_id"] == action_id)
-    block_id = next(b["block_id"] for b in message["blocks"] if b["type"] == "actions"
-                    and button in b["elements"])
+    button = next(
+        el for b in message["blocks"] if b["type"] == "actions" for el in b["elements"] if el["action_id"] == action_id
+    )
+    block_id = next(b["block_id"] for b in message["blocks"] if b["type"] == "actions" and button in b["elements"])
     now = f"{time.time():.6f}"
     return {
         "type": "block_actions",
-        "user": {"id": user_id, "username": user_name or user_id.lower(), "name": user_name or user_id.lower(),
-                 "team_id": "T0AERIE"},
+        "user": {
+            "id": user_id,
+            "username": user_name or user_id.lower(),
+            "name": user_name or user_id.lower(),
+            "team_id": "T0AERIE",
+        },
         "api_app_id": "A0AERIE",
         "token": "verification-token-deprecated",
         "container": {"type": "message", "message_ts": message["ts"], "channel_id": channel_id, "is_ephemeral": False},
@@ -249,13 +257,26 @@ def block_actions_payload(message: dict[str, Any], channel_id: str, user_id: str
         "message": message,
         "state": {"values": {}},
         "response_url": f"https://hooks.slack.com/actions/T0AERIE/1/{user_id}",
-        "actions": [{"action_id": action_id, "block_id": block_id, "text": button["text"], "value": button["value"],
-                     "type": "button", "action_ts": now, **({"style": button["style"]} if "style" in button else {})}],
+        "actions": [
+            {
+                "action_id": action_id,
+                "block_id": block_id,
+                "text": button["text"],
+                "value": button["value"],
+                "type": "button",
+                "action_ts": now,
+                **({"style": button["style"]} if "style" in button else {}),
+            }
+        ],
     }
 
 
-def signed_request(payload: dict[str, Any] | None, secret: str = SIGNING_SECRET, timestamp: int | None = None,
-                   body: bytes | None = None) -> tuple[bytes, dict[str, str]]:
+def signed_request(
+    payload: dict[str, Any] | None,
+    secret: str = SIGNING_SECRET,
+    timestamp: int | None = None,
+    body: bytes | None = None,
+) -> tuple[bytes, dict[str, str]]:
     """The form-encoded body and the headers Slack signs it with (v0 HMAC-SHA256)."""
     import hmac
 
@@ -263,5 +284,8 @@ def signed_request(payload: dict[str, Any] | None, secret: str = SIGNING_SECRET,
         body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
     ts = str(int(time.time()) if timestamp is None else timestamp)
     sig = "v0=" + hmac.new(secret.encode(), f"v0:{ts}:".encode() + body, hashlib.sha256).hexdigest()
-    return body, {"Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": ts,
-                  "X-Slack-Signature": sig}
+    return body, {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "X-Slack-Request-Timestamp": ts,
+        "X-Slack-Signature": sig,
+    }

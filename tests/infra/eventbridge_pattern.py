@@ -67,7 +67,7 @@ def _one_matches(alternative: Any, value: Any) -> bool:
         return _equal(alternative, value)
     if len(alternative) != 1:
         raise ValueError(f"a content filter has one key: {alternative!r}")
-    (kind, arg), = alternative.items()
+    ((kind, arg),) = alternative.items()
     if kind == "prefix":
         return isinstance(value, str) and _affix(arg, value, str.startswith)
     if kind == "suffix":
@@ -75,7 +75,10 @@ def _one_matches(alternative: Any, value: Any) -> bool:
     if kind == "equals-ignore-case":
         return isinstance(value, str) and value.casefold() == str(arg).casefold()
     if kind == "wildcard":
-        return isinstance(value, str) and re.fullmatch(".*".join(map(re.escape, str(arg).split("*"))), value, re.S) is not None
+        return (
+            isinstance(value, str)
+            and re.fullmatch(".*".join(map(re.escape, str(arg).split("*"))), value, re.S) is not None
+        )
     if kind == "numeric":
         return _numeric(arg, value)
     if kind == "anything-but":
@@ -102,7 +105,7 @@ def _numeric(spec: list, value: Any) -> bool:
 
 def _equal(expected: Any, value: Any) -> bool:
     if isinstance(expected, bool) or isinstance(value, bool) or expected is None or value is None:
-        return expected is value or expected == value and type(expected) is type(value)
+        return expected is value or (expected == value and type(expected) is type(value))
     if isinstance(expected, (int, float)) and isinstance(value, (int, float)):
         return float(expected) == float(value)
     return expected == value

@@ -14,6 +14,7 @@ the npm registry the first time) and checks it produces the same resources.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -52,7 +53,7 @@ def documented_commands(prefix: str) -> list[list[str]]:
 
 def context_args(argv: list[str]) -> dict[str, str]:
     context: dict[str, str] = {}
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in itertools.pairwise(argv):
         if flag in ("-c", "--context"):
             key, _, val = value.partition("=")
             context[key] = val
@@ -62,7 +63,9 @@ def context_args(argv: list[str]) -> dict[str, str]:
 def deploy_context() -> dict[str, str]:
     synth = documented_commands("npx aws-cdk@2 synth")
     deploy = documented_commands("npx aws-cdk@2 deploy")
-    assert synth and deploy, "README.md's Deploy to AWS section must show `npx aws-cdk@2 synth` and `npx aws-cdk@2 deploy`"
+    assert synth and deploy, (
+        "README.md's Deploy to AWS section must show `npx aws-cdk@2 synth` and `npx aws-cdk@2 deploy`"
+    )
     contexts = [context_args(argv) for argv in synth + deploy]
     assert all(c == contexts[0] for c in contexts), "synth and deploy must use the same -c values"
     return contexts[0]
@@ -149,7 +152,8 @@ def test_each_handler_is_a_python_lambda_with_its_module_handler(template, resou
 def test_handler_bundle_holds_the_handlers_and_only_the_torch_free_trainer_files(synthesized, resources):
     _stack, _template, _json, outdir = synthesized
     functions = [
-        f for f in of_type(resources, "AWS::Lambda::Function").values()
+        f
+        for f in of_type(resources, "AWS::Lambda::Function").values()
         if f["Properties"].get("Handler", "").startswith("lambdas.")
     ]
     asset_keys = {f["Properties"]["Code"]["S3Key"] for f in functions}
@@ -159,10 +163,13 @@ def test_handler_bundle_holds_the_handlers_and_only_the_torch_free_trainer_files
     assert bundle.is_dir()
     trainer_files = sorted(str(p.relative_to(bundle)) for p in (bundle / "trainer").rglob("*.py"))
     assert set(trainer_files) <= {
-        "trainer/__init__.py", "trainer/checkpoint/__init__.py",
-        "trainer/checkpoint/manifest.py", "trainer/checkpoint/s3io.py",
+        "trainer/__init__.py",
+        "trainer/checkpoint/__init__.py",
+        "trainer/checkpoint/manifest.py",
+        "trainer/checkpoint/s3io.py",
     }
     assert (bundle / "slack_sdk").is_dir() and (bundle / "httpx").is_dir()
+    assert (bundle / "aerie_s3" / "settings.py").is_file()  # what trainer/checkpoint/s3io.py builds on
     assert not any(bundle.rglob("*.so")), "the bundle must be pure Python"
     assert not (bundle / "torch").exists() and not (bundle / "boto3").exists()
     for module in HANDLERS:
@@ -192,14 +199,20 @@ for module in sys.argv[2:]:
 def test_handler_bundle_imports_without_torch_or_the_repo(synthesized, resources):
     """What the Lambda runtime will do: import each handler and the manifest from the bundle alone."""
     outdir = synthesized[3]
-    (code,) = {f["Properties"]["Code"]["S3Key"] for f in of_type(resources, "AWS::Lambda::Function").values()
-               if f["Properties"].get("Handler", "").startswith("lambdas.")}
+    (code,) = {
+        f["Properties"]["Code"]["S3Key"]
+        for f in of_type(resources, "AWS::Lambda::Function").values()
+        if f["Properties"].get("Handler", "").startswith("lambdas.")
+    }
     bundle = Path(outdir) / f"asset.{code.split('.')[0]}"
     modules = ["trainer.checkpoint.manifest", "slack_sdk", "httpx"]
     modules += [f"lambdas.{m}" for m in HANDLERS if (REPO / "lambdas" / f"{m}.py").exists()]
     result = subprocess.run(
         [sys.executable, "-I", "-c", IMPORT_FROM_BUNDLE, str(bundle), *modules],
-        cwd=bundle, capture_output=True, text=True, timeout=120,
+        cwd=bundle,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -242,6 +255,68 @@ def test_aerie_events_reach_the_right_handlers_on_the_aerie_bus(resources, event
     assert delivered_to(resources, event, custom_bus=False) == set()
 
 
+def published_events(tmp_path) -> dict[str, dict]:
+    """The events the control plane really publishes, as EventBridge delivers them: written by
+    the store's own state changes (SQLite), enveloped as the outbox does (`repo.eventbridge`),
+    turned into PutEvents entries (`orchestrator.eventbus.entry`), and rebuilt from the entry's
+    fields the way EventBridge builds the event its rules and targets see."""
+    from orchestrator.eventbus import entry
+    from orchestrator.store import Database, repo
+
+    db = Database(f"sqlite:///{tmp_path / 'aerie.db'}")
+    try:
+        with db.session() as s:
+            job = repo.create_job(s, {"name": "pythia-tiny", "backend": "local"}, "default")
+            attempt = repo.create_attempt(s, job, 2, resume_from="s3://b/ckpt/step_00000400")
+            repo.set_attempt_state(s, attempt, "Running")
+            repo.record_checkpoint(s, attempt, 500, "s3://b/ckpt/step_00000500", {})
+            repo.record_verdict(s, attempt, "algo-2", "silent.hang", "no step for 312s", {})
+            repo.set_attempt_state(s, attempt, "Failed", {"kind": "silent.hang", "host": "algo-2"}, 143)
+            events = [repo.eventbridge(e) for e in repo.list_events(s, job)]
+    finally:
+        db.dispose()
+    out = {}
+    for event in events:
+        e = entry(event, "aerie")
+        delivered = {
+            "version": "0",
+            "id": "00000000-0000-0000-0000-000000000000",
+            "detail-type": e["DetailType"],
+            "source": e["Source"],
+            "account": "123456789012",
+            "time": e["Time"].strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "region": "us-east-1",
+            "resources": e["Resources"],
+            "detail": json.loads(e["Detail"]),
+        }
+        name = {
+            "Aerie Attempt State Change": f"aerie_attempt_{str(delivered['detail'].get('state')).lower()}",
+            "Aerie Checkpoint Committed": "aerie_checkpoint_committed",
+            "Aerie Verdict Raised": "aerie_verdict_raised",
+        }.get(e["DetailType"], "other")
+        out[name] = delivered
+    return out
+
+
+@pytest.mark.parametrize(
+    "event_name, handlers",
+    [
+        ("aerie_attempt_failed", {"chain_restart"}),
+        ("aerie_attempt_running", set()),
+        ("aerie_checkpoint_committed", {"checkpoint_gc", "eval_dispatch"}),
+        ("aerie_verdict_raised", set()),
+    ],
+)
+def test_what_the_control_plane_publishes_reaches_the_right_handlers(resources, tmp_path, event_name, handlers):
+    """Not a fixture file: the events the outbox writes and the publisher sends, against the
+    synthesized rules; the sample files above have exactly their fields, so they cannot drift."""
+    event = published_events(tmp_path)[event_name]
+    assert event["source"] == "aerie.orchestrator" and isinstance(event["detail"]["seq"], int)
+    assert delivered_to(resources, event, custom_bus=True) == handlers
+    assert delivered_to(resources, event, custom_bus=False) == set()
+    assert set(load_event(event_name)["detail"]) == set(event["detail"])
+
+
 @pytest.mark.parametrize(
     "event_name, handlers",
     [
@@ -268,8 +343,10 @@ def test_the_aerie_bus_is_the_one_the_control_plane_may_publish_to(resources):
         if "EventBusName" in rule["Properties"]:
             assert rule["Properties"]["EventBusName"] == {"Ref": bus_name}
     puts = [
-        s for p in of_type(resources, "AWS::IAM::Policy").values()
-        for s in p["Properties"]["PolicyDocument"]["Statement"] if "events:PutEvents" in _as_list(s["Action"])
+        s
+        for p in of_type(resources, "AWS::IAM::Policy").values()
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+        if "events:PutEvents" in _as_list(s["Action"])
     ]
     assert puts and all(s["Resource"] == {"Fn::GetAtt": [bus_name, "Arn"]} for s in puts)
 
@@ -291,15 +368,25 @@ def test_slack_interactions_route_is_post_only_and_hits_its_handler(resources):
 
 
 def test_checkpoint_bucket_is_private_ssl_only_and_aborts_incomplete_uploads(template, resources):
-    (bucket_name, bucket), = of_type(resources, "AWS::S3::Bucket").items()
+    ((bucket_name, bucket),) = of_type(resources, "AWS::S3::Bucket").items()
     props = bucket["Properties"]
     assert props["PublicAccessBlockConfiguration"] == {
-        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
     }
     assert props.get("VersioningConfiguration", {}).get("Status") != "Enabled"
     rules = props["LifecycleConfiguration"]["Rules"]
-    assert any(r.get("AbortIncompleteMultipartUpload") == {"DaysAfterInitiation": 1} and r["Status"] == "Enabled" for r in rules)
-    (policy,) = [p for p in of_type(resources, "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"] == {"Ref": bucket_name}]
+    assert any(
+        r.get("AbortIncompleteMultipartUpload") == {"DaysAfterInitiation": 1} and r["Status"] == "Enabled"
+        for r in rules
+    )
+    (policy,) = [
+        p
+        for p in of_type(resources, "AWS::S3::BucketPolicy").values()
+        if p["Properties"]["Bucket"] == {"Ref": bucket_name}
+    ]
     denies = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
     assert any(s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in denies)
 
@@ -315,7 +402,7 @@ def _as_list(value) -> list:
 
 def is_write_action(action: str) -> bool:
     """Anything not clearly read-only counts as a write: `*`, `s3:*`, `s3:Put*`, `iam:PassRole`..."""
-    service, _, verb = action.partition(":")
+    _service, _, verb = action.partition(":")
     return action == "*" or "*" in verb or not verb.startswith(READ_VERBS)
 
 
@@ -335,7 +422,8 @@ def test_no_policy_grants_write_actions_on_every_resource(resources):
     statements = all_policy_statements(resources)
     assert len(statements) > 20, "expected the stack's policies to be found"
     offenders = [
-        (where, s["Action"]) for where, s in statements
+        (where, s["Action"])
+        for where, s in statements
         if s["Effect"] == "Allow"
         and "*" in _as_list(s.get("Resource", []))
         and any(is_write_action(a) for a in _as_list(s["Action"]))
@@ -353,17 +441,20 @@ def test_sagemaker_role_reads_and_writes_only_the_checkpoint_prefix(synthesized,
     stack = synthesized[0]
     prefix = stack.settings.checkpoint_prefix
     roles = {
-        name: r for name, r in of_type(resources, "AWS::IAM::Role").items()
+        name: r
+        for name, r in of_type(resources, "AWS::IAM::Role").items()
         if any(
             s["Principal"].get("Service") == "sagemaker.amazonaws.com"
             for s in r["Properties"]["AssumeRolePolicyDocument"]["Statement"]
         )
     }
     assert len(roles) == 1
-    (role_name, role), = roles.items()
+    ((role_name, role),) = roles.items()
     assert not role["Properties"].get("ManagedPolicyArns") and not role["Properties"].get("Policies")
     statements = [
-        s for p in of_type(resources, "AWS::IAM::Policy").values() if {"Ref": role_name} in p["Properties"]["Roles"]
+        s
+        for p in of_type(resources, "AWS::IAM::Policy").values()
+        if {"Ref": role_name} in p["Properties"]["Roles"]
         for s in p["Properties"]["PolicyDocument"]["Statement"]
     ]
     s3_statements = [s for s in statements if any(a.startswith("s3:") for a in _as_list(s["Action"]))]
@@ -449,7 +540,11 @@ def test_documented_cdk_synth_command_produces_the_same_stack(synthesized, tmp_p
     outdir = tmp_path / "cdk.out"
     result = subprocess.run(
         ["npx", "--yes", *argv[1:], "--output", str(outdir), "--no-notices", "--quiet"],
-        cwd=INFRA, env=env, capture_output=True, text=True, timeout=420,
+        cwd=INFRA,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
     )
     if result.returncode != 0 and re.search(r"ENOTFOUND|EAI_AGAIN|ECONNREFUSED|network", result.stderr):
         pytest.skip(f"npm registry unreachable: {result.stderr[-300:]}")
@@ -498,7 +593,10 @@ def test_https_expiry_and_throwaway_options_synthesize_cleanly(tmp_path):
     template = Template.from_stack(stack).to_json()
     resources = template["Resources"]
     listeners = of_type(resources, "AWS::ElasticLoadBalancingV2::Listener").values()
-    assert {(l["Properties"]["Port"], l["Properties"]["Protocol"]) for l in listeners} == {(443, "HTTPS"), (80, "HTTP")}
+    assert {(lis["Properties"]["Port"], lis["Properties"]["Protocol"]) for lis in listeners} == {
+        (443, "HTTPS"),
+        (80, "HTTP"),
+    }
     (bucket,) = of_type(resources, "AWS::S3::Bucket").values()
     assert bucket["DeletionPolicy"] == "Delete"
     rules = bucket["Properties"]["LifecycleConfiguration"]["Rules"]
@@ -512,6 +610,8 @@ def test_https_expiry_and_throwaway_options_synthesize_cleanly(tmp_path):
     template_file.write_text(json.dumps(template))
     result = subprocess.run(
         [str(Path(sys.executable).parent / "cfn-lint"), "--format", "json", str(template_file)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert [f for f in json.loads(result.stdout or "[]") if f["Level"] == "Error"] == []

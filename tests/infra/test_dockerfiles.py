@@ -16,10 +16,10 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from dockerfile_parse import DockerfileParser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,12 +42,22 @@ def values(path: Path, kind: str) -> list[str]:
 def test_hadolint_finds_nothing(name):
     result = subprocess.run(
         [
-            str(HADOLINT), "--no-color", "--format", "json", "--failure-threshold", "info",
-            "--require-label", "org.opencontainers.image.title:text",
-            "--require-label", "org.opencontainers.image.version:semver",
+            str(HADOLINT),
+            "--no-color",
+            "--format",
+            "json",
+            "--failure-threshold",
+            "info",
+            "--require-label",
+            "org.opencontainers.image.title:text",
+            "--require-label",
+            "org.opencontainers.image.version:semver",
             str(DOCKERFILES[name]),
         ],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     findings = json.loads(result.stdout or "[]")
     assert findings == [] and result.returncode == 0, json.dumps(findings, indent=1) + result.stderr
@@ -131,9 +141,7 @@ def _dockerignore_allows(rules: list[str], path: str) -> bool:
 def test_copy_sources_exist_and_are_not_ignored(name):
     path = DOCKERFILES[name]
     ignore = path.with_name("Dockerfile.dockerignore")
-    rules = [
-        line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")
-    ]
+    rules = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
     for copy in values(path, "COPY"):
         words = [w for w in copy.split() if not w.startswith("--")]
         for source in words[:-1]:

@@ -86,8 +86,11 @@ def test_controlplane_entrypoint_installs_the_admin_token_and_execs_aerie(tmp_pa
     home = tmp_path / "home" / ".aerie"
     record = tmp_path / "record.json"
     env = dict(
-        os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", RECORD=str(record),
-        AERIE_HOME=str(home), AERIE_ADMIN_TOKEN="tok-from-secrets-manager",
+        os.environ,
+        PATH=f"{bin_dir}:/usr/bin:/bin",
+        RECORD=str(record),
+        AERIE_HOME=str(home),
+        AERIE_ADMIN_TOKEN="tok-from-secrets-manager",
     )
     subprocess.run(["sh", "-n", str(CONTROLPLANE_SCRIPT)], check=True)
     proc = subprocess.Popen([str(CONTROLPLANE_SCRIPT), "up", "--host", "0.0.0.0"], env=env)

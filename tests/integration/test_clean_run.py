@@ -27,9 +27,14 @@ def test_clean_long_run_raises_no_verdict(tmp_path):
     home.mkdir()
     cp = ControlPlane(home, s3=True).start()
     try:
-        spec = trainer_spec(tmp_path / "clean.json", "clean-run", steps=10**7,
-                            checkpoint_uri="s3://aerie/clean", every_steps=300,
-                            extra_hps={"eval_every": "500", "eval_iters": "40"})
+        spec = trainer_spec(
+            tmp_path / "clean.json",
+            "clean-run",
+            steps=10**7,
+            checkpoint_uri="s3://aerie/clean",
+            every_steps=300,
+            extra_hps={"eval_every": "500", "eval_iters": "40"},
+        )
         # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests.
         data = json.loads(spec.read_text())
         data["health"] = {}
@@ -48,8 +53,12 @@ def test_clean_long_run_raises_no_verdict(tmp_path):
         assert len(job["attempt_list"]) == 1
         checkpoints = cp.get("/v1/jobs/clean-run/checkpoints")
         assert len(checkpoints) >= 2, checkpoints
-        events = [line for p in (home / "jobs").glob("clean-run-*/attempt-1/algo-1/output/metrics/rank-00000.jsonl")
-                  for line in p.read_text().splitlines() if '"eval_end"' in line]
+        events = [
+            line
+            for p in (home / "jobs").glob("clean-run-*/attempt-1/algo-1/output/metrics/rank-00000.jsonl")
+            for line in p.read_text().splitlines()
+            if '"eval_end"' in line
+        ]
         assert events, "the run must have paused for at least one evaluation"
         assert max(rank_losses(home / "jobs", job["id"])[1]) > 600
     finally:

@@ -9,19 +9,34 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.placement import PlacementError
 from orchestrator.backends.slurm import SlurmBackend, slurm_job_state
 from orchestrator.spec import JobSpec
 from tests.helpers.control_plane import REPO
 
 
-def _request(job_id: str, exclude: tuple[str, ...] = ()) -> LaunchRequest:
-    spec = JobSpec.model_validate({
-        "name": "direct", "entrypoint": ["python", "tests/e2e/contract_check.py"], "args": ["--steps", "2"],
-        "resources": {"instance_count": 1, "procs_per_node": 1}, "backend": "slurm",
-        "backend_options": {"workdir": str(REPO)}, "health": {"heartbeat_s": 60},
-    })
-    return LaunchRequest(job_id=job_id, job_name="direct", attempt_id=f"{job_id}-a1", attempt_number=1, spec=spec,
-                         api_url="http://127.0.0.1:9", agent_token="unused", exclude_nodes=exclude)
+def _request(job_id: str, exclude: tuple[str, ...] = (), args: tuple[str, ...] = ("--steps", "2")) -> LaunchRequest:
+    spec = JobSpec.model_validate(
+        {
+            "name": "direct",
+            "entrypoint": ["python", "tests/e2e/contract_check.py"],
+            "args": list(args),
+            "resources": {"instance_count": 1, "procs_per_node": 1},
+            "backend": "slurm",
+            "backend_options": {"workdir": str(REPO)},
+            "health": {"heartbeat_s": 60},
+        }
+    )
+    return LaunchRequest(
+        job_id=job_id,
+        job_name="direct",
+        attempt_id=f"{job_id}-a1",
+        attempt_number=1,
+        spec=spec,
+        api_url="http://127.0.0.1:9",
+        agent_token="unused",
+        exclude_nodes=exclude,
+    )
 
 
 def _poll_until_terminal(backend: SlurmBackend, handle: dict, timeout_s: float = 90):
@@ -60,6 +75,19 @@ def test_excluded_node_is_not_used_and_launch_is_idempotent(slurm_cluster, tmp_p
     assert resource["hosts"] == [expected_host] and resource["current_host"] == expected_host
 
 
+def test_a_job_whose_every_node_is_excluded_fails_to_place_with_slurms_reason(slurm_cluster, tmp_path):
+    """Excluding every node is refused by sbatch itself; the attempt fails as placement.failed
+    (not retried) instead of waiting in the queue forever or being retried through the budget."""
+    backend = SlurmBackend(tmp_path / "jobs")
+    request = _request(f"direct-none-{int(time.time() * 1000) % 10**8}", exclude=("node1", "node2"))
+    with pytest.raises(PlacementError) as err:
+        backend.launch(request)
+    assert err.value.failure_kind == "placement.failed"
+    assert "node1, node2 excluded" in str(err.value) and "Requested node configuration is not available" in str(
+        err.value
+    )
+
+
 def test_job_that_cannot_start_fails_with_slurms_reason(slurm_cluster, tmp_path):
     """A bootstrap that cannot run (missing interpreter) ends the attempt Failed, with Slurm's output."""
     backend = SlurmBackend(tmp_path / "jobs", python="/nonexistent/python")
@@ -77,9 +105,54 @@ def test_poll_fails_loudly_when_slurmctld_does_not_answer(slurm_cluster, tmp_pat
     from orchestrator.backends.slurm import SlurmError
 
     conf = tmp_path / "slurm.conf"
-    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=9", Path(slurm_cluster["SLURM_CONF"]).read_text()))
+    conf.write_text(
+        re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=9", Path(slurm_cluster["SLURM_CONF"]).read_text())
+    )
     monkeypatch.setenv("SLURM_CONF", str(conf))
     root = tmp_path / "attempt-1"
     root.mkdir()
     with pytest.raises(SlurmError):
         SlurmBackend(tmp_path).poll({"root": str(root), "slurm_job_id": 1, "hosts": []})
+
+
+def test_fencing_a_stopped_node_kills_its_processes_without_resuming_them(slurm_cluster, tmp_path):
+    """Every process of the job's node SIGSTOPped (a paused machine); the fence SIGKILLs them through
+    Slurm at once (a plain scancel would SIGCONT + SIGTERM them into their graceful path first)."""
+    import psutil
+
+    backend = SlurmBackend(tmp_path / "jobs")
+    handle = backend.launch(
+        _request(f"direct-fence-{int(time.time() * 1000) % 10**8}", args=("--steps", "600", "--sleep", "1"))
+    )
+    root = Path(handle["root"])
+
+    def node_procs() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["environ", "status"]):
+            try:
+                if proc.info["status"] != psutil.STATUS_ZOMBIE and str(
+                    (proc.info["environ"] or {}).get("AERIE_ML_ROOT", "")
+                ).startswith(str(root)):
+                    found.append(proc)
+            except psutil.Error:
+                pass
+        return found
+
+    deadline = time.time() + 90
+    while not list(root.glob("*/agent/ranks/rank-0.pid")) or len(node_procs()) < 2:
+        assert time.time() < deadline, backend.logs(handle)
+        time.sleep(0.3)
+    stopped = node_procs()
+    for proc in stopped:
+        proc.suspend()
+    backend.fence(handle, [p.name for p in root.iterdir() if (p / "agent").is_dir()])
+    deadline = time.time() + 15
+    while node_procs():
+        assert time.time() < deadline, [(p.pid, p.status()) for p in node_procs()]
+        time.sleep(0.2)
+    # Killed while stopped: the agent never ran its graceful path, which would have written its exit.
+    exits = {str(p): p.read_text() for p in root.glob("*/agent/exit.json")}
+    assert not exits, (exits, backend.logs(handle))
+    backend.stop(handle)  # what the controller does next: nothing that would resume anything
+    result = _poll_until_terminal(backend, handle)
+    assert result.state in ("Stopped", "Failed"), result

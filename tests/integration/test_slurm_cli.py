@@ -11,8 +11,14 @@ from tests.helpers.control_plane import REPO
 
 
 def _backends(env: dict[str, str]) -> dict[str, str]:
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "backends"], cwd=REPO, capture_output=True,
-                       text=True, timeout=60, env={**env, "COLUMNS": "200"})
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "backends"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "COLUMNS": "200"},
+    )
     assert r.returncode == 0, r.stderr
     rows = {}
     for line in r.stdout.splitlines():
@@ -23,13 +29,18 @@ def _backends(env: dict[str, str]) -> dict[str, str]:
 
 
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("AWS_", "SLURM_")) and k != "AERIE_SAGEMAKER"}
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SLURM_")) and k != "AERIE_SAGEMAKER"}
 
 
 def test_backends_lists_local_and_a_reachable_slurm(slurm_cluster):
-    rows = _backends({**_clean_env(), **slurm_cluster, "AWS_CONFIG_FILE": "/nonexistent",
-                      "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
+    rows = _backends(
+        {
+            **_clean_env(),
+            **slurm_cluster,
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        }
+    )
     assert rows == {"local": "yes", "slurm": "yes"}
 
 
@@ -37,12 +48,25 @@ def test_slurm_without_a_controller_is_listed_unreachable(slurm_cluster, tmp_pat
     conf = tmp_path / "slurm.conf"
     real = open(slurm_cluster["SLURM_CONF"]).read()
     conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=9", real))  # nothing listens there
-    rows = _backends({**_clean_env(), "SLURM_CONF": str(conf), "AWS_CONFIG_FILE": "/nonexistent",
-                      "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"})
+    rows = _backends(
+        {
+            **_clean_env(),
+            "SLURM_CONF": str(conf),
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        }
+    )
     assert rows["slurm"] == "no"
 
 
 def test_sagemaker_is_listed_when_credentials_and_region_are_configured(slurm_cluster):
-    rows = _backends({**_clean_env(), **slurm_cluster, "AWS_REGION": "us-east-1",
-                      "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret"})
+    rows = _backends(
+        {
+            **_clean_env(),
+            **slurm_cluster,
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+            "AWS_SECRET_ACCESS_KEY": "secret",
+        }
+    )
     assert rows == {"local": "yes", "slurm": "yes", "sagemaker": "yes"}

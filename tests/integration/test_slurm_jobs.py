@@ -34,9 +34,18 @@ def cp(tmp_path, slurm_cluster):
 
 
 def _spec(tmp_path: Path, name: str, args: list[str], nodes: int = 2, procs: int = 2, **extra) -> str:
-    return str(write_spec(tmp_path / f"{name}.json", name=name, entrypoint=CONTRACT, args=args,
-                          hyperparameters={"lr": "3e-4", "layers": "2"}, backend="slurm",
-                          resources={"instance_count": nodes, "procs_per_node": procs}, **extra))
+    return str(
+        write_spec(
+            tmp_path / f"{name}.json",
+            name=name,
+            entrypoint=CONTRACT,
+            args=args,
+            hyperparameters={"lr": "3e-4", "layers": "2"},
+            backend="slurm",
+            resources={"instance_count": nodes, "procs_per_node": procs},
+            **extra,
+        )
+    )
 
 
 def _wait_running(cp: ControlPlane, ref: str, nodes: int = 2, timeout_s: float = 90) -> dict:
@@ -44,7 +53,11 @@ def _wait_running(cp: ControlPlane, ref: str, nodes: int = 2, timeout_s: float =
     while time.time() < deadline:
         job = cp.job(ref)
         attempts = job["attempt_list"]
-        if attempts and len(attempts[-1]["nodes"]) == nodes and all(n["state"] == "Running" for n in attempts[-1]["nodes"]):
+        if (
+            attempts
+            and len(attempts[-1]["nodes"]) == nodes
+            and all(n["state"] == "Running" for n in attempts[-1]["nodes"])
+        ):
             return job
         assert job["state"] not in {"Completed", "Failed", "Stopped"}, json.dumps(job)[:3000]
         time.sleep(0.5)
@@ -79,7 +92,12 @@ def test_two_node_job_completes_through_aerie_up(cp, tmp_path):
     job = cp.job("slurm-ok")
     assert job["state"] == "Completed" and job["backend"] == "slurm"
     assert event_story(cp.events("slurm-ok")) == [
-        "job Submitted", "job InProgress", "attempt 1 Running", "attempt 1 Completed", "job Completed"]
+        "job Submitted",
+        "job InProgress",
+        "attempt 1 Running",
+        "attempt 1 Completed",
+        "job Completed",
+    ]
     attempt = job["attempt_list"][0]
     assert sorted(n["host"] for n in attempt["nodes"]) == ["node1", "node2"]
     assert _slurm_state(_handle(cp, job)["slurm_job_id"]) == "COMPLETED"
@@ -148,8 +166,7 @@ def test_rank_killed_with_sigkill_fails_the_attempt_with_exit_nonzero(cp, tmp_pa
 
 def test_lost_node_is_excluded_from_the_next_attempt(cp, tmp_path):
     """A node whose agent vanishes is blamed (node.lost); chaining's attempt 2 runs with --exclude."""
-    spec = _spec(tmp_path, "slurm-lost", ["--steps", "15", "--sleep", "1"], nodes=1, procs=1,
-                 retry={"max_restarts": 1})
+    spec = _spec(tmp_path, "slurm-lost", ["--steps", "15", "--sleep", "1"], nodes=1, procs=1, retry={"max_restarts": 1})
     cp.cli("submit", spec, check=True)
     job = _wait_running(cp, "slurm-lost", nodes=1)
     lost = job["attempt_list"][0]["nodes"][0]["host"]
@@ -171,3 +188,34 @@ def test_lost_node_is_excluded_from_the_next_attempt(cp, tmp_path):
     assert [n["host"] for n in second["nodes"]] == [other]
     script = (cp.home / "jobs" / job["id"] / "attempt-2" / "job.sbatch").read_text()
     assert f"#SBATCH --exclude={lost}\n" in script
+
+
+def test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude(cp, tmp_path):
+    """One job, three attempts on the real cluster: attempt 1 diverges (loss.nan: no node blamed,
+    attempt 2 excludes nothing), attempt 2 hangs (silent.hang on its only node: blamed), attempt 3
+    runs with `#SBATCH --exclude=<that node>` on the other node and completes."""
+    faults = [{"kind": "nan", "step": 3, "attempt": 1}, {"kind": "busy_hang", "step": 3, "attempt": 2}]
+    spec = write_spec(
+        tmp_path / "slurm-blame.json",
+        name="slurm-blame",
+        entrypoint=["python", "tests/helpers/stepper.py"],
+        args=["--steps", "8", "--step-s", "0.2"],
+        backend="slurm",
+        resources={"instance_count": 1, "procs_per_node": 1},
+        retry={"max_restarts": 2},
+        health={"startup_grace_s": 1, "hang_floor_s": 3, "heartbeat_s": 1},
+        env={"AERIE_FAULTS": json.dumps(faults)},
+    )
+    cp.cli("submit", str(spec), check=True)
+    job = cp.wait_state("slurm-blame", {"Completed", "Failed", "Stopped"}, timeout_s=180)
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    first, second, third = job["attempt_list"]
+    assert first["reason"]["kind"] == "loss.nan" and second["reason"]["kind"] == "silent.hang"
+    hang_host = second["nodes"][0]["host"]
+    assert [(b["attempt_id"], b["host"], b["rule"]) for b in job["blames"]] == [(second["id"], hang_host, "only_node")]
+    assert second["exclude_nodes"] == [] and third["exclude_nodes"] == [hang_host]
+    other = {"node1": "node2", "node2": "node1"}[hang_host]
+    assert [n["host"] for n in third["nodes"]] == [other]
+    root = cp.home / "jobs" / job["id"]
+    assert "--exclude" not in (root / "attempt-2" / "job.sbatch").read_text()
+    assert f"#SBATCH --exclude={hang_host}\n" in (root / "attempt-3" / "job.sbatch").read_text()

@@ -37,8 +37,13 @@ def _losses(cp: ControlPlane, job: dict, host: str) -> dict[int, float]:
 
 def test_pythia_tiny_gives_the_same_losses_on_local_and_slurm(cp, tmp_path, s3_bucket):
     spec = yaml.safe_load((REPO / "examples" / "pythia-tiny.yaml").read_text())
-    spec["hyperparameters"] = {**spec.get("hyperparameters", {}), "steps": str(STEPS), "eval_every": "1000",
-                               "data.max_bytes": "1000000", "data.cache_dir": str(tmp_path / "data-cache")}
+    spec["hyperparameters"] = {
+        **spec.get("hyperparameters", {}),
+        "steps": str(STEPS),
+        "eval_every": "1000",
+        "data.max_bytes": "1000000",
+        "data.cache_dir": str(tmp_path / "data-cache"),
+    }
     spec["checkpoint"]["s3_uri"] = f"s3://{s3_bucket}/checkpoints"
     spec["checkpoint"]["every_steps"] = 3
     losses = {}

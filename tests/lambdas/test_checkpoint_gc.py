@@ -26,29 +26,61 @@ def api(aerie_home, s3_env):
     live.stop()
 
 
-def _checkpoint(uri: str, step: int) -> None:
-    bucket, key = uri[len("s3://"):].split("/", 1)
+def _checkpoint(uri: str, step: int, attempt: int) -> None:
+    bucket, key = uri[len("s3://") :].split("/", 1)
     boto3.client("s3").put_object(Bucket=bucket, Key=f"{key}/__0_0.distcp", Body=b"x" * (100 + step))
-    commit(uri, step=step, tokens=step * 1000)
+    commit(uri, step=step, tokens=step * 1000, attempt=attempt)
 
 
 def test_keeps_the_last_and_every_resume_point_and_is_idempotent(api, s3_bucket):
+    """Attempt 1 committed 10-30 and was superseded; a zombie of it then committed 40 in S3 (never
+    recorded); attempt 2 resumed from 10 and committed 40 and 50. keep_last=2 keeps attempt 2's
+    two, 10 (a resume point); GC deletes 20 and 30 (their records say `deleted`) and the zombie's."""
     base = f"s3://{s3_bucket}/ckpt"
     with api.db.session() as s:
-        job = repo.create_job(s, {"name": "gc-job", "backend": "local", "entrypoint": ["x"],
-                                  "checkpoint": {"s3_uri": base, "every_steps": 10, "keep_last": 2}}, "default")
+        job = repo.create_job(
+            s,
+            {
+                "name": "gc-job",
+                "backend": "local",
+                "entrypoint": ["x"],
+                "checkpoint": {"s3_uri": base, "every_steps": 10, "keep_last": 2},
+            },
+            "default",
+        )
         prefix = f"{base}/{job.id}"
         a1 = repo.create_attempt(s, job, 1)
-        repo.set_attempt_state(s, a1, "Failed", {"kind": "silent.hang"})
-        repo.create_attempt(s, job, 2, resume_from=checkpoint_uri(prefix, 10))
+        repo.set_attempt_state(s, a1, "Running")
+        for step in (10, 20, 30):
+            _checkpoint(checkpoint_uri(prefix, step, 1), step, 1)
+            repo.record_checkpoint(s, a1, step, checkpoint_uri(prefix, step, 1), {"size_bytes": 100 + step})
+        repo.set_attempt_state(s, a1, "Failed", {"kind": "node.lost", "host": "algo-2"})
+        a2 = repo.create_attempt(s, job, 2, resume_from=checkpoint_uri(prefix, 10, 1))
+        _checkpoint(checkpoint_uri(prefix, 40, 1), 40, 1)  # the zombie's commit: S3 only
+        for step in (40, 50):
+            _checkpoint(checkpoint_uri(prefix, step, 2), step, 2)
+            repo.record_checkpoint(s, a2, step, checkpoint_uri(prefix, step, 2), {"size_bytes": 100 + step})
         job_id = job.id
-    for step in (10, 20, 30, 40, 50):
-        _checkpoint(checkpoint_uri(prefix, step), step)
 
-    event = json.loads(FIXTURE.read_text().replace("JOB_ID", job_id).replace("URI", checkpoint_uri(prefix, 50)))
+    event = json.loads(FIXTURE.read_text().replace("JOB_ID", job_id).replace("URI", checkpoint_uri(prefix, 50, 2)))
     ctx = LambdaContext(function_name="checkpoint_gc", aerie_api=api.url, aerie_token=api.service)
     first = checkpoint_gc.handler(event, ctx)
-    assert sorted(first["deleted"]) == [checkpoint_uri(prefix, 20), checkpoint_uri(prefix, 30)]
-    left = [c.step for c in list_checkpoints(prefix)]
-    assert left == [10, 40, 50]  # 10 is attempt 2's resume point
+    assert sorted(first["deleted"]) == [
+        checkpoint_uri(prefix, 20, 1),
+        checkpoint_uri(prefix, 30, 1),
+        checkpoint_uri(prefix, 40, 1),
+    ]
+    left = [(c.step, c.attempt) for c in list_checkpoints(prefix)]
+    assert left == [(10, 1), (40, 2), (50, 2)]  # 10 is attempt 2's resume point
+    with api.db.session() as s:
+        rows = {
+            (c.step, c.attempt_id[-2:]): (c.state, c.reason)
+            for c in repo.list_checkpoints(s, repo.get_job(s, "default", job_id))
+        }
+    assert rows[(20, "a1")] == rows[(30, "a1")] == ("deleted", "deleted by checkpoint GC")
+    assert {k: v[0] for k, v in rows.items() if k[0] not in (20, 30)} == {
+        (10, "a1"): "good",
+        (40, "a2"): "good",
+        (50, "a2"): "good",
+    }
     assert checkpoint_gc.handler(event, ctx)["deleted"] == []  # redelivered: nothing more to do

@@ -38,17 +38,38 @@ def trained(tmp_path_factory) -> dict:
     """A real training run: 4 steps of pythia-tiny, checkpoints at steps 2 and 4 (synchronous)."""
     root = tmp_path_factory.mktemp("trained")
     config = root / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"preset": "pythia-tiny"},
-        "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(root / "cache")},
-        "seq_len": 32, "micro_batch_size": 4, "steps": 4, "warmup": 1, "lr": 3e-3, "min_lr": 3e-4,
-        "checkpoint": {"uri": str(root / "ckpt"), "every_steps": 2, "async": False},
-    }))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "AERIE_METRICS_PATH": str(root / "metrics"),
-           "SM_OUTPUT_DATA_DIR": str(root / "output"), "AERIE_CHECKPOINT_URI": "", "AERIE_RESUME_FROM": ""}
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"preset": "pythia-tiny"},
+                "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(root / "cache")},
+                "seq_len": 32,
+                "micro_batch_size": 4,
+                "steps": 4,
+                "warmup": 1,
+                "lr": 3e-3,
+                "min_lr": 3e-4,
+                "checkpoint": {"uri": str(root / "ckpt"), "every_steps": 2, "async": False},
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "AERIE_METRICS_PATH": str(root / "metrics"),
+        "SM_OUTPUT_DATA_DIR": str(root / "output"),
+        "AERIE_CHECKPOINT_URI": "",
+        "AERIE_RESUME_FROM": "",
+    }
     env.pop("SM_HPS", None)
-    proc = subprocess.run([sys.executable, "-m", "trainer.train", "--config", str(config)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--config", str(config)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"config": str(config), "ckpt": root / "ckpt"}
 
@@ -75,11 +96,20 @@ def _ctx(api) -> LambdaContext:
 
 def make_job(api, trained, steps=(2,), **eval_extra) -> tuple[str, list[dict]]:
     """A job whose attempt committed the given checkpoints; returns its id and the commit events."""
-    spec = JobSpec.model_validate({
-        "name": "evaljob", "entrypoint": ["python", "-m", "trainer.train"], "args": ["--config", trained["config"]],
-        "eval": {"prompts": PROMPTS, "slack_channel": CHANNEL, "raters_needed": 3,
-                 "sampling": {"max_new_tokens": 8, "temperature": 0.8, "top_k": 20, "seed": 1}, **eval_extra},
-    }).model_dump(mode="json")
+    spec = JobSpec.model_validate(
+        {
+            "name": "evaljob",
+            "entrypoint": ["python", "-m", "trainer.train"],
+            "args": ["--config", trained["config"]],
+            "eval": {
+                "prompts": PROMPTS,
+                "slack_channel": CHANNEL,
+                "raters_needed": 3,
+                "sampling": {"max_new_tokens": 8, "temperature": 0.8, "top_k": 20, "seed": 1},
+                **eval_extra,
+            },
+        }
+    ).model_dump(mode="json")
     with api.db.session() as s:
         job = repo.create_job(s, spec, "default")
         repo.set_job_state(s, job, "InProgress")
@@ -89,8 +119,11 @@ def make_job(api, trained, steps=(2,), **eval_extra) -> tuple[str, list[dict]]:
             repo.record_checkpoint(s, attempt, step, str(trained["ckpt"] / f"step_{step:08d}"), {})
         job_id = job.id
     with api.db.session() as s:
-        events = [repo.eventbridge(e) for e in repo.list_events(s, repo.get_job(s, "default", job_id))
-                  if e.detail_type == repo.CHECKPOINT_COMMITTED]
+        events = [
+            repo.eventbridge(e)
+            for e in repo.list_events(s, repo.get_job(s, "default", job_id))
+            if e.detail_type == repo.CHECKPOINT_COMMITTED
+        ]
     return job_id, events
 
 
@@ -108,7 +141,7 @@ def test_posts_one_valid_block_kit_message_per_prompt(api, standin, trained):
         slack_blocks.validate(message["blocks"])  # what the stand-in enforced too
         text = "\n".join(str(b) for b in message["blocks"])
         assert "step" in text.lower() and "Tokens seen" in text and "Loss" in text
-        buttons = [b for b in message["blocks"] if b["type"] == "actions"][0]["elements"]
+        buttons = next(b for b in message["blocks"] if b["type"] == "actions")["elements"]
         assert [b["value"] for b in buttons] == [f"{sample.id}|{n}" for n in "12345h"]
         assert message["metadata"]["event_payload"]["sample_id"] == sample.id
 
@@ -122,20 +155,27 @@ def test_redelivered_events_post_nothing_twice(api, standin, trained, monkeypatc
     results = [eval_dispatch.handler(copy.deepcopy(event), _ctx(api)) for _ in range(3)]
     assert [r["action"] for r in results] == ["posted", "none", "none"]
     assert len(runs) == 1, "a redelivery must not sample again"
-    dispatcher = Dispatcher(api.db, [Subscription("eval_dispatch", frozenset({repo.CHECKPOINT_COMMITTED}),
-                                                  eval_dispatch.handler)], api_url=api.url, token=api.service)
+    dispatcher = Dispatcher(
+        api.db,
+        [Subscription("eval_dispatch", frozenset({repo.CHECKPOINT_COMMITTED}), eval_dispatch.handler)],
+        api_url=api.url,
+        token=api.service,
+    )
     dispatcher.deliver_once()
     assert len(standin.calls_of("chat.postMessage")) == len(PROMPTS)
     assert len(standin.messages(CHANNEL)) == len(PROMPTS)
     with api.db.session() as s:
-        statuses = {e.status for e in repo.list_events(s, repo.get_job(s, "default", job_id))
-                    if e.detail_type == repo.CHECKPOINT_COMMITTED}
+        statuses = {
+            e.status
+            for e in repo.list_events(s, repo.get_job(s, "default", job_id))
+            if e.detail_type == repo.CHECKPOINT_COMMITTED
+        }
     assert statuses == {"delivered"}
 
 
 def test_rate_limited_post_is_retried_after_retry_after(api, standin, trained):
     """Acceptance 3: a 429 with Retry-After from the stand-in; the WebClient waits and retries."""
-    job_id, [event] = make_job(api, trained)
+    _job_id, [event] = make_job(api, trained)
     standin.rate_limit(calls=1, retry_after=1)
     result = eval_dispatch.handler(event, _ctx(api))
     assert len(result["posted"]) == len(PROMPTS)
@@ -174,7 +214,7 @@ def test_a_dead_posters_message_is_found_not_posted_again(api, standin, trained,
 
 
 def test_every_second_good_checkpoint(api, standin, trained):
-    job_id, events = make_job(api, trained, steps=(2, 4), every_n_checkpoints=2)
+    _job_id, events = make_job(api, trained, steps=(2, 4), every_n_checkpoints=2)
     first = eval_dispatch.handler(events[0], _ctx(api))
     assert first["action"] == "none" and "every 2" in first["why"]
     second = eval_dispatch.handler(events[1], _ctx(api))
@@ -204,7 +244,9 @@ def test_no_eval_section_does_nothing(api, standin, trained):
         job = repo.create_job(s, {"name": "plain", "entrypoint": ["x"]}, "default")
         attempt = repo.create_attempt(s, job, 1)
         repo.record_checkpoint(s, attempt, 2, "/nowhere/step_00000002", {})
-        event = [repo.eventbridge(e) for e in repo.list_events(s, job) if e.detail_type == repo.CHECKPOINT_COMMITTED][0]
+        event = next(
+            repo.eventbridge(e) for e in repo.list_events(s, job) if e.detail_type == repo.CHECKPOINT_COMMITTED
+        )
     assert eval_dispatch.handler(event, _ctx(api))["action"] == "none"
     assert standin.calls == []
 
@@ -227,5 +269,17 @@ def test_cron_schedule_fires_between():
     with pytest.raises(ValueError):
         JobSpec.model_validate({"name": "x", "entrypoint": ["x"], "eval": {"schedule": "0 99 * * *"}})
     with pytest.raises(ValueError):
-        JobSpec.model_validate({"name": "x", "entrypoint": ["x"], "eval": {"schedule": "0 * * * *",
-                                                                           "every_n_checkpoints": 2}})
+        JobSpec.model_validate(
+            {"name": "x", "entrypoint": ["x"], "eval": {"schedule": "0 * * * *", "every_n_checkpoints": 2}}
+        )
+
+
+def test_the_sampler_command_is_an_argv_never_a_shell_string(monkeypatch):
+    monkeypatch.delenv("AERIE_EVAL_SAMPLER_COMMAND", raising=False)
+    assert eval_dispatch.sampler_command() == [sys.executable, "-m", "trainer.eval_sampler"]
+    monkeypatch.setenv("AERIE_EVAL_SAMPLER_COMMAND", '["/opt/py/bin/python", "-m", "trainer.eval_sampler"]')
+    assert eval_dispatch.sampler_command()[0] == "/opt/py/bin/python"
+    for bad in ("python -m trainer.eval_sampler", "[]", '["python", 3]'):
+        monkeypatch.setenv("AERIE_EVAL_SAMPLER_COMMAND", bad)
+        with pytest.raises(eval_dispatch.SamplerFailed, match="JSON list of strings"):
+            eval_dispatch.sampler_command()

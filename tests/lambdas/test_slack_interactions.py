@@ -20,11 +20,20 @@ from orchestrator.settings import Settings
 from orchestrator.store import repo
 from tests.helpers.live_api import start_live_api
 from tests.helpers.slack_standin import (
-    BOT_TOKEN, SIGNING_SECRET, SlackStandIn, block_actions_payload, signed_request,
+    BOT_TOKEN,
+    SIGNING_SECRET,
+    SlackStandIn,
+    block_actions_payload,
+    signed_request,
 )
 
-SAMPLE = {"id": "es_" + "a" * 32, "step": 7, "prompt": "Say <hi> & go", "answer": "x" * 10_000,
-          "meta": {"tokens": 1234, "loss": 3.21}}
+SAMPLE = {
+    "id": "es_" + "a" * 32,
+    "step": 7,
+    "prompt": "Say <hi> & go",
+    "answer": "x" * 10_000,
+    "meta": {"tokens": 1234, "loss": 3.21},
+}
 JOB = {"id": "j-1", "name": "j"}
 
 
@@ -37,15 +46,17 @@ def test_block_kit_respects_slacks_limits():
     blocks = message["blocks"]
     slack_blocks.validate(blocks)
     assert len(blocks) <= 50
-    answer = [b for b in blocks if b.get("block_id") == "answer"][0]["text"]["text"]
+    answer = next(b for b in blocks if b.get("block_id") == "answer")["text"]["text"]
     assert len(answer) <= 3000 and answer.endswith("…```")  # a long answer is cut to fit
     assert "&lt;hi&gt; &amp; go" in str(blocks)
     ids = [el["action_id"] for b in blocks if b["type"] == "actions" for el in b["elements"]]
     assert ids == ["rate_1", "rate_2", "rate_3", "rate_4", "rate_5", "hallucination"]
-    for broken in (blocks * 9,  # 54 blocks
-                   [{"type": "section", "text": {"type": "mrkdwn", "text": "x" * 3001}}],
-                   [{"type": "actions", "elements": [blocks[4]["elements"][0]] * 2}],  # duplicate action_id
-                   [{"type": "video"}]):
+    for broken in (
+        blocks * 9,  # 54 blocks
+        [{"type": "section", "text": {"type": "mrkdwn", "text": "x" * 3001}}],
+        [{"type": "actions", "elements": [blocks[4]["elements"][0]] * 2}],  # duplicate action_id
+        [{"type": "video"}],
+    ):
         with pytest.raises(slack_blocks.InvalidBlocks):
             slack_blocks.validate(broken)
 
@@ -54,14 +65,21 @@ def test_verify_and_parse_a_signed_click():
     body, headers = signed_request(block_actions_payload(_message(), "C1", "U9", "rate_4"))
     verify_request(headers, body, SIGNING_SECRET)
     [action] = parse_actions(body)
-    assert (action.sample_id, action.user_id, action.score, action.toggle_hallucination) == (SAMPLE["id"], "U9", 4, False)
+    assert (action.sample_id, action.user_id, action.score, action.toggle_hallucination) == (
+        SAMPLE["id"],
+        "U9",
+        4,
+        False,
+    )
     assert (action.channel, action.message_ts) == ("C1", "1.000001")
     body, headers = signed_request(block_actions_payload(_message(), "C1", "U9", "hallucination"))
     assert parse_actions(body)[0].toggle_hallucination
 
 
-@pytest.mark.parametrize("case,status", [("wrong secret", 401), ("stale", 401), ("replay", 401),
-                                         ("no headers", 401), ("big", 413), ("future", 401)])
+@pytest.mark.parametrize(
+    "case,status",
+    [("wrong secret", 401), ("stale", 401), ("replay", 401), ("no headers", 401), ("big", 413), ("future", 401)],
+)
 def test_verify_refuses(case, status):
     payload = block_actions_payload(_message(), "C1", "U9", "rate_4")
     if case == "wrong secret":
@@ -102,16 +120,28 @@ def api(aerie_home, env):
 
 def _gateway_event(body: bytes, headers: dict, b64: bool) -> dict:
     """API Gateway (REST, proxy integration) as it hands Slack's POST to a Lambda."""
-    return {"resource": "/slack/interactions", "path": "/slack/interactions", "httpMethod": "POST",
-            "headers": headers, "isBase64Encoded": b64,
-            "body": base64.b64encode(body).decode() if b64 else body.decode()}
+    return {
+        "resource": "/slack/interactions",
+        "path": "/slack/interactions",
+        "httpMethod": "POST",
+        "headers": headers,
+        "isBase64Encoded": b64,
+        "body": base64.b64encode(body).decode() if b64 else body.decode(),
+    }
 
 
 def test_lambda_handler_records_through_the_api_and_updates_the_message(api, env):
     with api.db.session() as s:
         job = repo.create_job(s, {"name": "lam", "entrypoint": ["x"]}, "default")
-        [sample] = repo.add_eval_samples(s, job, "file:///c/step_00000007", 7, None, [
-            {"prompt_index": 0, "prompt": "p", "answer": "a", "meta": {}}], "#eval")
+        [sample] = repo.add_eval_samples(
+            s,
+            job,
+            "file:///c/step_00000007",
+            7,
+            None,
+            [{"prompt_index": 0, "prompt": "p", "answer": "a", "meta": {}}],
+            "#eval",
+        )
         sid, job_ref = sample.id, {"id": job.id, "name": job.name}
     message = slack_blocks.sample_message({"id": sid, "step": 7, "prompt": "p", "answer": "a", "meta": {}}, job_ref)
     resp = slack_interactions.web_client().chat_postMessage(channel="#eval", **message)

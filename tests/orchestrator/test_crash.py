@@ -43,15 +43,24 @@ def _crash_then_restart(tmp_path, failpoint: str, spec: dict) -> ControlPlane:
 
 @pytest.mark.parametrize("failpoint", ["controller.before_launch", "controller.after_launch"])
 def test_killed_while_launching_launches_exactly_once(tmp_path, failpoint):
-    spec = {"name": "launch-crash", "entrypoint": CONTRACT, "args": ["--steps", "2"],
-            "resources": {"instance_count": 2, "procs_per_node": 2}}
+    spec = {
+        "name": "launch-crash",
+        "entrypoint": CONTRACT,
+        "args": ["--steps", "2"],
+        "resources": {"instance_count": 2, "procs_per_node": 2},
+    }
     cp = _crash_then_restart(tmp_path, failpoint, spec)
     try:
         job = cp.wait_state("launch-crash", {"Completed", "Failed"}, timeout_s=180)
         assert job["state"] == "Completed"
         assert len(job["attempt_list"]) == 1
         assert event_story(cp.events("launch-crash")) == [
-            "job Submitted", "job InProgress", "attempt 1 Running", "attempt 1 Completed", "job Completed"]
+            "job Submitted",
+            "job InProgress",
+            "attempt 1 Running",
+            "attempt 1 Completed",
+            "job Completed",
+        ]
         logs = cp.cli("logs", "launch-crash", check=True).stdout
         assert logs.count("contract ok=True") == 4, "every rank ran once, none twice"
     finally:
@@ -62,8 +71,13 @@ def test_killed_while_launching_launches_exactly_once(tmp_path, failpoint):
 def test_killed_after_a_restart_decision_before_marking_it_delivered(tmp_path):
     """The Failed event's handler created attempt 2, then the control plane died before the event
     was marked delivered: it is delivered again after the restart and changes nothing."""
-    spec = {"name": "deliver-crash", "entrypoint": CONTRACT, "args": ["--steps", "1", "--exit-code", "3"],
-            "resources": {"instance_count": 1, "procs_per_node": 1}, "retry": {"max_restarts": 1}}
+    spec = {
+        "name": "deliver-crash",
+        "entrypoint": CONTRACT,
+        "args": ["--steps", "1", "--exit-code", "3"],
+        "resources": {"instance_count": 1, "procs_per_node": 1},
+        "retry": {"max_restarts": 1},
+    }
     cp = _crash_then_restart(tmp_path, "events.after_deliver:Aerie Attempt State Change:Failed", spec)
     try:
         job = cp.wait_state("deliver-crash", {"Completed", "Failed"}, timeout_s=180)
@@ -91,32 +105,59 @@ def test_killed_in_the_middle_of_checkpoint_gc(aerie_home, s3_env, s3_bucket):
     try:
         base = f"s3://{s3_bucket}/ckpt"
         with live.db.session() as s:
-            job = repo.create_job(s, {"name": "gc", "backend": "local", "entrypoint": ["x"],
-                                      "checkpoint": {"s3_uri": base, "every_steps": 10, "keep_last": 1}}, "default")
+            job = repo.create_job(
+                s,
+                {
+                    "name": "gc",
+                    "backend": "local",
+                    "entrypoint": ["x"],
+                    "checkpoint": {"s3_uri": base, "every_steps": 10, "keep_last": 1},
+                },
+                "default",
+            )
+            prefix = f"{base}/{job.id}"
             a1 = repo.create_attempt(s, job, 1)
-            repo.set_attempt_state(s, a1, "Failed", {"kind": "node.lost"})
-            repo.create_attempt(s, job, 2, resume_from=checkpoint_uri(f"{base}/{job.id}", 20))
+            a2 = None
+            # Attempt 1 commits 10 and 20 (recorded while it runs), fails; attempt 2 commits 30, 40.
+            for step, number in ((10, 1), (20, 1), (30, 2), (40, 2)):
+                if number == 2 and a2 is None:
+                    repo.set_attempt_state(s, a1, "Failed", {"kind": "node.lost"})
+                    a2 = repo.create_attempt(s, job, 2, resume_from=checkpoint_uri(prefix, 20, 1))
+                uri = checkpoint_uri(prefix, step, number)
+                bucket, key = uri[5:].split("/", 1)
+                boto3.client("s3").put_object(Bucket=bucket, Key=f"{key}/__0_0.distcp", Body=b"w" * 64)
+                commit(uri, step=step, attempt=number)
+                repo.record_checkpoint(s, a2 or a1, step, uri, {"size_bytes": 64})
             job_id = job.id
-        prefix = f"{base}/{job_id}"
-        for step in (10, 20, 30, 40):
-            uri = checkpoint_uri(prefix, step)
-            bucket, key = uri[5:].split("/", 1)
-            boto3.client("s3").put_object(Bucket=bucket, Key=f"{key}/__0_0.distcp", Body=b"w" * 64)
-            commit(uri, step=step)
-        event = {"version": "0", "id": "gc-1", "detail-type": "Aerie Checkpoint Committed", "source": "aerie.orchestrator",
-                 "detail": {"job_id": job_id, "step": 40, "uri": checkpoint_uri(prefix, 40)}}
-        run = ("import json, sys; from lambdas import checkpoint_gc; "
-               "print(json.dumps(checkpoint_gc.handler(json.loads(sys.argv[1]), None)))")
-        env = {**os.environ, "AERIE_API": live.url, "AERIE_SERVICE_TOKEN": live.service,
-               "AERIE_FAILPOINT": "gc.after_manifest_delete"}
+        event = {
+            "version": "0",
+            "id": "gc-1",
+            "detail-type": "Aerie Checkpoint Committed",
+            "source": "aerie.orchestrator",
+            "detail": {"job_id": job_id, "step": 40, "uri": checkpoint_uri(prefix, 40, 2)},
+        }
+        run = (
+            "import json, sys; from lambdas import checkpoint_gc; "
+            "print(json.dumps(checkpoint_gc.handler(json.loads(sys.argv[1]), None)))"
+        )
+        env = {
+            **os.environ,
+            "AERIE_API": live.url,
+            "AERIE_SERVICE_TOKEN": live.service,
+            "AERIE_FAILPOINT": "gc.after_manifest_delete",
+        }
         died = subprocess.run([sys.executable, "-c", run, json.dumps(event)], cwd=REPO, env=env, capture_output=True)
         assert died.returncode == -9
         env.pop("AERIE_FAILPOINT")
-        again = subprocess.run([sys.executable, "-c", run, json.dumps(event)], cwd=REPO, env=env,
-                               capture_output=True, text=True)
+        again = subprocess.run(
+            [sys.executable, "-c", run, json.dumps(event)], cwd=REPO, env=env, capture_output=True, text=True
+        )
         assert again.returncode == 0, again.stderr
         assert [c.step for c in list_checkpoints(prefix) if c.good] == [20, 40]
-        assert verify(checkpoint_uri(prefix, 40)).good and verify(checkpoint_uri(prefix, 20)).good
-        assert not verify(checkpoint_uri(prefix, 10)).good
+        assert verify(checkpoint_uri(prefix, 40, 2)).good and verify(checkpoint_uri(prefix, 20, 1)).good
+        assert not verify(checkpoint_uri(prefix, 10, 1)).good
+        with live.db.session() as s:
+            states = {c.step: c.state for c in repo.list_checkpoints(s, repo.get_job(s, "default", job_id))}
+        assert states == {10: "deleted", 20: "good", 30: "deleted", 40: "good"}
     finally:
         live.stop()

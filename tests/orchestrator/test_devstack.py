@@ -32,8 +32,10 @@ def test_start_serves_a_bucket_and_stop_ends_the_process(tmp_path):
 def test_env_reaches_a_job_process(tmp_path):
     """A child process given only env() can use the bucket (as a job would)."""
     with S3Server.start() as server:
-        code = ("import boto3; c = boto3.client('s3'); "
-                "c.put_object(Bucket='aerie', Key='from-job', Body=b'hi'); print('ok')")
+        code = (
+            "import boto3; c = boto3.client('s3'); "
+            "c.put_object(Bucket='aerie', Key='from-job', Body=b'hi'); print('ok')"
+        )
         env = {**os.environ, **server.env()}
         for var in ("AWS_PROFILE", "AWS_CONFIG_FILE"):
             env.pop(var, None)
@@ -97,9 +99,8 @@ def test_a_stale_state_file_starts_a_new_server(aerie_home):
 
 
 def test_a_server_that_cannot_bind_fails_fast():
-    with S3Server.start() as first:
-        with pytest.raises((RuntimeError, TimeoutError)):
-            S3Server.start(port=first.port, timeout_s=15)
+    with S3Server.start() as first, pytest.raises((RuntimeError, TimeoutError)):
+        S3Server.start(port=first.port, timeout_s=15)
 
 
 # --- the per-connection throttling proxy (infra/local/s3proxy.py) -----------------------
@@ -109,9 +110,14 @@ def timed_get(endpoint_url: str, key: str) -> tuple[bytes, float]:
     import boto3
     from botocore.config import Config
 
-    client = boto3.client("s3", endpoint_url=endpoint_url, region_name="us-east-1",
-                          aws_access_key_id="a", aws_secret_access_key="b",
-                          config=Config(s3={"addressing_style": "path"}))
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id="a",
+        aws_secret_access_key="b",
+        config=Config(s3={"addressing_style": "path"}),
+    )
     t0 = time.monotonic()
     body = client.get_object(Bucket="aerie", Key=key)["Body"].read()
     return body, time.monotonic() - t0
@@ -129,8 +135,10 @@ def test_proxy_caps_each_connection(s3_server):
         assert proxy.stats.connections >= 1 and proxy.stats.bytes_down >= len(data)
         # Connections have buckets of their own: two at once take about as long as one.
         results = []
-        threads = [threading.Thread(target=lambda: results.append(timed_get(proxy.endpoint_url, "proxy-blob")))
-                   for _ in range(2)]
+        threads = [
+            threading.Thread(target=lambda: results.append(timed_get(proxy.endpoint_url, "proxy-blob")))
+            for _ in range(2)
+        ]
         t0 = time.monotonic()
         for t in threads:
             t.start()
@@ -163,10 +171,16 @@ def test_proxy_cut_is_an_outage_and_heal_ends_it(s3_server):
 
     s3_server.client().put_object(Bucket="aerie", Key="cut", Body=b"still here")
     with ThrottlingProxy("127.0.0.1", s3_server.port, rate=None) as proxy:
-        client = boto3.client("s3", endpoint_url=proxy.endpoint_url, region_name="us-east-1",
-                              aws_access_key_id="a", aws_secret_access_key="b",
-                              config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                                            connect_timeout=2, read_timeout=2))
+        client = boto3.client(
+            "s3",
+            endpoint_url=proxy.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="a",
+            aws_secret_access_key="b",
+            config=Config(
+                s3={"addressing_style": "path"}, retries={"max_attempts": 1}, connect_timeout=2, read_timeout=2
+            ),
+        )
         proxy.cut()
         with pytest.raises((BotoCoreError, ClientError)):
             client.get_object(Bucket="aerie", Key="cut")

@@ -42,24 +42,32 @@ def test_two_control_planes_one_leads_the_other_takes_over(tmp_path, pg_url):
         planes.append(ControlPlane(home, extra_env=env).start())
     first, second = planes
     try:
-        spec = write_spec(tmp_path / "job.json", name="led", entrypoint=["python", "tests/e2e/contract_check.py"],
-                          resources={"instance_count": 1, "procs_per_node": 1})
+        spec = write_spec(
+            tmp_path / "job.json",
+            name="led",
+            entrypoint=["python", "tests/e2e/contract_check.py"],
+            resources={"instance_count": 1, "procs_per_node": 1},
+        )
         second.cli("submit", str(spec), check=True)  # any API process accepts work
         job = second.wait_state("led", {"Completed", "Failed"}, timeout_s=90)
         assert job["state"] == "Completed" and len(job["attempt_list"]) == 1
 
         first.kill9()  # the first to start leads; kill it
         killed_at = time.time()
-        spec2 = write_spec(tmp_path / "job2.json", name="after-takeover",
-                           entrypoint=["python", "tests/e2e/contract_check.py"])
+        spec2 = write_spec(
+            tmp_path / "job2.json", name="after-takeover", entrypoint=["python", "tests/e2e/contract_check.py"]
+        )
         second.cli("submit", str(spec2), check=True)
         second.wait_state("after-takeover", {"InProgress", "Completed"}, timeout_s=30)
         assert time.time() - killed_at < 15, "the follower must take over within 15 s"
         assert second.wait_state("after-takeover", {"Completed", "Failed"}, timeout_s=90)["state"] == "Completed"
         # No job ran twice: one attempt each, and one Running event per attempt.
         for name in ("led", "after-takeover"):
-            running = [e for e in second.events(name)
-                       if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Running"]
+            running = [
+                e
+                for e in second.events(name)
+                if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Running"
+            ]
             assert len(running) == 1
     finally:
         for plane in planes:

@@ -33,8 +33,12 @@ def test_minimal_spec_gets_sane_defaults():
 
 
 def test_every_bad_field_is_named_at_once():
-    bad = {"name": "-bad name-", "entrypoint": ["x"], "resources": {"instance_count": 0},
-           "retry": {"max_restarts": "many"}}
+    bad = {
+        "name": "-bad name-",
+        "entrypoint": ["x"],
+        "resources": {"instance_count": 0},
+        "retry": {"max_restarts": "many"},
+    }
     with pytest.raises(ValidationError) as info:
         JobSpec.model_validate(bad)
     text = format_validation_error(info.value)
@@ -82,6 +86,8 @@ def test_create_training_job_round_trip_validates_against_botocore():
     assert spec.resources.instance_count == 2 and spec.resources.instance_type == "ml.p4d.24xlarge"
     assert spec.inputs[0].channel == "train" and spec.inputs[0].s3_uri == "s3://aerie-data/pile/train/"
     assert spec.checkpoint and spec.checkpoint.s3_uri == "s3://aerie-checkpoints/pythia-160m/"
+    # A raw request's CheckpointConfig is a request for SageMaker's own sync, and keeps it.
+    assert spec.checkpoint.sagemaker_sync and spec.checkpoint.local_path == "/opt/ml/checkpoints"
     assert spec.retry.max_restarts == 3 and spec.tags == {"team": "pretraining", "cost-center": "llm"}
     assert spec.entrypoint == ["python", "-m", "trainer.train"]
     again = spec.to_create_training_job()
@@ -95,9 +101,15 @@ def test_spec_to_create_training_job_needs_sagemaker_fields():
     spec = JobSpec.model_validate({"name": "a", "entrypoint": ["x"]})
     with pytest.raises(ValueError, match="instance type"):
         spec.to_create_training_job()
-    spec = JobSpec.model_validate({"name": "a", "entrypoint": ["x"], "resources": {"instance_type": "ml.g5.xlarge"},
-                                   "output": {"s3_uri": "s3://b/out"},
-                                   "backend_options": {"sagemaker": {"RoleArn": "arn:aws:iam::1:role/r"}}})
+    spec = JobSpec.model_validate(
+        {
+            "name": "a",
+            "entrypoint": ["x"],
+            "resources": {"instance_type": "ml.g5.xlarge"},
+            "output": {"s3_uri": "s3://b/out"},
+            "backend_options": {"sagemaker": {"RoleArn": "arn:aws:iam::1:role/r"}},
+        }
+    )
     request = spec.to_create_training_job()
     assert sagemaker_errors(request) == ""
     assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["x"]
@@ -106,3 +118,42 @@ def test_spec_to_create_training_job_needs_sagemaker_fields():
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_are_valid_specs(path):
     JobSpec.load(path)
+
+
+def test_channels_keep_their_mode_and_distribution_through_sagemaker_and_pipe_is_sagemaker_only():
+    """SageMaker receives the channels unchanged (it downloads or streams them itself)."""
+    request = json.loads((DATA / "create_training_job.json").read_text())
+    request["InputDataConfig"] = [
+        {
+            "ChannelName": "train",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": "s3://aerie-data/pile/train/",
+                    "S3DataDistributionType": "ShardedByS3Key",
+                }
+            },
+            "InputMode": "FastFile",
+        },
+        {
+            "ChannelName": "events",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": "s3://aerie-data/events/",
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            },
+            "InputMode": "Pipe",
+        },
+    ]
+    spec = JobSpec.from_create_training_job(request)
+    assert (spec.inputs[0].mode, spec.inputs[0].distribution) == ("FastFile", "ShardedByS3Key")
+    again = spec.to_create_training_job()
+    assert again["InputDataConfig"] == request["InputDataConfig"]
+    assert sagemaker_errors(again) == ""
+    local = spec.model_dump() | {"backend": "local", "backend_options": {}}
+    with pytest.raises(ValidationError, match="Pipe mode is SageMaker's own"):
+        JobSpec.model_validate(local)
+    local["inputs"] = local["inputs"][:1]
+    assert JobSpec.model_validate(local).inputs[0].distribution == "ShardedByS3Key"

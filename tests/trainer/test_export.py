@@ -120,8 +120,12 @@ def test_export_copies_tokenizer_for_autotokenizer(tmp_path):
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(
         ["def f(x):\n    return x + 1\n"] * 20 + ["import os, sys; print(os.getcwd())"] * 20,
-        trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|padding|>"],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<|endoftext|>", "<|padding|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
     )
     tok.save(str(tmp_path / "tokenizer.json"))
     cfg = get_preset("pythia-tiny", vocab_size=tok.get_vocab_size())

@@ -21,25 +21,62 @@ def test_export_of_a_trained_checkpoint_loads_in_transformers(tmp_path):
 
     cache = tmp_path / "cache"
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"preset": "pythia-tiny"}, "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(cache)},
-        "seq_len": 32, "micro_batch_size": 2, "steps": 3, "warmup": 1, "instance_type": "c7i.xlarge",
-        "checkpoint": {"async": False},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"preset": "pythia-tiny"},
+                "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(cache)},
+                "seq_len": 32,
+                "micro_batch_size": 2,
+                "steps": 3,
+                "warmup": 1,
+                "instance_type": "c7i.xlarge",
+                "checkpoint": {"async": False},
+            }
+        )
+    )
     ckpt = tmp_path / "ckpt"
-    env = {**os.environ, "AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "3",
-           "AERIE_METRICS_PATH": str(tmp_path / "metrics"), "SM_OUTPUT_DATA_DIR": str(tmp_path / "out"),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "AERIE_CHECKPOINT_URI": f"file://{ckpt}",
+        "AERIE_CHECKPOINT_EVERY": "3",
+        "AERIE_METRICS_PATH": str(tmp_path / "metrics"),
+        "SM_OUTPUT_DATA_DIR": str(tmp_path / "out"),
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("AERIE_ML_ROOT", None)
-    run = subprocess.run([sys.executable, "-m", "trainer.train", "--config", str(config)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--config", str(config)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     step_dir = ckpt / "step_00000003"
     assert (step_dir / "manifest.json").exists()
 
     out = tmp_path / "hf"
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "export", str(step_dir), str(out), "--to", "hf",
-                        "--config", str(config)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "export",
+            str(step_dir),
+            str(out),
+            "--to",
+            "hf",
+            "--config",
+            str(config),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
 

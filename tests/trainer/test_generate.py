@@ -23,9 +23,15 @@ class BPE:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-            vocab_size=300, special_tokens=["<|endoftext|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+        tok.train_from_iterator(
+            CORPUS,
+            trainers.BpeTrainer(
+                vocab_size=300,
+                special_tokens=["<|endoftext|>"],
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                show_progress=False,
+            ),
+        )
         tok.save(str(path))
         self.tok, self.eod_id, self.vocab_size = tok, tok.token_to_id("<|endoftext|>"), tok.get_vocab_size()
 
@@ -56,7 +62,7 @@ def test_greedy_matches_transformers_generate(name, tokenizer, tmp_path):
     prompt = "def add(a"
     ids = torch.tensor([tokenizer.encode(prompt)])
     expected = hf.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
-    expected_new = expected[0, ids.shape[1]:].tolist()
+    expected_new = expected[0, ids.shape[1] :].tolist()
     assert len(expected_new) == 12
     # Let ours run the full 12 tokens too, whatever it samples.
     no_eod = type("NoEod", (), {"encode": tokenizer.encode, "decode": tokenizer.decode, "eod_id": None})()

@@ -21,8 +21,9 @@ def lines(path):
 def test_jsonl_lines_follow_the_contract_and_are_flushed_each_step(tmp_path):
     writer = MetricsWriter(3, directory=tmp_path / "m", enable_tensorboard=False)
     assert writer.path == tmp_path / "m" / "rank-00003.jsonl"
-    writer.step(1, loss=2.5, grad_norm=0.7, lr=1e-3, tokens=4096, step_s=0.25, mfu=0.4, tokens_per_s=1e4,
-                tokens_per_dollar=None)
+    writer.step(
+        1, loss=2.5, grad_norm=0.7, lr=1e-3, tokens=4096, step_s=0.25, mfu=0.4, tokens_per_s=1e4, tokens_per_dollar=None
+    )
     # Flushed before close: the agent tails the file while the trainer runs.
     (record,) = lines(writer.path)
     assert list(record)[:9] == CONTRACT_KEYS
@@ -42,8 +43,9 @@ def test_appends_across_restarts_and_is_thread_safe(tmp_path):
     first.step(1, loss=1.0, grad_norm=1.0, lr=1.0, tokens=1, step_s=1.0)
     first.close()
     second = MetricsWriter(0, directory=tmp_path, enable_tensorboard=False)
-    threads = [threading.Thread(target=lambda i=i: [second.event("eval_begin", i) for _ in range(50)])
-               for i in range(4)]
+    threads = [
+        threading.Thread(target=lambda i=i: [second.event("eval_begin", i) for _ in range(50)]) for i in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -71,8 +73,17 @@ def test_tensorboard_has_every_scalar_on_rank_0_only(tmp_path):
     tb = tmp_path / "tb"
     writer = MetricsWriter(0, directory=tmp_path, tensorboard=tb)
     for step in (1, 2, 3):
-        writer.step(step, loss=3.0 / step, grad_norm=1.0, lr=1e-3, tokens=step * 100, step_s=0.1,
-                    tokens_per_s=1000.0, mfu=0.3, tokens_per_dollar=2e7)
+        writer.step(
+            step,
+            loss=3.0 / step,
+            grad_norm=1.0,
+            lr=1e-3,
+            tokens=step * 100,
+            step_s=0.1,
+            tokens_per_s=1000.0,
+            mfu=0.3,
+            tokens_per_dollar=2e7,
+        )
     writer.scalars(3, eval_loss=1.5)
     writer.close()
     other = MetricsWriter(1, directory=tmp_path, tensorboard=tmp_path / "tb1")

@@ -6,6 +6,7 @@ stream and TensorBoard files of a run, SIGTERM handling, and the config/LR units
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -27,7 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = {"t", "rank", "step", "loss", "grad_norm", "lr", "tokens", "step_s", "event"}
 
 
-
 @pytest.fixture(scope="module")
 def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data-cache")
@@ -37,8 +37,14 @@ def write_config(directory: Path, cache: Path, **overrides) -> Path:
     cfg = {
         "model": {"preset": "pythia-tiny"},
         "data": {"corpus": "stdlib", "max_bytes": 1_000_000, "cache_dir": str(cache)},
-        "seq_len": 32, "micro_batch_size": 4, "grad_accum": 2, "steps": 40, "warmup": 4,
-        "lr": 3e-3, "min_lr": 3e-4, "instance_type": "c7i.xlarge",
+        "seq_len": 32,
+        "micro_batch_size": 4,
+        "grad_accum": 2,
+        "steps": 40,
+        "warmup": 4,
+        "lr": 3e-3,
+        "min_lr": 3e-4,
+        "instance_type": "c7i.xlarge",
     }
     cfg.update(overrides)
     path = directory / "config.yaml"
@@ -46,13 +52,27 @@ def write_config(directory: Path, cache: Path, **overrides) -> Path:
     return path
 
 
-def run_trainer(workdir: Path, config: Path, nproc: int, *, name: str, env: dict | None = None,
-                sets: tuple[str, ...] = (), timeout: float = 240) -> tuple[int, Path]:
+def run_trainer(
+    workdir: Path,
+    config: Path,
+    nproc: int,
+    *,
+    name: str,
+    env: dict | None = None,
+    sets: tuple[str, ...] = (),
+    timeout: float = 240,
+) -> tuple[int, Path]:
     """Run the trainer (torchrun when nproc > 1); return (exit code, its metrics directory)."""
     metrics = workdir / name / "metrics"
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-                "AERIE_METRICS_PATH": str(metrics), "SM_OUTPUT_DATA_DIR": str(workdir / name / "output"),
-                "AERIE_CHECKPOINT_URI": "", "AERIE_RESUME_FROM": ""}
+    full_env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        "AERIE_METRICS_PATH": str(metrics),
+        "SM_OUTPUT_DATA_DIR": str(workdir / name / "output"),
+        "AERIE_CHECKPOINT_URI": "",
+        "AERIE_RESUME_FROM": "",
+    }
     full_env.pop("SM_HPS", None)
     full_env.update(env or {})
     args = ["-m", "trainer.train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]
@@ -78,15 +98,16 @@ def steps_of(records: list[dict]) -> dict[int, dict]:
 
 
 def test_lr_schedule_warmup_then_cosine_to_min_lr():
-    cfg = TrainConfig.model_validate({"data": {"corpus": "stdlib"}, "steps": 100, "warmup": 10,
-                                      "lr": 1e-3, "min_lr": 1e-4})
+    cfg = TrainConfig.model_validate(
+        {"data": {"corpus": "stdlib"}, "steps": 100, "warmup": 10, "lr": 1e-3, "min_lr": 1e-4}
+    )
     assert lr_at(0, cfg) == pytest.approx(1e-4)
     assert lr_at(9, cfg) == pytest.approx(1e-3)
     assert lr_at(10, cfg) == pytest.approx(1e-3)
     assert lr_at(55, cfg) == pytest.approx((1e-3 + 1e-4) / 2)
     assert lr_at(100, cfg) == pytest.approx(1e-4)
     after = [lr_at(s, cfg) for s in range(10, 101)]
-    assert all(a >= b for a, b in zip(after, after[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(after))
 
     # The optimizer's scheduler follows lr_at step by step.
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
@@ -126,14 +147,25 @@ def test_train_step_uses_the_fused_loss_and_fused_adamw():
 
 def test_config_precedence_yaml_then_hyperparameters_then_sets(tmp_path, monkeypatch):
     (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "c.yaml").write_text(yaml.safe_dump(
-        {"data": {"corpus": "stdlib"}, "lr": 1e-3, "steps": 10, "model": {"preset": "llama-tiny"}}))
+    (tmp_path / "configs" / "c.yaml").write_text(
+        yaml.safe_dump({"data": {"corpus": "stdlib"}, "lr": 1e-3, "steps": 10, "model": {"preset": "llama-tiny"}})
+    )
     monkeypatch.setenv("AERIE_WORKDIR", str(tmp_path))  # a relative --config resolves against it
-    monkeypatch.setenv("SM_HPS", json.dumps({
-        "steps": "50", "lr": "3e-4", "model.overrides.num_layers": "3", "parallelism": "fsdp2",
-        "activation_checkpointing": "true", "checkpoint.every_steps": "25", "sagemaker_program": "x",
-        "unrelated": "ignored",
-    }))
+    monkeypatch.setenv(
+        "SM_HPS",
+        json.dumps(
+            {
+                "steps": "50",
+                "lr": "3e-4",
+                "model.overrides.num_layers": "3",
+                "parallelism": "fsdp2",
+                "activation_checkpointing": "true",
+                "checkpoint.every_steps": "25",
+                "sagemaker_program": "x",
+                "unrelated": "ignored",
+            }
+        ),
+    )
     cfg = load_config("configs/c.yaml", ["steps=70", "data.weights=null"])
     assert cfg.steps == 70  # --set beats hyperparameters
     assert cfg.lr == 3e-4 and isinstance(cfg.lr, float)  # hyperparameters beat YAML, strings coerced
@@ -181,13 +213,13 @@ def test_resume_parity_world_size_2(tmp_path, data_cache, parallelism, storage, 
 
     config = write_config(tmp_path, data_cache, parallelism=parallelism)
     base = request.getfixturevalue("s3_prefix") if storage == "s3" else f"file://{tmp_path}/ckpt"
-    rc, full = run_trainer(tmp_path, config, 2, name="full",
-                           env={"AERIE_CHECKPOINT_URI": base, "AERIE_CHECKPOINT_EVERY": "20"})
+    rc, full = run_trainer(
+        tmp_path, config, 2, name="full", env={"AERIE_CHECKPOINT_URI": base, "AERIE_CHECKPOINT_EVERY": "20"}
+    )
     assert rc == 0
     assert manifest.verify(f"{base}/step_00000020").good
     assert manifest.last_good(base) == f"{base}/step_00000040"
-    rc, resumed = run_trainer(tmp_path, config, 2, name="resumed",
-                              env={"AERIE_RESUME_FROM": f"{base}/step_00000020"})
+    rc, resumed = run_trainer(tmp_path, config, 2, name="resumed", env={"AERIE_RESUME_FROM": f"{base}/step_00000020"})
     assert rc == 0
     for rank in (0, 1):
         a, b = steps_of(read_metrics(full, rank)), steps_of(read_metrics(resumed, rank))
@@ -198,22 +230,61 @@ def test_resume_parity_world_size_2(tmp_path, data_cache, parallelism, storage, 
         assert a[40]["loss"] < a[1]["loss"]
 
 
-def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, data_cache):
-    """World of one, no torchrun: the newest checkpoint is truncated; resuming from it restores the
-    previous good one instead, and the run still matches the uninterrupted one bitwise."""
-    config = write_config(tmp_path, data_cache, steps=40)
-    ckpt = tmp_path / "ckpt"
-    rc, full = run_trainer(tmp_path, config, 1, name="full",
-                           env={"AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "20"})
-    assert rc == 0
-    shard = max((ckpt / "step_00000040").glob("*.distcp"), key=lambda p: p.stat().st_size)
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    rc, resumed = run_trainer(tmp_path, config, 1, name="resumed",
-                              env={"AERIE_RESUME_FROM": f"file://{ckpt}/step_00000040"})
-    assert rc == 0
-    a, b = steps_of(read_metrics(full, 0)), steps_of(read_metrics(resumed, 0))
-    assert sorted(b) == list(range(21, 41))
-    assert all(a[s]["loss"] == b[s]["loss"] for s in b)
+def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, data_cache, aerie_home):
+    """World of one, no torchrun, as attempts 1 and 2 of a job on a real API (uvicorn in this
+    process): the newest checkpoint is truncated; resuming from it restores the previous good one
+    instead, the run still matches the uninterrupted one bitwise, and the bad one is marked bad in
+    storage (its BAD marker) and in the control plane's record."""
+    from orchestrator.settings import Settings
+    from orchestrator.store import repo
+    from tests.helpers.live_api import start_live_api
+    from trainer.checkpoint import manifest
+
+    api = start_live_api(Settings())
+    try:
+        with api.db.session() as s:
+            job = repo.create_job(s, {"name": "fallback", "backend": "local", "entrypoint": ["x"]}, "default")
+            repo.set_attempt_state(s, repo.create_attempt(s, job, 1), "Running")
+            job_id = job.id
+
+        def as_attempt(number: int) -> dict[str, str]:
+            with api.db.session() as s:
+                token = repo.mint_token(s, "agent", attempt_id=f"{job_id}-a{number}")
+            return {
+                "AERIE_API": api.url,
+                "AERIE_AGENT_TOKEN": token,
+                "AERIE_ATTEMPT": f"{job_id}-a{number}",
+                "AERIE_ATTEMPT_NUMBER": str(number),
+            }
+
+        config = write_config(tmp_path, data_cache, steps=40)
+        ckpt = tmp_path / "ckpt"
+        env = {**as_attempt(1), "AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "20"}
+        rc, full = run_trainer(tmp_path, config, 1, name="full", env=env)
+        assert rc == 0
+        step40 = f"file://{ckpt}/step_00000040/attempt_0001"
+        shard = max((ckpt / "step_00000040" / "attempt_0001").glob("*.distcp"), key=lambda p: p.stat().st_size)
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        with api.db.session() as s:
+            repo.set_attempt_state(s, repo.get_attempt(s, f"{job_id}-a1"), "Failed", {"kind": "silent.hang"})
+            repo.set_attempt_state(s, repo.create_attempt(s, repo.get_job(s, "default", job_id), 2), "Running")
+        rc, resumed = run_trainer(
+            tmp_path, config, 1, name="resumed", env={**as_attempt(2), "AERIE_RESUME_FROM": step40}
+        )
+        assert rc == 0
+        a, b = steps_of(read_metrics(full, 0)), steps_of(read_metrics(resumed, 0))
+        assert sorted(b) == list(range(21, 41))
+        assert all(a[s]["loss"] == b[s]["loss"] for s in b)
+        marked = manifest.verify(step40).reasons
+        assert marked and marked[0].startswith("marked bad: restore failed") and "step_00000020" in marked[0]
+        with api.db.session() as s:
+            rows = {
+                (c.step, c.attempt_id[-2:]): c for c in repo.list_checkpoints(s, repo.get_job(s, "default", job_id))
+            }
+        assert {k: c.state for k, c in rows.items()} == {(20, "a1"): "good", (40, "a1"): "bad"}
+        assert rows[40, "a1"].reason.startswith("restore failed") and rows[40, "a1"].size_bytes > 0
+    finally:
+        api.stop()
 
 
 def test_activation_checkpointing_changes_nothing_but_memory(tmp_path, data_cache):
@@ -221,11 +292,18 @@ def test_activation_checkpointing_changes_nothing_but_memory(tmp_path, data_cach
     and the losses after the resume are the same bitwise."""
     config = write_config(tmp_path, data_cache, steps=6, grad_accum=1)
     ckpt = tmp_path / "ckpt"
-    rc, plain = run_trainer(tmp_path, config, 1, name="plain",
-                            env={"AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "3"})
+    rc, plain = run_trainer(
+        tmp_path, config, 1, name="plain", env={"AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "3"}
+    )
     assert rc == 0
-    rc, with_ac = run_trainer(tmp_path, config, 1, name="ac", sets=("activation_checkpointing=true",),
-                              env={"AERIE_RESUME_FROM": f"file://{ckpt}/step_00000003"})
+    rc, with_ac = run_trainer(
+        tmp_path,
+        config,
+        1,
+        name="ac",
+        sets=("activation_checkpointing=true",),
+        env={"AERIE_RESUME_FROM": f"file://{ckpt}/step_00000003"},
+    )
     assert rc == 0
     a, b = steps_of(read_metrics(plain, 0)), steps_of(read_metrics(with_ac, 0))
     assert sorted(b) == [4, 5, 6]
@@ -237,12 +315,13 @@ def test_metrics_stream_and_tensorboard_of_a_run(tmp_path, data_cache):
 
     config = write_config(tmp_path, data_cache, steps=6, eval_every=3, eval_iters=2)
     ckpt = tmp_path / "ckpt"
-    rc, metrics = run_trainer(tmp_path, config, 2, name="run",
-                              env={"AERIE_CHECKPOINT_URI": str(ckpt), "AERIE_CHECKPOINT_EVERY": "3"})
+    rc, metrics = run_trainer(
+        tmp_path, config, 2, name="run", env={"AERIE_CHECKPOINT_URI": str(ckpt), "AERIE_CHECKPOINT_EVERY": "3"}
+    )
     assert rc == 0
     for rank in (0, 1):
         records = read_metrics(metrics, rank)
-        assert all(CONTRACT_KEYS <= set(r) and r["rank"] == rank for r in records)
+        assert all(set(r) >= CONTRACT_KEYS and r["rank"] == rank for r in records)
         steps = [r for r in records if r["event"] is None]
         assert [r["step"] for r in steps] == list(range(1, 7))
         assert all(r["tokens"] == r["step"] * 4 * 2 * 2 * 32 for r in steps)
@@ -255,7 +334,9 @@ def test_metrics_stream_and_tensorboard_of_a_run(tmp_path, data_cache):
         committed = [r for r in records if r["event"] == "checkpoint_committed"]
         if rank == 0:
             assert [(r["step"], r["uri"]) for r in committed] == [
-                (3, f"{ckpt}/step_00000003"), (6, f"{ckpt}/step_00000006")]
+                (3, f"{ckpt}/step_00000003"),
+                (6, f"{ckpt}/step_00000006"),
+            ]
         else:
             assert committed == []
     tb = tmp_path / "run" / "output" / "tensorboard"
@@ -270,18 +351,33 @@ def test_sigterm_stops_cleanly_with_exit_143(tmp_path, data_cache):
     config = write_config(tmp_path, data_cache, steps=100_000, grad_accum=1)
     ckpt = tmp_path / "ckpt"
     metrics = tmp_path / "metrics"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "AERIE_METRICS_PATH": str(metrics),
-           "SM_OUTPUT_DATA_DIR": str(tmp_path / "out"), "AERIE_CHECKPOINT_URI": f"file://{ckpt}",
-           "AERIE_CHECKPOINT_EVERY": "7", "AERIE_RESUME_FROM": ""}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        "AERIE_METRICS_PATH": str(metrics),
+        "SM_OUTPUT_DATA_DIR": str(tmp_path / "out"),
+        "AERIE_CHECKPOINT_URI": f"file://{ckpt}",
+        "AERIE_CHECKPOINT_EVERY": "7",
+        "AERIE_RESUME_FROM": "",
+    }
     env.pop("SM_HPS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.train", "--config", str(config)], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.train", "--config", str(config)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         path = metrics / "rank-00000.jsonl"
         while time.time() < deadline:
-            if path.exists() and sum(1 for line in path.read_text().splitlines()
-                                     if '"checkpoint_committed"' in line) >= 2:
+            if (
+                path.exists()
+                and sum(1 for line in path.read_text().splitlines() if '"checkpoint_committed"' in line) >= 2
+            ):
                 break
             assert proc.poll() is None, proc.stderr.read()
             time.sleep(0.2)

@@ -18,7 +18,9 @@ write finished (or failed, with `error`), and on rank 0 `manifest.commit(...)` t
 `checkpoint_committed` with the `uri`. DCP gathers every rank's write result at rank 0 before
 its future completes, so rank 0's completion means every rank finished writing. A failed save
 commits nothing (the manifest is the commit point); training goes on and the next interval tries
-again.
+again. Under Aerie each save goes to its attempt's own directory (`step_N/attempt_E/`) and the
+commit is fenced (`trainer.checkpoint.fence`): a superseded attempt's commit never counts, and
+the `Checkpointer` then says so (`superseded`), which stops the training loop.
 """
 
 from __future__ import annotations
@@ -66,8 +68,11 @@ def join_uri(base: str, name: str) -> str:
     return base.rstrip("/") + "/" + name
 
 
-def step_uri(base: str, step: int) -> str:
-    return join_uri(base, f"step_{step:08d}")
+def step_uri(base: str, step: int, attempt: int | None = None) -> str:
+    """Where `attempt` (its epoch; None outside Aerie) saves `step` (aerie_contracts.checkpoints)."""
+    from trainer.checkpoint import manifest
+
+    return manifest.checkpoint_uri(base, step, attempt)
 
 
 def _writer(uri: str, thread_count: int):
@@ -123,12 +128,24 @@ def _stager(on_gpu: bool):
     """Synchronous staging to CPU memory (pinned on GPU): the only part a training step waits for."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    return DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
-                                        use_async_staging=False, use_non_blocking_copy=False))
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=on_gpu, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=False
+        )
+    )
 
 
-def save(uri: str, model, optimizer, scheduler, extra_state: dict[str, Any], *, async_: bool = True,
-         process_group: dist.ProcessGroup | None = None, thread_count: int = 4) -> Future:
+def save(
+    uri: str,
+    model,
+    optimizer,
+    scheduler,
+    extra_state: dict[str, Any],
+    *,
+    async_: bool = True,
+    process_group: dist.ProcessGroup | None = None,
+    thread_count: int = 4,
+) -> Future:
     """Save the full state to `uri`. Returns a future done when this rank's part is written
     (already done when `async_` is False). Asynchronous saves need `process_group` to be a gloo group
     that the training loop does not use (see `Checkpointer`)."""
@@ -186,8 +203,13 @@ def code_version() -> str:
     if os.environ.get("AERIE_CODE_VERSION"):
         return os.environ["AERIE_CODE_VERSION"]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -227,9 +249,27 @@ class Checkpointer:
     save is in flight: starting one waits for the previous (normally long done).
     """
 
-    def __init__(self, base_uri: str | None, every_steps: int, metrics, *, world: dict[str, Any],
-                 config_hash: str, async_: bool = True, thread_count: int = 4) -> None:
+    def __init__(
+        self,
+        base_uri: str | None,
+        every_steps: int,
+        metrics,
+        *,
+        world: dict[str, Any],
+        config_hash: str,
+        async_: bool = True,
+        thread_count: int = 4,
+        attempt: int | None = None,
+        attempt_id: str = "",
+        gate=None,
+    ) -> None:
         self.base_uri = base_uri
+        # The attempt's epoch goes into every key it writes; the gate fences its commits.
+        self.attempt = attempt
+        self.attempt_id = attempt_id
+        self.gate = gate
+        # Why this attempt's commits are refused (the control plane moved on), once it is known.
+        self.superseded: str | None = None
         self.every_steps = every_steps if base_uri else 0
         self.metrics = metrics
         self.world = world
@@ -247,19 +287,39 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
-    def save(self, step: int, model, optimizer, scheduler, extra_state: dict[str, Any],
-             metrics_at_step: dict[str, Any] | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        model,
+        optimizer,
+        scheduler,
+        extra_state: dict[str, Any],
+        metrics_at_step: dict[str, Any] | None = None,
+    ) -> None:
         """Start saving `step` (blocks for the copy only). Never raises: a failed save is reported."""
         assert self.base_uri, "no checkpoint location"
         self.wait()
-        uri = step_uri(self.base_uri, step)
-        pending = _Pending(uri=uri, step=step, tokens=int(extra_state.get("tokens", 0)),
-                           metrics=dict(metrics_at_step or {}), started=time.time())
+        uri = step_uri(self.base_uri, step, self.attempt)
+        pending = _Pending(
+            uri=uri,
+            step=step,
+            tokens=int(extra_state.get("tokens", 0)),
+            metrics=dict(metrics_at_step or {}),
+            started=time.time(),
+        )
         self._pending = pending
         self.metrics.event("checkpoint_begin", step, uri=uri)
         try:
-            future = save(uri, model, optimizer, scheduler, extra_state, async_=self.async_,
-                          process_group=self.group, thread_count=self.thread_count)
+            future = save(
+                uri,
+                model,
+                optimizer,
+                scheduler,
+                extra_state,
+                async_=self.async_,
+                process_group=self.group,
+                thread_count=self.thread_count,
+            )
         except (Exception, CheckpointException) as exc:  # staging or planning failed: report, keep training
             self._finish(pending, exc)
             return
@@ -271,8 +331,14 @@ class Checkpointer:
             seconds = time.time() - pending.started
             if error is not None:
                 log.error("checkpoint %s failed (training continues): %s", pending.uri, describe_error(error))
-                self.metrics.event("checkpoint_end", pending.step, uri=pending.uri, ok=False,
-                                   error=describe_error(error)[:500], save_s=seconds)
+                self.metrics.event(
+                    "checkpoint_end",
+                    pending.step,
+                    uri=pending.uri,
+                    ok=False,
+                    error=describe_error(error)[:500],
+                    save_s=seconds,
+                )
                 return
             pending.ok = True
             self.metrics.event("checkpoint_end", pending.step, uri=pending.uri, ok=True, save_s=seconds)
@@ -282,19 +348,37 @@ class Checkpointer:
             pending.done.set()
 
     def _commit(self, pending: _Pending) -> None:
-        from trainer.checkpoint import manifest
+        from trainer.checkpoint import fence
 
         try:
-            manifest.commit(pending.uri, step=pending.step, tokens=pending.tokens, world=self.world,
-                            config_hash=self.config_hash, code_version=self._code_version,
-                            metrics=pending.metrics)
+            written = fence.commit(
+                pending.uri,
+                self.gate,
+                step=pending.step,
+                tokens=pending.tokens,
+                world=self.world,
+                config_hash=self.config_hash,
+                code_version=self._code_version,
+                metrics=pending.metrics,
+                attempt=self.attempt,
+                attempt_id=self.attempt_id,
+            )
+        except fence.Superseded as exc:
+            self.superseded = str(exc)
+            log.error("checkpoint %s not committed: this attempt was superseded (%s)", pending.uri, exc)
+            return
         except Exception as exc:
             log.error("manifest commit of %s failed; the checkpoint is not good: %s", pending.uri, exc)
             return
         pending.committed = True
         self.last_committed = pending.uri
-        self.metrics.event("checkpoint_committed", pending.step, uri=pending.uri,
-                           save_s=time.time() - pending.started)
+        self.metrics.event(
+            "checkpoint_committed",
+            pending.step,
+            uri=pending.uri,
+            save_s=time.time() - pending.started,
+            size_bytes=written["total_bytes"],
+        )
 
     def poll(self) -> bool:
         """Non-blocking: whether no save is in flight."""

@@ -42,13 +42,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--keep-every", type=int, default=0)
     p.add_argument("--protect", action="append", default=[], help="a checkpoint URI or step to keep (repeatable)")
-    p.add_argument("--abort-older-than", type=float, default=3600.0,
-                   help="abort incomplete multipart uploads older than this many seconds (-1: leave them)")
+    p.add_argument(
+        "--abort-older-than",
+        type=float,
+        default=3600.0,
+        help="abort incomplete multipart uploads older than this many seconds (-1: leave them)",
+    )
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
     protect = [int(x) if x.isdigit() else x for x in args.protect]
-    result = collect(args.prefix, args.keep_last, args.keep_every, protect,
-                     None if args.abort_older_than < 0 else args.abort_older_than, args.dry_run)
+    result = collect(
+        args.prefix,
+        args.keep_last,
+        args.keep_every,
+        protect,
+        None if args.abort_older_than < 0 else args.abort_older_than,
+        args.dry_run,
+    )
     print(json.dumps(result))
     return 0
 

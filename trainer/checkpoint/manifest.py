@@ -1,11 +1,18 @@
 """Which checkpoints are good: the manifest, written last, is the commit point.
 
-Layout: `<prefix>/step_00000500/` holds the DCP shard files and `.metadata`; after every
-rank finished, rank 0 calls `commit()`, which lists what is there and writes
-`manifest.json` last. A checkpoint is *good* when its manifest is present, every object
-it lists is present with its size (and checksum, on a deep verify), and it carries no
-`BAD` marker. Everything else (a save that died half-way, an object lost later) is not
-good, and `last_good()` skips it.
+Layout (`aerie_contracts.checkpoints`): `<prefix>/step_00000500/attempt_0002/` holds the DCP
+shard files and `.metadata` of step 500 as saved by attempt 2 of the job (its epoch); a save
+made outside Aerie has no attempt directory (`<prefix>/step_00000500/`). After every rank
+finished, rank 0 calls `commit()`, which lists what is there and writes `manifest.json` last.
+A checkpoint is *good* when its manifest is present, every object it lists is present with
+its size (and checksum, on a deep verify), and it carries no `BAD` marker. Everything else (a
+save that died half-way, an object lost later) is not good, and `last_good()` skips it.
+
+Fencing: S3 alone cannot tell a checkpoint committed by a live attempt from one a zombie of a
+superseded attempt committed after the job moved on. The control plane can: it records a
+checkpoint only while its attempt is the job's current one. Readers that have its record pass
+it as `recorded` ({uri: state}); then a checkpoint is good only if the record says so too, and
+one the record does not know counts as incomplete (`list_checkpoints`, `last_good`, `gc`).
 
 Torch-free and small on purpose: AWS Lambda handlers (`chain_restart`, `checkpoint_gc`)
 import it to find the resume point. Works on `s3://bucket/prefix` (boto3 through
@@ -24,25 +31,54 @@ import os
 import re
 import time
 import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
+from aerie_contracts import checkpoints as layout
+from aerie_contracts.states import CheckpointState
 from trainer.checkpoint import s3io
 
-MANIFEST = "manifest.json"
-BAD_MARKER = "BAD"
-FORMAT = "aerie.checkpoint/1"
-STEP_RE = re.compile(r"^step_(\d{8,})$")
+MANIFEST = layout.MANIFEST
+BAD_MARKER = layout.BAD_MARKER
+FORMAT = layout.FORMAT
+STEP_RE = layout.STEP_RE
+ATTEMPT_RE = layout.ATTEMPT_RE
 _CHUNK = 8 * 1024 * 1024
 
-
-def step_dir(step: int) -> str:
-    return f"step_{step:08d}"
+step_dir = layout.step_dir
 
 
-def checkpoint_uri(prefix: str, step: int) -> str:
-    return f"{str(prefix).rstrip('/')}/{step_dir(step)}"
+def checkpoint_uri(prefix: str, step: int, attempt: int | None = None) -> str:
+    """Where attempt `attempt` saves step `step` under `prefix` (no attempt: outside Aerie)."""
+    uri = f"{str(prefix).rstrip('/')}/{step_dir(step)}"
+    return uri if attempt is None else f"{uri}/{layout.attempt_dir(attempt)}"
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    prefix: str
+    step: int
+    attempt: int | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Order of checkpoints: by step, then by the attempt that saved it (none first)."""
+        return (self.step, -1 if self.attempt is None else self.attempt)
+
+
+def parse_uri(uri: str | os.PathLike) -> CheckpointRef | None:
+    """(prefix, step, attempt) of a checkpoint URI, or None if it does not name one."""
+    text = str(uri).rstrip("/")
+    head, _, name = text.rpartition("/")
+    if (m := ATTEMPT_RE.match(name)) is not None:
+        prefix, _, step_name = head.rpartition("/")
+        if (s := STEP_RE.match(step_name)) is not None:
+            return CheckpointRef(prefix, int(s.group(1)), int(m.group(1)))
+        return None
+    if (s := STEP_RE.match(name)) is not None:
+        return CheckpointRef(head, int(s.group(1)), None)
+    return None
 
 
 # --- storage: the few operations the manifest needs, for S3 and for files ------------
@@ -230,10 +266,13 @@ def commit(
     code_version: str = "",
     metrics: dict | None = None,
     extra: dict | None = None,
+    attempt: int | None = None,
+    attempt_id: str = "",
 ) -> dict:
     """Record every object of a finished checkpoint, then write `manifest.json` last.
 
-    Call once, on rank 0, after all ranks finished writing (a barrier). Returns the manifest.
+    Call once, on rank 0, after all ranks finished writing (a barrier). `attempt` / `attempt_id`
+    name the writer (its epoch). Returns the manifest.
     """
     store = _store(checkpoint_uri)
     objects = []
@@ -255,6 +294,8 @@ def commit(
         "total_bytes": sum(o["size"] for o in objects),
         "objects": objects,
         **({"extra": extra} if extra else {}),
+        **({layout.MANIFEST_ATTEMPT: int(attempt)} if attempt is not None else {}),
+        **({layout.MANIFEST_ATTEMPT_ID: attempt_id} if attempt_id else {}),
     }
     store.write(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     return manifest
@@ -329,48 +370,89 @@ def verify(checkpoint_uri: str | os.PathLike, deep: bool = False) -> Verificatio
 class CheckpointInfo:
     uri: str
     step: int
-    state: str  # "good" | "bad" | "incomplete" (no manifest) | "corrupt" (manifest, objects wrong)
+    state: str  # a CheckpointState: good | bad | incomplete (no manifest, or unrecorded) | corrupt | deleted
     reasons: list[str] = field(default_factory=list)
     manifest: dict | None = None
     bytes: int = 0  # what is stored now
+    attempt: int | None = None  # the epoch of the attempt that saved it (None: saved outside Aerie)
+    keys: list[str] = field(default_factory=list)  # its objects, relative to the prefix
 
     @property
     def good(self) -> bool:
-        return self.state == "good"
+        return self.state == CheckpointState.GOOD
+
+    @property
+    def ref(self) -> CheckpointRef:
+        return CheckpointRef(self.uri.rsplit("/", 2 if self.attempt is not None else 1)[0], self.step, self.attempt)
 
 
-def list_checkpoints(prefix: str | os.PathLike) -> list[CheckpointInfo]:
-    """Every `step_*` checkpoint under `prefix`, oldest first, with its (shallow) state.
+Recorded = Mapping[str, str]  # the control plane's record: checkpoint URI -> CheckpointState
+
+
+def _group(listing: dict[str, ObjectStat]) -> dict[tuple[int, int | None], tuple[str, dict[str, ObjectStat]]]:
+    """Objects of a prefix by checkpoint: (step, attempt) -> (directory, {key in it: stat})."""
+    groups: dict[tuple[int, int | None], tuple[str, dict[str, ObjectStat]]] = {}
+    for rel, stat in listing.items():
+        parts = rel.split("/")
+        step = STEP_RE.match(parts[0]) if len(parts) >= 2 else None
+        if step is None:
+            continue
+        attempt = ATTEMPT_RE.match(parts[1]) if len(parts) >= 3 else None
+        if attempt is not None:
+            key, base, rest = (int(step.group(1)), int(attempt.group(1))), "/".join(parts[:2]), "/".join(parts[2:])
+        else:
+            key, base, rest = (int(step.group(1)), None), parts[0], "/".join(parts[1:])
+        groups.setdefault(key, (base, {}))[1][rest] = stat
+    return groups
+
+
+def _apply_record(state: str, reasons: list[str], uri: str, recorded: Recorded | None) -> tuple[str, list[str]]:
+    """A checkpoint good in S3 is good only if the control plane recorded it as good."""
+    if recorded is None or state != CheckpointState.GOOD:
+        return state, reasons
+    rec = recorded.get(uri.rstrip("/"))
+    if rec == CheckpointState.GOOD:
+        return state, reasons
+    if rec is None:
+        return CheckpointState.INCOMPLETE, [
+            "not recorded by the control plane (committed by a superseded attempt, or never reported)"
+        ]
+    known = {s.value for s in CheckpointState}
+    return (rec if rec in known else CheckpointState.INCOMPLETE), [f"{rec} in the control plane's record"]
+
+
+def list_checkpoints(prefix: str | os.PathLike, recorded: Recorded | None = None) -> list[CheckpointInfo]:
+    """Every checkpoint under `prefix`, oldest first (by step, then attempt), with its (shallow)
+    state. `recorded`: the control plane's record, which a good checkpoint must be in (fencing).
 
     One listing of the prefix plus one GET per manifest.
     """
     store = _store(prefix)
-    by_step: dict[str, dict[str, ObjectStat]] = {}
-    for rel, stat in store.list().items():
-        head, _, rest = rel.partition("/")
-        if rest and STEP_RE.match(head):
-            by_step.setdefault(head, {})[rest] = stat
     out = []
-    for name in sorted(by_step, key=lambda n: int(STEP_RE.match(n).group(1))):
-        listing = by_step[name]
-        uri = _join(prefix, name)
+    groups = _group(store.list())
+    for step, attempt in sorted(groups, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+        base, listing = groups[(step, attempt)]
+        uri = _join(prefix, base)
         manifest = read_manifest(uri) if MANIFEST in listing else None
-        bad = store.read(f"{name}/{BAD_MARKER}") if BAD_MARKER in listing else None
+        bad = store.read(f"{base}/{BAD_MARKER}") if BAD_MARKER in listing else None
         reasons = _check(manifest, listing, bad)
         if bad is not None:
-            state = "bad"
+            state = CheckpointState.BAD
         elif manifest is None:
-            state = "incomplete"
+            state = CheckpointState.INCOMPLETE
         else:
-            state = "corrupt" if reasons else "good"
+            state = CheckpointState.CORRUPT if reasons else CheckpointState.GOOD
+        state, reasons = _apply_record(state, reasons, uri, recorded)
         size = sum(s.size for s in listing.values())
-        out.append(CheckpointInfo(uri, int(STEP_RE.match(name).group(1)), state, reasons, manifest, size))
+        keys = [f"{base}/{rel}" for rel in sorted(listing)]
+        out.append(CheckpointInfo(uri, step, str(state), reasons, manifest, size, attempt, keys))
     return out
 
 
-def last_good(prefix: str | os.PathLike, deep: bool = False) -> str | None:
-    """URI of the newest good checkpoint under `prefix` (None if there is none)."""
-    for info in reversed(list_checkpoints(prefix)):
+def last_good(prefix: str | os.PathLike, deep: bool = False, recorded: Recorded | None = None) -> str | None:
+    """URI of the newest good checkpoint under `prefix` (None if there is none). With `recorded`,
+    only one the control plane recorded as good (a superseded attempt's commit never is)."""
+    for info in reversed(list_checkpoints(prefix, recorded)):
         if info.good and (not deep or verify(info.uri, deep=True).good):
             return info.uri
     return None
@@ -391,6 +473,7 @@ def gc(
     keep_every: int = 0,
     protect: Iterable[str | int] = (),
     dry_run: bool = False,
+    recorded: Recorded | None = None,
 ) -> list[str]:
     """Delete old checkpoints; returns the URIs deleted.
 
@@ -398,9 +481,9 @@ def gc(
     `keep_every` (0: none), anything in `protect` (URIs or steps), the newest good one
     (always), and everything newer than it (a save may be in progress there). Deleted:
     the other checkpoints older than the newest good one, including bad, corrupt and
-    incomplete ones.
+    incomplete ones (a superseded attempt's unrecorded commits, with `recorded`).
     """
-    infos = list_checkpoints(prefix)
+    infos = list_checkpoints(prefix, recorded)
     good = [i for i in infos if i.good]
     if not good:
         return []  # nothing known-good: deleting anything could lose the only resume point
@@ -414,14 +497,13 @@ def gc(
     store = _store(prefix)
     deleted = []
     for info in infos:
-        if info.step >= newest_good.step or info.uri in keep:
+        if info.ref.key >= newest_good.ref.key or info.uri in keep:
             continue
         if info.uri.rstrip("/") in protected or info.step in protected_steps:
             continue
         if not dry_run:
-            keys = list(store.list(info.uri.rsplit("/", 1)[-1]))
             # The manifest goes first: a half-deleted checkpoint must never look good.
-            keys.sort(key=lambda k: not k.endswith("/" + MANIFEST))
+            keys = sorted(info.keys, key=lambda k: not k.endswith("/" + MANIFEST))
             store.delete(keys[:1])
             _failpoint("gc.after_manifest_delete")
             store.delete(keys[1:])

@@ -1,16 +1,16 @@
 """Megatron-style data pipeline, numpy only (importable without torch).
 
-    IndexedDataset(prefix)                       # read prefix.bin/.idx (MMIDIDX format)
-    IndexedDatasetBuilder(bin_path, dtype)       # write one; finalize(idx_path)
-    GPTDataset(prefixes, seq_len, num_samples, seed=1234, cache_dir=None, weights=None)
-        [i] -> np.ndarray int64 of seq_len + 1 tokens
-    MegatronPretrainingSampler(total_samples, consumed_samples, micro_batch_size,
-                               data_parallel_rank, data_parallel_size, drop_last=True)
-        iter -> list[int] sample indices, one micro-batch per item
-    load_tokenizer(path) -> Tokenizer            # .encode .decode .vocab_size .eod_id
-    train_bpe(texts_or_files, vocab_size, out_path) -> Tokenizer (saved as tokenizer.json)
-    write_stdlib_corpus(out_jsonl, max_docs=None, max_bytes=None) -> Path
-    preprocess(input, json_key, tokenizer, output_prefix, workers, append_eod) -> dict
+IndexedDataset(prefix)                       # read prefix.bin/.idx (MMIDIDX format)
+IndexedDatasetBuilder(bin_path, dtype)       # write one; finalize(idx_path)
+GPTDataset(prefixes, seq_len, num_samples, seed=1234, cache_dir=None, weights=None)
+    [i] -> np.ndarray int64 of seq_len + 1 tokens
+MegatronPretrainingSampler(total_samples, consumed_samples, micro_batch_size,
+                           data_parallel_rank, data_parallel_size, drop_last=True)
+    iter -> list[int] sample indices, one micro-batch per item
+load_tokenizer(path) -> Tokenizer            # .encode .decode .vocab_size .eod_id
+train_bpe(texts_or_files, vocab_size, out_path) -> Tokenizer (saved as tokenizer.json)
+write_stdlib_corpus(out_jsonl, max_docs=None, max_bytes=None) -> Path
+preprocess(input, json_key, tokenizer, output_prefix, workers, append_eod) -> dict
 """
 
 from __future__ import annotations

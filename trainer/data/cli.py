@@ -22,9 +22,16 @@ def preprocess_command(
     tokenizer: Path = typer.Option(
         ..., "--tokenizer", help="tokenizer.json, or a directory / vocab.json with merges.txt beside it."
     ),
-    output_prefix: str = typer.Option(..., "--output-prefix", help="Writes PREFIX_<key>_document.bin/.idx."),
+    output_prefix: str = typer.Option(
+        ...,
+        "--output-prefix",
+        help="Writes PREFIX_<key>_document.bin/.idx; an s3://bucket/path prefix streams them to S3 "
+        "(parallel multipart upload, nothing staged on disk).",
+    ),
     workers: int = typer.Option(1, "--workers", min=1, help="Tokenizer processes."),
-    append_eod: bool = typer.Option(False, "--append-eod/--no-append-eod", help="End every document with <|endoftext|>."),
+    append_eod: bool = typer.Option(
+        False, "--append-eod/--no-append-eod", help="End every document with <|endoftext|>."
+    ),
     chunksize: int = typer.Option(32, "--chunksize", min=1, help="Documents per task sent to a worker."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on stderr."),
 ) -> None:

@@ -35,9 +35,7 @@ def iter_stdlib_sources() -> Iterator[tuple[str, str]]:
             yield path.relative_to(root).as_posix(), text
 
 
-def write_stdlib_corpus(
-    out_jsonl: str | Path, max_docs: int | None = None, max_bytes: int | None = None
-) -> Path:
+def write_stdlib_corpus(out_jsonl: str | Path, max_docs: int | None = None, max_bytes: int | None = None) -> Path:
     """Write one `{"text": ...}` line per stdlib .py file to `out_jsonl`; return its path.
 
     `max_docs` caps the number of files, `max_bytes` the UTF-8 size of their texts (the file

@@ -26,13 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.indexed import IndexedDataset
+from trainer.data.indexed import _Sequences
+from trainer.data.s3_indexed import open_indexed
 
 _INDEX_VERSION = "aerie-gpt-v1"  # bump when the index algorithm changes, to invalidate caches
 _SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 
 
-def build_document_index(num_documents: int, num_epochs: int, rng: np.random.RandomState, separate_final_epoch: bool) -> np.ndarray:
+def build_document_index(
+    num_documents: int, num_epochs: int, rng: np.random.RandomState, separate_final_epoch: bool
+) -> np.ndarray:
     """Document ids repeated `num_epochs` times and shuffled (Megatron's _build_document_index)."""
     if not separate_final_epoch or num_epochs == 1:
         index = np.tile(np.arange(num_documents, dtype=np.int32), num_epochs)
@@ -120,7 +123,7 @@ def _cached(cache_dir: Path | None, key: str, description: dict, build) -> dict[
     return arrays
 
 
-def _fingerprint(dataset: IndexedDataset) -> str:
+def _fingerprint(dataset: _Sequences) -> str:
     """Content key of a dataset: its sequence lengths and document boundaries, not its path."""
     h = hashlib.sha256()
     h.update(np.dtype(dataset.dtype).str.encode())
@@ -139,7 +142,7 @@ class _SingleGPTDataset:
     def __init__(self, prefix: str | Path, seq_len: int, num_samples: int, seed: int, cache_dir: Path | None) -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
-        self.dataset = IndexedDataset(prefix)
+        self.dataset = open_indexed(prefix)
         self.seq_len = seq_len
         self.num_samples = num_samples
         self.tokens_per_epoch = self.dataset.num_tokens
@@ -185,17 +188,27 @@ class _SingleGPTDataset:
     def __len__(self) -> int:
         return self.num_samples
 
-    def __getitem__(self, idx: int) -> np.ndarray:
+    def _pieces(self, idx: int) -> list[tuple[int, int, int | None]]:
+        """(sequence, token offset, length or None = to its end) of each piece of sample `idx`."""
         if not 0 <= idx < self.num_samples:
             raise IndexError(f"sample {idx} out of range ({self.num_samples} samples)")
         i = int(self.shuffle_index[idx])
         (beg, beg_offset), (end, end_offset) = self.sample_index[i], self.sample_index[i + 1]
         beg, beg_offset, end, end_offset = int(beg), int(beg_offset), int(end), int(end_offset)
-        parts = []
+        pieces = []
         for pos in range(beg, end + 1):
             offset = beg_offset if pos == beg else 0
             length = end_offset + 1 - offset if pos == end else None
-            parts.append(self.dataset.get(int(self.document_index[pos]), offset=offset, length=length))
+            pieces.append((int(self.document_index[pos]), offset, length))
+        return pieces
+
+    def byte_ranges(self, idx: int) -> list[tuple[object, int, int]]:
+        """(indexed dataset, start, end) of the .bin bytes sample `idx` reads (for a read-ahead)."""
+        ds = self.dataset
+        return [(ds, *ds.byte_range(seq, offset, length)) for seq, offset, length in self._pieces(idx)]
+
+    def __getitem__(self, idx: int) -> np.ndarray:
+        parts = [self.dataset.get(seq, offset=offset, length=length) for seq, offset, length in self._pieces(idx)]
         return np.concatenate(parts).astype(np.int64, copy=False)
 
 
@@ -238,7 +251,7 @@ class GPTDataset:
             return
 
         if weights is None:
-            weights = [IndexedDataset(p).num_tokens for p in prefixes]
+            weights = [open_indexed(p).num_tokens for p in prefixes]
         if len(weights) != len(prefixes):
             raise ValueError(f"{len(weights)} weights for {len(prefixes)} prefixes")
         if any(w <= 0 for w in weights):
@@ -267,10 +280,24 @@ class GPTDataset:
     def __len__(self) -> int:
         return self.num_samples
 
-    def __getitem__(self, idx: int) -> np.ndarray:
+    def _locate(self, idx: int) -> tuple[_SingleGPTDataset, int]:
         idx = int(idx)
         if not 0 <= idx < self.num_samples:
             raise IndexError(f"sample {idx} out of range ({self.num_samples} samples)")
         if self.dataset_index is None:
-            return self.datasets[0][idx]
-        return self.datasets[int(self.dataset_index[idx])][int(self.dataset_sample_index[idx])]
+            return self.datasets[0], idx
+        return self.datasets[int(self.dataset_index[idx])], int(self.dataset_sample_index[idx])
+
+    def __getitem__(self, idx: int) -> np.ndarray:
+        dataset, i = self._locate(idx)
+        return dataset[i]
+
+    def byte_ranges(self, idx: int) -> list[tuple[object, int, int]]:
+        """(indexed dataset, start, end) of every .bin byte range sample `idx` reads."""
+        dataset, i = self._locate(idx)
+        return dataset.byte_ranges(i)
+
+    @property
+    def streaming(self) -> bool:
+        """True when a dataset reads from S3 (FastFile): batches should come through a read-ahead."""
+        return any(getattr(d.dataset, "streaming", False) for d in self.datasets)

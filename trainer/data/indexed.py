@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -62,36 +63,72 @@ def _dtype_code(dtype) -> int:
 
 
 def write_index(
-    path: str | Path, dtype, sequence_lengths: Sequence[int] | np.ndarray, document_indices: Sequence[int] | np.ndarray
+    path: str | Path | BinaryIO,
+    dtype,
+    sequence_lengths: Sequence[int] | np.ndarray,
+    document_indices: Sequence[int] | np.ndarray,
 ) -> None:
-    """Write an .idx file for sequences of `sequence_lengths` tokens stored back to back."""
+    """Write an .idx file (a path, or any binary stream) for sequences of `sequence_lengths`
+    tokens stored back to back."""
+    if not isinstance(path, (str, Path)):
+        _write_index(path, dtype, sequence_lengths, document_indices)
+        return
+    with open(path, "wb") as f:
+        _write_index(f, dtype, sequence_lengths, document_indices)
+
+
+def _write_index(f: BinaryIO, dtype, sequence_lengths, document_indices) -> None:
     lengths = np.asarray(sequence_lengths, dtype=np.int32)
     itemsize = np.dtype(dtype).itemsize
     pointers = np.zeros(len(lengths), dtype=np.int64)
     if len(lengths) > 1:
         np.cumsum(lengths[:-1].astype(np.int64) * itemsize, out=pointers[1:])
     docs = np.asarray(document_indices, dtype=np.int64)
-    with open(path, "wb") as f:
-        f.write(INDEX_HEADER)
-        f.write(struct.pack("<Q", INDEX_VERSION))
-        f.write(struct.pack("<B", _dtype_code(dtype)))
-        f.write(struct.pack("<Q", len(lengths)))
-        f.write(struct.pack("<Q", len(docs)))
-        f.write(lengths.tobytes(order="C"))
-        f.write(pointers.tobytes(order="C"))
-        f.write(docs.tobytes(order="C"))
+    f.write(INDEX_HEADER)
+    f.write(struct.pack("<Q", INDEX_VERSION))
+    f.write(struct.pack("<B", _dtype_code(dtype)))
+    f.write(struct.pack("<Q", len(lengths)))
+    f.write(struct.pack("<Q", len(docs)))
+    f.write(lengths.tobytes(order="C"))
+    f.write(pointers.tobytes(order="C"))
+    f.write(docs.tobytes(order="C"))
+
+
+def parse_index(buffer, name: str) -> tuple[type, np.ndarray, np.ndarray, np.ndarray]:
+    """(dtype, sequence lengths, sequence pointers, document indices) of an .idx held in
+    `buffer` (a memory map or bytes: the arrays are views of it, nothing is copied)."""
+    header = bytes(memoryview(buffer)[:_HEADER_SIZE])
+    if len(header) < _HEADER_SIZE or header[: len(INDEX_HEADER)] != INDEX_HEADER:
+        raise ValueError(f"{name} is not a Megatron MMIDIDX index (bad header)")
+    version, code, seq_count, doc_count = struct.unpack("<QBQQ", header[len(INDEX_HEADER) :])
+    if version != INDEX_VERSION:
+        raise ValueError(f"{name}: index version {version}, only {INDEX_VERSION} is supported")
+    if code not in _CODE_DTYPES:
+        raise ValueError(f"{name}: unknown dtype code {code}")
+    offset = _HEADER_SIZE
+    lengths = np.frombuffer(buffer, np.int32, seq_count, offset)
+    offset += lengths.nbytes
+    pointers = np.frombuffer(buffer, np.int64, seq_count, offset)
+    offset += pointers.nbytes
+    docs = np.frombuffer(buffer, np.int64, doc_count, offset)
+    if doc_count == 0 or docs[-1] != seq_count:
+        raise ValueError(f"{name}: document indices do not end at the sequence count {seq_count}")
+    return _CODE_DTYPES[code], lengths, pointers, docs
 
 
 class IndexedDatasetBuilder:
     """Appends token sequences to a .bin file and writes the matching .idx on `finalize`.
 
     Same API as Megatron's builder, but takes numpy arrays or lists instead of torch tensors.
+    `bin_path` may also be an open binary stream (e.g. `aerie_s3.upload.StreamingUpload`, which
+    sends the tokens straight to S3), and so may `finalize`'s `idx_path`.
     """
 
-    def __init__(self, bin_path: str | Path, dtype=np.int32) -> None:
+    def __init__(self, bin_path: str | Path | BinaryIO, dtype=np.int32) -> None:
         self.dtype = np.dtype(dtype).type
         _dtype_code(self.dtype)
-        self.data_file = open(bin_path, "wb")
+        self.bin_path = bin_path if isinstance(bin_path, (str, Path)) else None
+        self.data_file = open(bin_path, "wb") if self.bin_path is not None else bin_path
         self.sequence_lengths: list[int] = []
         self.document_indices: list[int] = [0]
 
@@ -125,52 +162,30 @@ class IndexedDatasetBuilder:
             while chunk := f.read(1 << 24):
                 self.data_file.write(chunk)
 
-    def finalize(self, idx_path: str | Path) -> None:
-        self.data_file.close()
+    def finalize(self, idx_path: str | Path | BinaryIO) -> None:
+        self.data_file.close()  # for a stream to S3: the .bin upload completes here, before the .idx
         write_index(idx_path, self.dtype, self.sequence_lengths, self.document_indices)
 
+    def abort(self) -> None:
+        """Leave nothing behind: the .bin written so far is deleted (or its upload aborted)."""
+        if self.bin_path is not None:
+            self.data_file.close()
+            Path(self.bin_path).unlink(missing_ok=True)
+        elif hasattr(self.data_file, "abort"):
+            self.data_file.abort()
+        else:
+            self.data_file.close()
 
-class IndexedDataset:
-    """Memory-mapped reader of a `prefix.bin` / `prefix.idx` pair; item i is sequence i's tokens."""
 
-    def __init__(self, path_prefix: str | Path) -> None:
-        self.path_prefix = str(path_prefix)
-        ipath, bpath = idx_path(path_prefix), bin_path(path_prefix)
-        for p in (ipath, bpath):
-            if not Path(p).is_file():
-                raise FileNotFoundError(f"indexed dataset file not found: {p}")
-        with open(ipath, "rb") as f:
-            header = f.read(_HEADER_SIZE)
-        if len(header) < _HEADER_SIZE or header[: len(INDEX_HEADER)] != INDEX_HEADER:
-            raise ValueError(f"{ipath} is not a Megatron MMIDIDX index (bad header)")
-        version, code, seq_count, doc_count = struct.unpack("<QBQQ", header[len(INDEX_HEADER) :])
-        if version != INDEX_VERSION:
-            raise ValueError(f"{ipath}: index version {version}, only {INDEX_VERSION} is supported")
-        if code not in _CODE_DTYPES:
-            raise ValueError(f"{ipath}: unknown dtype code {code}")
-        self.dtype = _CODE_DTYPES[code]
-        self._itemsize = np.dtype(self.dtype).itemsize
+class _Sequences:
+    """What an indexed dataset is without its token bytes: the index arrays and item access.
+    Subclasses say where `get` reads tokens from (a memory map, or S3 ranges)."""
 
-        self._idx_mmap = np.memmap(ipath, mode="r", dtype=np.uint8)
-        offset = _HEADER_SIZE
-        self.sequence_lengths = np.frombuffer(self._idx_mmap, np.int32, seq_count, offset)
-        offset += self.sequence_lengths.nbytes
-        self.sequence_pointers = np.frombuffer(self._idx_mmap, np.int64, seq_count, offset)
-        offset += self.sequence_pointers.nbytes
-        self.document_indices = np.frombuffer(self._idx_mmap, np.int64, doc_count, offset)
-        if doc_count == 0 or self.document_indices[-1] != seq_count:
-            raise ValueError(f"{ipath}: document indices do not end at the sequence count {seq_count}")
-        # An empty .bin cannot be memory-mapped; nothing can be read from it anyway.
-        self._bin = (
-            np.memmap(bpath, mode="r", dtype=np.uint8) if Path(bpath).stat().st_size else np.zeros(0, np.uint8)
-        )
-
-    def __getstate__(self) -> dict:
-        # Pickled (e.g. into DataLoader workers) as its path, not as a copy of the mapped files.
-        return {"path_prefix": self.path_prefix}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path_prefix"])
+    path_prefix: str
+    dtype: type
+    sequence_lengths: np.ndarray
+    sequence_pointers: np.ndarray
+    document_indices: np.ndarray
 
     def __len__(self) -> int:
         return len(self.sequence_lengths)
@@ -183,15 +198,19 @@ class IndexedDataset:
     def num_tokens(self) -> int:
         return int(self.sequence_lengths.sum(dtype=np.int64))
 
-    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
-        """Tokens `offset:offset+length` of sequence `idx` (a read-only view of the mapped file)."""
+    def byte_range(self, idx: int, offset: int = 0, length: int | None = None) -> tuple[int, int]:
+        """[start, end) in the .bin of tokens `offset:offset+length` of sequence `idx`."""
         pointer = int(self.sequence_pointers[idx])
         seq_len = int(self.sequence_lengths[idx])
         if length is None:
             length = seq_len - offset
         if offset < 0 or length < 0 or offset + length > seq_len:
             raise IndexError(f"[{offset}:{offset + length}] out of sequence {idx} of length {seq_len}")
-        return np.frombuffer(self._bin, self.dtype, length, pointer + offset * self._itemsize)
+        itemsize = np.dtype(self.dtype).itemsize
+        return pointer + offset * itemsize, pointer + (offset + length) * itemsize
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        raise NotImplementedError
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):
@@ -206,6 +225,36 @@ class IndexedDataset:
                 raise IndexError(f"sequence {idx} out of range ({len(self)} sequences)")
             return self.get(int(idx))
         raise TypeError(f"unexpected index type {type(idx)}")
+
+
+class IndexedDataset(_Sequences):
+    """Memory-mapped reader of a `prefix.bin` / `prefix.idx` pair; item i is sequence i's tokens."""
+
+    def __init__(self, path_prefix: str | Path) -> None:
+        self.path_prefix = str(path_prefix)
+        ipath, bpath = idx_path(path_prefix), bin_path(path_prefix)
+        for p in (ipath, bpath):
+            if not Path(p).is_file():
+                raise FileNotFoundError(f"indexed dataset file not found: {p}")
+        self._idx_mmap = np.memmap(ipath, mode="r", dtype=np.uint8)
+        self.dtype, self.sequence_lengths, self.sequence_pointers, self.document_indices = parse_index(
+            self._idx_mmap, ipath
+        )
+        self._itemsize = np.dtype(self.dtype).itemsize
+        # An empty .bin cannot be memory-mapped; nothing can be read from it anyway.
+        self._bin = np.memmap(bpath, mode="r", dtype=np.uint8) if Path(bpath).stat().st_size else np.zeros(0, np.uint8)
+
+    def __getstate__(self) -> dict:
+        # Pickled (e.g. into DataLoader workers) as its path, not as a copy of the mapped files.
+        return {"path_prefix": self.path_prefix}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path_prefix"])
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens `offset:offset+length` of sequence `idx` (a read-only view of the mapped file)."""
+        start, end = self.byte_range(idx, offset, length)
+        return np.frombuffer(self._bin, self.dtype, (end - start) // self._itemsize, start)
 
     @staticmethod
     def exists(path_prefix: str | Path) -> bool:

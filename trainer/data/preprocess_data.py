@@ -7,6 +7,10 @@ Mirrors Megatron-LM's tools/preprocess_data.py: one document per line, the text 
 `json_key`, one sequence per document (plus `<|endoftext|>` with `append_eod`), written to
 `{output_prefix}_{json_key}_document.bin/.idx` with the smallest dtype the vocabulary fits in.
 The main process reads lines and writes tokens in input order; workers parse and tokenize.
+
+An `s3://` output prefix streams the tokens straight to S3 (`aerie_s3.upload.StreamingUpload`: a
+parallel multipart upload, nothing staged on disk); the `.idx` is uploaded after the `.bin` has
+completed, and a failure aborts the upload, so a dataset whose `.idx` exists is whole.
 """
 
 from __future__ import annotations
@@ -94,6 +98,19 @@ def _check_first_line(path: Path, json_key: str) -> None:
     raise PreprocessError(f"{path} holds no documents", "--input")
 
 
+def _check_bucket(uri: str) -> None:
+    """Fail before tokenizing anything when the output bucket cannot be written."""
+    from aerie_s3.clients import boto3_client
+    from aerie_s3.listing import describe_error
+    from aerie_s3.settings import parse_uri
+
+    bucket, _ = parse_uri(uri)
+    try:
+        boto3_client().head_bucket(Bucket=bucket)
+    except Exception as e:
+        raise OSError(f"bucket {bucket}: {describe_error(e)}") from None
+
+
 def preprocess(
     input: str | Path,
     json_key: str = "text",
@@ -123,18 +140,30 @@ def preprocess(
 
     dtype = best_dtype(tok.vocab_size)
     prefix = output_prefix_for(output_prefix, json_key)
+    to_s3 = str(prefix).startswith("s3://")
     try:
-        Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-        builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype)
-    except OSError as e:
+        if to_s3:
+            from aerie_s3.upload import StreamingUpload
+
+            _check_bucket(str(prefix))
+            builder = IndexedDatasetBuilder(StreamingUpload(f"{prefix}.bin"), dtype)
+        else:
+            Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+            builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype)
+    except (OSError, ValueError) as e:
         raise PreprocessError(f"cannot write {prefix}.bin: {e}", "--output-prefix") from None
     tokenizer_arg = tok.source if tok.source is not None else tokenizer
 
     from tqdm import tqdm  # only needed here; keeps `import trainer.data` light
 
     bar = tqdm(
-        total=input_path.stat().st_size, unit="B", unit_scale=True, desc=f"tokenize {input_path.name}",
-        file=sys.stderr, disable=not progress, mininterval=0.5,
+        total=input_path.stat().st_size,
+        unit="B",
+        unit_scale=True,
+        desc=f"tokenize {input_path.name}",
+        file=sys.stderr,
+        disable=not progress,
+        mininterval=0.5,
     )
     docs = tokens = 0
     start = time.perf_counter()
@@ -151,29 +180,39 @@ def preprocess(
             ctx.set_forkserver_preload(["trainer.data.preprocess_data"])
             pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_arg, json_key, append_eod, dtype))
             results = pool.imap(_encode_line, lines, chunksize=chunksize)
-        for lineno, ids, error in results:
+        for _lineno, ids, error in results:
             if error is not None:
                 raise PreprocessError(f"{input_path} {error}", "--input")
             # Megatron: an empty document is recorded with no sequence at all.
             builder.add_document(ids, [len(ids)] if len(ids) else [])
             docs += 1
             tokens += len(ids)
+    except OSError as e:  # the output (a disk, an upload) failed
+        builder.abort()
+        raise PreprocessError(f"cannot write {prefix}.bin: {e}", "--output-prefix") from None
     except BaseException:
-        builder.data_file.close()
-        Path(f"{prefix}.bin").unlink(missing_ok=True)  # no half-written dataset left behind
+        builder.abort()  # no half-written dataset left behind (an upload is aborted)
         raise
     finally:
         if pool is not None:
             pool.terminate()
             pool.join()
         bar.close()
-    builder.finalize(f"{prefix}.idx")
+    try:
+        if to_s3:
+            with StreamingUpload(f"{prefix}.idx") as idx:
+                builder.finalize(idx)
+        else:
+            builder.finalize(f"{prefix}.idx")
+    except OSError as e:
+        raise PreprocessError(f"cannot write {prefix}: {e}", "--output-prefix") from None
     seconds = time.perf_counter() - start
     return {
         "output_prefix": prefix,
         "docs": docs,
         "tokens": tokens,
         "bytes": input_path.stat().st_size,
+        "output_bytes": tokens * np.dtype(dtype).itemsize,
         "dtype": np.dtype(dtype).name,
         "vocab_size": tok.vocab_size,
         "workers": workers,

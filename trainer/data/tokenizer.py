@@ -26,9 +26,7 @@ class Tokenizer:
     def __init__(self, hf: _HFTokenizer, source: str | Path | tuple[str, str] | None = None) -> None:
         self.hf = hf
         self.source = source
-        self.eod_id: int | None = next(
-            (i for i in (hf.token_to_id(t) for t in _EOD_CANDIDATES) if i is not None), None
-        )
+        self.eod_id: int | None = next((i for i in (hf.token_to_id(t) for t in _EOD_CANDIDATES) if i is not None), None)
         self.pad_id: int | None = hf.token_to_id(PAD_TOKEN)
 
     @property

@@ -28,12 +28,18 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
-    "ModelConfig", "PRESETS", "PUBLISHED_PARAMS", "get_preset", "build_model",
-    "num_params", "num_matmul_params", "flops_per_token",
+    "PRESETS",
+    "PUBLISHED_PARAMS",
+    "ModelConfig",
+    "build_model",
+    "flops_per_token",
+    "get_preset",
+    "num_matmul_params",
+    "num_params",
 ]
 
 
-def build_model(cfg: ModelConfig) -> "nn.Module":
+def build_model(cfg: ModelConfig) -> nn.Module:
     """The model for `cfg.family`, with weights initialised (`init_std`, seed from torch's RNG)."""
     if cfg.family == "gpt_neox":
         from trainer.models.gpt_neox import GPTNeoX

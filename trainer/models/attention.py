@@ -34,7 +34,10 @@ class Attention(nn.Module):
         # SDPA wants [B, heads, T, head_dim]; its fused kernels take the transposed views as they
         # are, and its output is laid out as [B, T, heads, head_dim], so the reshape is a view.
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            is_causal=True, enable_gqa=kv_heads != heads,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            enable_gqa=kv_heads != heads,
         )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, self.q_size))

@@ -64,7 +64,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Builds a config from a dict; unknown keys are an error so typos in a job spec surface."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
@@ -72,5 +72,5 @@ class ModelConfig:
             raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
         return cls(**d)
 
-    def replace(self, **overrides: Any) -> "ModelConfig":
+    def replace(self, **overrides: Any) -> ModelConfig:
         return dataclasses.replace(self, **overrides)

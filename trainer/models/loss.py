@@ -8,9 +8,9 @@ so the logits of one chunk are all that ever exist and they stay in cache. The g
 hidden states and the weight are kept for backward.
 
 Per chunk, the [chunk, vocab] logits see: the matmul that writes them, one `log_softmax` (its
-fused kernel, into a buffer reused by every chunk), one `exp_` (log-probabilities -> softmax, in place) and the two matmuls
-that read them; the per-token scale of the mean (1/count, 0 for ignored labels) is applied to the
-[chunk, hidden] side instead of the [chunk, vocab] side. Same maths as
+fused kernel, into a buffer reused by every chunk), one `exp_` (log-probabilities -> softmax, in
+place) and the two matmuls that read them; the per-token scale of the mean (1/count, 0 for
+ignored labels) is applied to the [chunk, hidden] side instead of the [chunk, vocab] side. Same maths as
 `F.cross_entropy(F.linear(h, w).float(), labels)` (mean over non-ignored labels).
 Without grad (evaluation) only the loss is computed.
 """
@@ -102,12 +102,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), None, None, None
+        return (
+            grad_hidden * grad_loss.to(grad_hidden.dtype),
+            grad_weight * grad_loss.to(grad_weight.dtype),
+            None,
+            None,
+            None,
+        )
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-    chunk_size: int | None = None, ignore_index: int = IGNORE_INDEX,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int | None = None,
+    ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Mean cross-entropy of `hidden [N, d] @ weight[V, d].T` against `labels [N]` (float32 scalar)."""
     chunk_size = chunk_size or default_chunk_size(hidden.shape[0], weight.shape[0])

@@ -4,7 +4,7 @@
 builds the same app in-process and checks the template.
 """
 
-from .stack import AerieStack
 from .settings import Settings
+from .stack import AerieStack
 
 __all__ = ["AerieStack", "Settings"]

@@ -1,10 +1,12 @@
 """Stage the handlers' Lambda code at synth time, in Python, without Docker.
 
 The asset is a directory holding:
-- `lambdas/` from the repo (the four handlers),
+- `lambdas/` from the repo (the handlers) and `aerie_contracts/` (the contracts they speak),
 - a skeleton `trainer/` with only `__init__.py` and `checkpoint/{__init__,manifest,s3io}.py`,
   the torch-free part the handlers may import (`manifest` uses `s3io`'s boto3 half; `s3io`
   imports its torch half lazily); the rest of `trainer/` needs torch and must not ship,
+- `aerie_s3/`, the torch-free S3 package `s3io` builds on (pure Python; the CRT client it can
+  use is imported only for data transfers, which the handlers never make),
 - the pure-Python third-party distributions the handlers use (`slack_sdk`, `httpx` and their
   requirements), copied file by file from the environment that runs the synth.
 
@@ -26,12 +28,15 @@ from packaging.utils import canonicalize_name
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # What the handlers import besides the standard library and boto3.
-HANDLER_DISTRIBUTIONS = ("slack_sdk", "httpx")
+HANDLER_DISTRIBUTIONS = ("slack_sdk", "httpx", "croniter")
 
 # Provided by the AWS Lambda Python runtime.
 RUNTIME_PROVIDED = frozenset(
     canonicalize_name(n) for n in ("boto3", "botocore", "s3transfer", "jmespath", "python-dateutil", "urllib3", "six")
 )
+
+# Copied whole: the handlers and the standard-library contracts module they import.
+HANDLER_PACKAGES = ("lambdas", "aerie_contracts")
 
 TRAINER_FILES = (
     "trainer/__init__.py",
@@ -39,6 +44,8 @@ TRAINER_FILES = (
     "trainer/checkpoint/manifest.py",
     "trainer/checkpoint/s3io.py",
 )
+# Whole first-party packages the files above import (pure Python, torch-free).
+SHARED_PACKAGES = ("aerie_s3",)
 
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
 
@@ -100,11 +107,12 @@ def stage_handler_bundle(dest: Path, python_version: str = "3.12", repo_root: Pa
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    shutil.copytree(
-        repo_root / "lambdas",
-        dest / "lambdas",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests", "fixtures"),
-    )
+    for package in HANDLER_PACKAGES:
+        shutil.copytree(
+            repo_root / package,
+            dest / package,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests", "fixtures"),
+        )
     for rel in TRAINER_FILES:
         source = repo_root / rel
         target = dest / rel
@@ -114,6 +122,8 @@ def stage_handler_bundle(dest: Path, python_version: str = "3.12", repo_root: Pa
         elif rel.endswith("__init__.py"):
             target.write_text("")
         # A missing manifest.py is left missing: the handlers that import it fail their own tests.
+    for package in SHARED_PACKAGES:
+        shutil.copytree(repo_root / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in requirement_closure(HANDLER_DISTRIBUTIONS, python_version):
         _copy_distribution(name, dest)
     return dest

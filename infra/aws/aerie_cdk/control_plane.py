@@ -18,16 +18,38 @@ from aws_cdk import (
     Duration,
     RemovalPolicy,
     Stack,
+)
+from aws_cdk import (
     aws_certificatemanager as acm,
+)
+from aws_cdk import (
     aws_ec2 as ec2,
+)
+from aws_cdk import (
     aws_ecr as ecr,
+)
+from aws_cdk import (
     aws_ecs as ecs,
+)
+from aws_cdk import (
     aws_ecs_patterns as ecs_patterns,
+)
+from aws_cdk import (
     aws_elasticloadbalancingv2 as elbv2,
+)
+from aws_cdk import (
     aws_events as events,
+)
+from aws_cdk import (
     aws_iam as iam,
+)
+from aws_cdk import (
     aws_logs as logs,
+)
+from aws_cdk import (
     aws_rds as rds,
+)
+from aws_cdk import (
     aws_secretsmanager as secretsmanager,
 )
 from constructs import Construct
@@ -169,7 +191,8 @@ class ControlPlane(Construct):
         checkpoints: CheckpointBucket,
         sagemaker_role: iam.IRole,
     ) -> None:
-        """What `aerie up` calls: its event bus, SageMaker training jobs, the checkpoint prefix (read), training logs."""
+        """What `aerie up` calls: its event bus, SageMaker training jobs, the checkpoint prefix (read),
+        training logs."""
         event_bus.grant_put_events_to(role)
         checkpoints.grant(role)
         training_jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")

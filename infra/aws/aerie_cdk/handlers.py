@@ -18,31 +18,57 @@ from dataclasses import dataclass
 from aws_cdk import (
     Duration,
     RemovalPolicy,
+)
+from aws_cdk import (
     aws_apigatewayv2 as apigwv2,
+)
+from aws_cdk import (
     aws_apigatewayv2_integrations as integrations,
+)
+from aws_cdk import (
     aws_events as events,
+)
+from aws_cdk import (
     aws_events_targets as targets,
+)
+from aws_cdk import (
     aws_iam as iam,
+)
+from aws_cdk import (
     aws_lambda as lambda_,
+)
+from aws_cdk import (
     aws_lambda_destinations as destinations,
+)
+from aws_cdk import (
     aws_logs as logs,
+)
+from aws_cdk import (
     aws_secretsmanager as secretsmanager,
+)
+from aws_cdk import (
     aws_sqs as sqs,
 )
 from constructs import Construct
 
+from aerie_contracts import events as contract_events
+
 from .storage import CheckpointBucket
 
-AERIE_SOURCE = "aerie.orchestrator"
-ATTEMPT_FAILED = events.EventPattern(
-    source=[AERIE_SOURCE], detail_type=["Aerie Attempt State Change"], detail={"state": ["Failed"]}
-)
-CHECKPOINT_COMMITTED = events.EventPattern(source=[AERIE_SOURCE], detail_type=["Aerie Checkpoint Committed"])
-SAGEMAKER_JOB_ENDED = events.EventPattern(
-    source=["aws.sagemaker"],
-    detail_type=["SageMaker Training Job State Change"],
-    detail={"TrainingJobStatus": ["Failed", "Stopped", "Completed"]},
-)
+
+def event_pattern(pattern: dict) -> events.EventPattern:
+    """A CDK EventPattern from an EventBridge pattern (JSON keys) defined in aerie_contracts."""
+    return events.EventPattern(
+        source=pattern["source"], detail_type=pattern["detail-type"], detail=pattern.get("detail")
+    )
+
+
+# What the control plane publishes (orchestrator/eventbus.py) and what these rules filter on
+# come from one definition.
+AERIE_SOURCE = contract_events.SOURCE
+ATTEMPT_FAILED = event_pattern(contract_events.ATTEMPT_FAILED_PATTERN)
+CHECKPOINT_COMMITTED = event_pattern(contract_events.CHECKPOINT_COMMITTED_PATTERN)
+SAGEMAKER_JOB_ENDED = event_pattern(contract_events.SAGEMAKER_JOB_ENDED_PATTERN)
 SLACK_ROUTE = "/v1/slack/interactions"
 
 
@@ -93,16 +119,26 @@ class Handlers(Construct):
         target_options = dict(dead_letter_queue=self.dead_letters, retry_attempts=8, max_event_age=Duration.hours(6))
         chain_restart = targets.LambdaFunction(self.functions["chain_restart"], **target_options)
         events.Rule(
-            self, "AttemptFailed", event_bus=aerie_bus, event_pattern=ATTEMPT_FAILED, targets=[chain_restart],
+            self,
+            "AttemptFailed",
+            event_bus=aerie_bus,
+            event_pattern=ATTEMPT_FAILED,
+            targets=[chain_restart],
             description="Failed Aerie attempts -> chain_restart",
         )
         # SageMaker publishes only to the account's default bus.
         events.Rule(
-            self, "SageMakerTrainingJobEnded", event_pattern=SAGEMAKER_JOB_ENDED, targets=[chain_restart],
+            self,
+            "SageMakerTrainingJobEnded",
+            event_pattern=SAGEMAKER_JOB_ENDED,
+            targets=[chain_restart],
             description="SageMaker training jobs that ended -> chain_restart (it ignores jobs Aerie did not start)",
         )
         events.Rule(
-            self, "CheckpointCommitted", event_bus=aerie_bus, event_pattern=CHECKPOINT_COMMITTED,
+            self,
+            "CheckpointCommitted",
+            event_bus=aerie_bus,
+            event_pattern=CHECKPOINT_COMMITTED,
             targets=[
                 targets.LambdaFunction(self.functions["checkpoint_gc"], **target_options),
                 targets.LambdaFunction(self.functions["eval_dispatch"], **target_options),
@@ -112,7 +148,11 @@ class Handlers(Construct):
 
         self.slack_api = apigwv2.HttpApi(self, "SlackApi", api_name=f"{name}-slack", create_default_stage=False)
         apigwv2.HttpStage(
-            self, "SlackApiStage", http_api=self.slack_api, stage_name="$default", auto_deploy=True,
+            self,
+            "SlackApiStage",
+            http_api=self.slack_api,
+            stage_name="$default",
+            auto_deploy=True,
             throttle=apigwv2.ThrottleSettings(rate_limit=50, burst_limit=100),
         )
         self.slack_api.add_routes(
@@ -167,7 +207,5 @@ class Handlers(Construct):
             memory_size=spec.memory_mb,
             environment=environment,
         )
-        function.configure_async_invoke(
-            retry_attempts=2, on_failure=destinations.SqsDestination(self.dead_letters)
-        )
+        function.configure_async_invoke(retry_attempts=2, on_failure=destinations.SqsDestination(self.dead_letters))
         return function

@@ -64,7 +64,7 @@ class Settings:
     retain_data: bool = True
 
     @classmethod
-    def from_context(cls, node: Node) -> "Settings":
+    def from_context(cls, node: Node) -> Settings:
         known = {PREFIX + _camel(f.name) for f in fields(cls)}
         unknown = sorted(k for k in node.get_all_context() if k.startswith(PREFIX) and k not in known)
         if unknown:  # a typo would otherwise deploy the default silently

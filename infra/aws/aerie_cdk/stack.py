@@ -13,10 +13,20 @@ from aws_cdk import (
     CfnOutput,
     Duration,
     Stack,
+)
+from aws_cdk import (
     aws_ec2 as ec2,
+)
+from aws_cdk import (
     aws_ecr as ecr,
+)
+from aws_cdk import (
     aws_events as events,
+)
+from aws_cdk import (
     aws_lambda as lambda_,
+)
+from aws_cdk import (
     aws_secretsmanager as secretsmanager,
 )
 from constructs import Construct
@@ -77,7 +87,9 @@ class AerieStack(Stack):
                 "".join(part.title() for part in key.split("_")),
                 secret_name=f"{settings.name}/{key.replace('_', '-')}",
                 description=description,
-                generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=48),
+                generate_secret_string=secretsmanager.SecretStringGenerator(
+                    exclude_punctuation=True, password_length=48
+                ),
             )
             for key, description in SECRETS.items()
         }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy, aws_iam as iam, aws_s3 as s3
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 READ_ACTIONS = ("s3:GetObject", "s3:GetObjectAttributes")
@@ -22,9 +24,13 @@ class CheckpointBucket(Construct):
     def __init__(self, scope: Construct, cid: str, *, prefix: str, expire_days: int, retain: bool) -> None:
         super().__init__(scope, cid)
         self.prefix = prefix
-        rules = [s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(1))]
+        rules = [
+            s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(1))
+        ]
         if expire_days > 0:
-            rules.append(s3.LifecycleRule(id="expire-checkpoints", prefix=prefix, expiration=Duration.days(expire_days)))
+            rules.append(
+                s3.LifecycleRule(id="expire-checkpoints", prefix=prefix, expiration=Duration.days(expire_days))
+            )
         self.bucket = s3.Bucket(
             self,
             "Bucket",

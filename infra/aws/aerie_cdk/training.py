@@ -7,7 +7,9 @@ training-job log group. No managed policy: AmazonSageMakerFullAccess would give 
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Stack, aws_ecr as ecr, aws_iam as iam
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from .storage import CheckpointBucket
@@ -25,7 +27,9 @@ def training_log_group_arn(stack: Stack, *, streams: bool) -> str:
 
 
 class SageMakerExecutionRole(Construct):
-    def __init__(self, scope: Construct, cid: str, *, checkpoints: CheckpointBucket, trainer_repository: ecr.IRepository) -> None:
+    def __init__(
+        self, scope: Construct, cid: str, *, checkpoints: CheckpointBucket, trainer_repository: ecr.IRepository
+    ) -> None:
         super().__init__(scope, cid)
         stack = Stack.of(self)
         self.role = iam.Role(
@@ -51,4 +55,3 @@ class SageMakerExecutionRole(Construct):
                 resources=[training_log_group_arn(stack, streams=True)],
             )
         )
-

@@ -23,6 +23,15 @@ CONF="$DIR/slurm.conf"
 export SLURM_CONF="$CONF"
 
 say() { echo "slurm-up: $*" >&2; }
+# Daemons must not inherit the caller's descriptors: started as `flock LOCK up.sh`, a daemon that
+# kept the lock's descriptor would hold the lock for as long as it runs.
+close_inherited_fds() {
+  local fd
+  for fd in /proc/$BASHPID/fd/*; do
+    fd="${fd##*/}"
+    case "$fd" in 0|1|2|255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+  done
+}
 die() { say "error: $*"; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (slurmd and munged need it)"
@@ -52,7 +61,7 @@ mkdir -p /run/munge /var/lib/munge /var/log/munge
 chown munge:munge /run/munge /var/lib/munge /var/log/munge
 if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   say "starting munged"
-  runuser -u munge -- /usr/sbin/munged --force
+  (close_inherited_fds; exec runuser -u munge -- /usr/sbin/munged --force)
   for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
   munge -n | unmunge >/dev/null || die "munged does not answer"
 fi
@@ -120,7 +129,7 @@ start() {  # start NAME CMD...: run a daemon in the foreground mode, detached, a
   say "starting $name"
   # From /: a daemon's working directory is inherited by every job step (slurmstepd), and the
   # caller's (a checkout in /tmp, say) may be deleted while the cluster keeps running.
-  (cd / && exec setsid "$@" >>"$DIR/log/$name.stdout" 2>&1 < /dev/null) &
+  (cd / && close_inherited_fds && exec setsid "$@" >>"$DIR/log/$name.stdout" 2>&1 < /dev/null) &
   echo $! > "$DIR/pids/$name.pid"
 }
 

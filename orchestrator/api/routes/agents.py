@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import Principal, agent_of, get_session
+from orchestrator.api.routes import checkpoints
 from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, MetricsIn, VerdictIn
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt
@@ -35,14 +36,19 @@ def store_heartbeat(state, attempt_id: str, host: str, summary: dict[str, Any]) 
 
 
 @router.post("/heartbeat", response_model=HeartbeatOut)
-async def heartbeat(request: Request, attempt_id: str, host: str,
-                    body: dict[str, Any] = Body(..., openapi_examples={"summary": {"value": {"t": 1.0, "last_step": 10}}}),
-                    who: Principal = Depends(agent_of)) -> HeartbeatOut:
+async def heartbeat(
+    request: Request,
+    attempt_id: str,
+    host: str,
+    body: dict[str, Any] = Body(..., openapi_examples={"summary": {"value": {"t": 1.0, "last_step": 10}}}),
+    who: Principal = Depends(agent_of),
+) -> HeartbeatOut:
     """Buffered: no transaction of its own (see orchestrator/heartbeats.py); async because the
     cached path does no I/O (a cache miss runs one short query)."""
     buffer = request.app.state.heartbeats
     info = buffer.cached_info(attempt_id) or await request.app.state.lookups.run(
-        ("attempt", attempt_id), buffer.attempt_info, attempt_id)
+        ("attempt", attempt_id), buffer.attempt_info, attempt_id
+    )
     if info is None or info.tenant != who.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
     store_heartbeat(request.app.state, attempt_id, host, body)
@@ -52,33 +58,53 @@ async def heartbeat(request: Request, attempt_id: str, host: str,
 
 
 @router.post("/verdicts", status_code=status.HTTP_201_CREATED)
-def verdict(attempt_id: str, host: str, body: VerdictIn, who: Principal = Depends(agent_of),
-            s: Session = Depends(get_session, scope="function")) -> dict:
+def verdict(
+    attempt_id: str,
+    host: str,
+    body: VerdictIn,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict:
     attempt = _attempt(s, who, attempt_id)
     repo.record_verdict(s, attempt, host, body.kind, body.message, body.evidence)
     return {"ok": True}
 
 
 @router.post("/exit")
-def node_exit(attempt_id: str, host: str, body: ExitIn, who: Principal = Depends(agent_of),
-              s: Session = Depends(get_session, scope="function")) -> dict:
+def node_exit(
+    attempt_id: str,
+    host: str,
+    body: ExitIn,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict:
     attempt = _attempt(s, who, attempt_id)
     row = repo.node(s, attempt, host)
     row.exit = {"exit_code": body.exit_code, "reason": body.reason, "t": body.t}
     return {"ok": True}
 
 
-@router.post("/checkpoints")
-def checkpoint(attempt_id: str, host: str, body: CheckpointIn, who: Principal = Depends(agent_of),
-               s: Session = Depends(get_session, scope="function")) -> dict:
-    attempt = _attempt(s, who, attempt_id)
-    created = repo.record_checkpoint(s, attempt, body.step, body.uri, body.meta)
-    return {"ok": True, "new": created is not None}
+@router.post("/checkpoints", responses=checkpoints.SUPERSEDED)
+def checkpoint(
+    attempt_id: str,
+    host: str,
+    body: CheckpointIn,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict:
+    """A `checkpoint_committed` line of the node's metrics stream: recorded (fenced) as the
+    trainer's own commit is (routes/checkpoints.py)."""
+    return checkpoints.record(s, _attempt(s, who, attempt_id), body)
 
 
 @router.post("/metrics")
-def metrics(attempt_id: str, host: str, body: MetricsIn, who: Principal = Depends(agent_of),
-            s: Session = Depends(get_session, scope="function")) -> dict:
+def metrics(
+    attempt_id: str,
+    host: str,
+    body: MetricsIn,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict:
     """Training-step records (rank 0) for the dashboard's curves; steps already stored are skipped."""
     attempt = _attempt(s, who, attempt_id)
     return {"ok": True, "new": repo.record_metrics(s, attempt, body.records)}

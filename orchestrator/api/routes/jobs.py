@@ -5,21 +5,38 @@ from __future__ import annotations
 import json
 import re
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import Principal, get_session, user, writer
+from orchestrator.api.routes.checkpoints import checkpoint_out
 from orchestrator.api.schemas import (
+    AUTH_ERRORS,
     MAX_DB_INT,
-    AUTH_ERRORS, ErrorOut,
-    AttemptOut, CheckpointOut, EventOut, FailIn, JobDetail, JobOut, LogsOut, NodeOut, RestartIn, VerdictOut,
+    AttemptOut,
+    BlameOut,
+    BlamesIn,
+    CheckpointOut,
+    ErrorOut,
+    EventOut,
+    FailIn,
+    JobDetail,
+    JobOut,
+    LogsOut,
+    NodeOut,
+    RestartIn,
+    VerdictOut,
 )
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt, Job
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses={**AUTH_ERRORS, 409: {"model": ErrorOut, "description": "Conflicts with the job's state"}})
+router = APIRouter(
+    prefix="/v1/jobs",
+    tags=["jobs"],
+    responses={**AUTH_ERRORS, 409: {"model": ErrorOut, "description": "Conflicts with the job's state"}},
+)
 
 
 def _job(s: Session, who: Principal, ref: str) -> Job:
@@ -30,9 +47,19 @@ def _job(s: Session, who: Principal, ref: str) -> Job:
 
 
 def job_out(job: Job, with_spec: bool = False) -> dict:
-    return dict(id=job.id, name=job.name, tenant=job.tenant, state=job.state, backend=job.backend,
-                reason=job.reason, created_at=job.created_at, updated_at=job.updated_at,
-                ended_at=job.ended_at, attempts=len(job.attempts), spec=job.spec if with_spec else None)
+    return dict(
+        id=job.id,
+        name=job.name,
+        tenant=job.tenant,
+        state=job.state,
+        backend=job.backend,
+        reason=job.reason,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        ended_at=job.ended_at,
+        attempts=len(job.attempts),
+        spec=job.spec if with_spec else None,
+    )
 
 
 def _step_of(uri: str | None) -> int | None:
@@ -50,14 +77,27 @@ def attempt_out(a: Attempt, previous: Attempt | None = None) -> AttemptOut:
     resumed = _step_of(a.resume_from)
     prev_last = _last_step(previous) if previous else None
     return AttemptOut(
-        id=a.id, number=a.number, state=a.state, reason=a.reason, exit_code=a.exit_code,
-        resume_from=a.resume_from, exclude_nodes=list(a.exclude_nodes or []), cause=a.cause,
-        last_step=_last_step(a), resumed_step=resumed,
+        id=a.id,
+        number=a.number,
+        state=a.state,
+        reason=a.reason,
+        exit_code=a.exit_code,
+        resume_from=a.resume_from,
+        exclude_nodes=list(a.exclude_nodes or []),
+        cause=a.cause,
+        last_step=_last_step(a),
+        resumed_step=resumed,
         steps_lost=(prev_last - (resumed or 0)) if previous and prev_last is not None else None,
-        time_to_resume_s=(a.started_at - previous.ended_at) if previous and a.started_at and previous.ended_at else None,
-        created_at=a.created_at, started_at=a.started_at, ended_at=a.ended_at,
-        nodes=[NodeOut(host=n.host, state=n.state, last_heartbeat_at=n.last_heartbeat_at,
-                       summary=n.summary, exit=n.exit) for n in a.nodes],
+        time_to_resume_s=(a.started_at - previous.ended_at)
+        if previous and a.started_at and previous.ended_at
+        else None,
+        created_at=a.created_at,
+        started_at=a.started_at,
+        ended_at=a.ended_at,
+        nodes=[
+            NodeOut(host=n.host, state=n.state, last_heartbeat_at=n.last_heartbeat_at, summary=n.summary, exit=n.exit)
+            for n in a.nodes
+        ],
     )
 
 
@@ -66,15 +106,22 @@ def attempts_out(job: Job) -> list[AttemptOut]:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
-def submit(spec: JobSpec, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> dict:
+def submit(
+    spec: JobSpec, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
+) -> dict:
     """Submit a job. The spec is validated whole: a 422 names every bad field."""
     job = repo.create_job(s, spec.model_dump(mode="json"), who.tenant)
     return job_out(job, with_spec=True)
 
 
 @router.get("", response_model=list[JobOut])
-def list_jobs(state: str | None = None, limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0, le=MAX_DB_INT),
-              who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[dict]:
+def list_jobs(
+    state: str | None = None,
+    limit: int = Query(100, ge=1, le=1000),
+    offset: int = Query(0, ge=0, le=MAX_DB_INT),
+    who: Principal = Depends(user),
+    s: Session = Depends(get_session, scope="function"),
+) -> list[dict]:
     return [job_out(j) for j in repo.list_jobs(s, who.tenant, state, limit, offset)]
 
 
@@ -85,9 +132,29 @@ def describe(job_ref: str, who: Principal = Depends(user), s: Session = Depends(
     return dict(
         **job_out(job, with_spec=True),
         attempt_list=attempts_out(job),
-        verdicts=[VerdictOut(attempt_id=v.attempt_id, host=v.host, kind=v.kind, message=v.message, t=v.t,
-                             evidence=v.evidence) for v in verdicts],
+        verdicts=[
+            VerdictOut(attempt_id=v.attempt_id, host=v.host, kind=v.kind, message=v.message, t=v.t, evidence=v.evidence)
+            for v in verdicts
+        ],
+        blames=blames_out(s, job),
     )
+
+
+def blames_out(s: Session, job: Job) -> list[BlameOut]:
+    return [
+        BlameOut(
+            attempt_id=b.attempt_id,
+            host=b.host,
+            kind=b.kind,
+            rule=b.rule,
+            why=b.why,
+            evidence=b.evidence or {},
+            created_at=b.created_at,
+            cleared_at=b.cleared_at,
+            cleared_by=b.cleared_by,
+        )
+        for b in repo.blames_of(s, job)
+    ]
 
 
 @router.post("/{job_ref}/stop", response_model=JobOut)
@@ -100,7 +167,9 @@ def stop(job_ref: str, who: Principal = Depends(writer), s: Session = Depends(ge
 
 
 @router.post("/{job_ref}/attempts", status_code=status.HTTP_201_CREATED, response_model=AttemptOut)
-def restart(job_ref: str, body: RestartIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> AttemptOut:
+def restart(
+    job_ref: str, body: RestartIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
+) -> AttemptOut:
     """Create attempt N+1 after attempt N failed (what chaining calls). 409 if it exists already:
     the store's (job, number) constraint makes a duplicated restart decision harmless."""
     job = _job(s, who, job_ref)
@@ -108,8 +177,9 @@ def restart(job_ref: str, body: RestartIn, who: Principal = Depends(writer), s: 
         raise HTTPException(status.HTTP_409_CONFLICT, f"job is {job.state}; nothing to restart")
     latest = job.attempts[-1] if job.attempts else None
     if latest is None or body.number != latest.number + 1 or latest.state != "Failed":
-        raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"attempt {body.number} can only follow a failed attempt {body.number - 1}")
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"attempt {body.number} can only follow a failed attempt {body.number - 1}"
+        )
     try:
         with s.begin_nested():
             attempt = repo.create_attempt(s, job, body.number, body.resume_from, body.exclude_nodes)
@@ -119,8 +189,31 @@ def restart(job_ref: str, body: RestartIn, who: Principal = Depends(writer), s: 
     return attempt_out(attempt)
 
 
+@router.post("/{job_ref}/attempts/{number}/blames", response_model=list[BlameOut])
+def blame(
+    job_ref: str,
+    body: BlamesIn,
+    number: int = Path(ge=1, le=MAX_DB_INT),
+    who: Principal = Depends(writer),
+    s: Session = Depends(get_session, scope="function"),
+) -> list[BlameOut]:
+    """Record the nodes chaining blamed for failed attempt `number` (idempotent: a host already
+    blamed for it keeps its first record). Answers every blame of the job, cleared ones included."""
+    job = _job(s, who, job_ref)
+    attempt = next((a for a in job.attempts if a.number == number), None)
+    if attempt is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job.id} has no attempt {number}")
+    if attempt.state != "Failed":
+        raise HTTPException(status.HTTP_409_CONFLICT, f"attempt {number} is {attempt.state}; only failed ones are")
+    repo.record_blames(s, attempt, [b.model_dump() for b in body.blames])
+    s.flush()
+    return blames_out(s, job)
+
+
 @router.post("/{job_ref}/fail", response_model=JobOut)
-def fail(job_ref: str, body: FailIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> dict:
+def fail(
+    job_ref: str, body: FailIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
+) -> dict:
     """End the job as Failed (chaining decided not to retry). Idempotent."""
     job = _job(s, who, job_ref)
     if job.state not in repo.JOB_TERMINAL:
@@ -129,32 +222,51 @@ def fail(job_ref: str, body: FailIn, who: Principal = Depends(writer), s: Sessio
 
 
 @router.get("/{job_ref}/attempts", response_model=list[AttemptOut])
-def attempts(job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[AttemptOut]:
+def attempts(
+    job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")
+) -> list[AttemptOut]:
     return attempts_out(_job(s, who, job_ref))
 
 
 @router.get("/{job_ref}/events", response_model=list[EventOut])
-def events(job_ref: str, after: int = Query(0, ge=0, le=MAX_DB_INT, description="Only events with seq > after"),
-           limit: int = Query(1000, ge=1, le=10000), who: Principal = Depends(user),
-           s: Session = Depends(get_session, scope="function")) -> list[EventOut]:
+def events(
+    job_ref: str,
+    after: int = Query(0, ge=0, le=MAX_DB_INT, description="Only events with seq > after"),
+    limit: int = Query(1000, ge=1, le=10000),
+    who: Principal = Depends(user),
+    s: Session = Depends(get_session, scope="function"),
+) -> list[EventOut]:
     job = _job(s, who, job_ref)
-    return [EventOut(seq=e.seq, status=e.status, deliveries=e.deliveries, event=repo.eventbridge(e))
-            for e in repo.list_events(s, job, after=after, limit=limit)]
+    return [
+        EventOut(seq=e.seq, status=e.status, deliveries=e.deliveries, event=repo.eventbridge(e))
+        for e in repo.list_events(s, job, after=after, limit=limit)
+    ]
 
 
 @router.get("/{job_ref}/checkpoints", response_model=list[CheckpointOut])
-def checkpoints(job_ref: str, limit: int = Query(1000, ge=1, le=10000), offset: int = Query(0, ge=0, le=MAX_DB_INT),
-                who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> list[CheckpointOut]:
+def checkpoints(
+    job_ref: str,
+    limit: int = Query(1000, ge=1, le=10000),
+    offset: int = Query(0, ge=0, le=MAX_DB_INT),
+    who: Principal = Depends(user),
+    s: Session = Depends(get_session, scope="function"),
+) -> list[CheckpointOut]:
     job = _job(s, who, job_ref)
-    return [CheckpointOut(step=c.step, uri=c.uri, state=c.state, attempt_id=c.attempt_id, size_bytes=c.size_bytes,
-                          created_at=c.created_at, meta=c.meta or {}) for c in repo.list_checkpoints(s, job)[offset:offset + limit]]
+    return [checkpoint_out(c) for c in repo.list_checkpoints(s, job)[offset : offset + limit]]
 
 
 @router.get("/{job_ref}/logs", response_model=LogsOut)
-def logs(request: Request, job_ref: str, attempt: int | None = Query(None, ge=1, le=MAX_DB_INT),
-         offsets: str | None = Query(None, description='JSON {"host": byte offset}; negative = last N bytes'),
-         tail: int | None = Query(None, ge=1, le=MAX_DB_INT, description="Without offsets: only the last TAIL bytes of each node"),
-         who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> LogsOut:
+def logs(
+    request: Request,
+    job_ref: str,
+    attempt: int | None = Query(None, ge=1, le=MAX_DB_INT),
+    offsets: str | None = Query(None, description='JSON {"host": byte offset}; negative = last N bytes'),
+    tail: int | None = Query(
+        None, ge=1, le=MAX_DB_INT, description="Without offsets: only the last TAIL bytes of each node"
+    ),
+    who: Principal = Depends(user),
+    s: Session = Depends(get_session, scope="function"),
+) -> LogsOut:
     """New output of every node of an attempt (the latest by default) since the given offsets."""
     job = _job(s, who, job_ref)
     chosen = [a for a in job.attempts if attempt is None or a.number == attempt]

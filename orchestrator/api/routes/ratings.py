@@ -54,9 +54,21 @@ class RatingIn(BaseModel):
 
 
 def sample_out(x: EvalSample) -> dict[str, Any]:
-    return dict(id=x.id, job_id=x.job_id, attempt_id=x.attempt_id, checkpoint_uri=x.checkpoint_uri, step=x.step,
-                prompt_index=x.prompt_index, prompt=x.prompt, answer=x.answer, meta=x.meta or {},
-                slack_channel=x.slack_channel, slack_ts=x.slack_ts, created_at=x.created_at, posted_at=x.posted_at)
+    return dict(
+        id=x.id,
+        job_id=x.job_id,
+        attempt_id=x.attempt_id,
+        checkpoint_uri=x.checkpoint_uri,
+        step=x.step,
+        prompt_index=x.prompt_index,
+        prompt=x.prompt,
+        answer=x.answer,
+        meta=x.meta or {},
+        slack_channel=x.slack_channel,
+        slack_ts=x.slack_ts,
+        created_at=x.created_at,
+        posted_at=x.posted_at,
+    )
 
 
 def raters_needed(job: Job) -> int:
@@ -82,24 +94,31 @@ def _sample(s: Session, who: Principal, sample_id: str) -> EvalSample:
 
 
 @router.get("/v1/jobs/{job_ref}/eval/samples")
-def list_samples(job_ref: str, checkpoint_uri: str | None = None, who: Principal = Depends(user),
-                 s: Session = Depends(get_session, scope="function")) -> list[dict[str, Any]]:
+def list_samples(
+    job_ref: str,
+    checkpoint_uri: str | None = None,
+    who: Principal = Depends(user),
+    s: Session = Depends(get_session, scope="function"),
+) -> list[dict[str, Any]]:
     return [sample_out(x) for x in repo.eval_samples_of(s, _job(s, who, job_ref), checkpoint_uri)]
 
 
 @router.post("/v1/jobs/{job_ref}/eval/samples")
-def add_samples(job_ref: str, body: SamplesIn, who: Principal = Depends(writer),
-                s: Session = Depends(get_session, scope="function")) -> list[dict[str, Any]]:
+def add_samples(
+    job_ref: str, body: SamplesIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
+) -> list[dict[str, Any]]:
     """Store a checkpoint's answers (existing ones are kept) and return every sample of it."""
     job = _job(s, who, job_ref)
-    rows = repo.add_eval_samples(s, job, body.checkpoint_uri, body.step, body.attempt_id,
-                                 [a.model_dump() for a in body.answers], body.channel)
+    rows = repo.add_eval_samples(
+        s, job, body.checkpoint_uri, body.step, body.attempt_id, [a.model_dump() for a in body.answers], body.channel
+    )
     return [sample_out(x) for x in rows]
 
 
 @router.post("/v1/eval/samples/{sample_id}/claim")
-def claim(sample_id: str, body: ClaimIn, who: Principal = Depends(writer),
-          s: Session = Depends(get_session, scope="function")) -> dict[str, Any]:
+def claim(
+    sample_id: str, body: ClaimIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
+) -> dict[str, Any]:
     """`claimed`: "new", "takeover" (an earlier poster's claim expired) or null (posted, or busy)."""
     _sample(s, who, sample_id)
     got = repo.claim_eval_sample(s, sample_id, body.claim, body.lease_s)
@@ -107,33 +126,47 @@ def claim(sample_id: str, body: ClaimIn, who: Principal = Depends(writer),
 
 
 @router.post("/v1/eval/samples/{sample_id}/posted")
-def posted(sample_id: str, body: PostedIn, who: Principal = Depends(writer),
-           s: Session = Depends(get_session, scope="function")) -> dict[str, Any]:
+def posted(
+    sample_id: str,
+    body: PostedIn,
+    who: Principal = Depends(writer),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict[str, Any]:
     sample = _sample(s, who, sample_id)
     repo.mark_eval_sample_posted(s, sample, body.channel, body.ts)
     return sample_out(sample)
 
 
 @router.post("/v1/eval/samples/{sample_id}/ratings")
-def rate(sample_id: str, body: RatingIn, who: Principal = Depends(writer),
-         s: Session = Depends(get_session, scope="function")) -> dict[str, Any]:
+def rate(
+    sample_id: str,
+    body: RatingIn,
+    who: Principal = Depends(writer),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict[str, Any]:
     """Record one person's click (the Lambda form of the Slack endpoint calls this)."""
     sample = _sample(s, who, sample_id)
     return record_and_tally(s, sample, body.user_id, body.user_name, body.score, body.toggle_hallucination)
 
 
-def record_and_tally(s: Session, sample: EvalSample, user_id: str, user_name: str, score: int | None,
-                     toggle: bool) -> dict[str, Any]:
+def record_and_tally(
+    s: Session, sample: EvalSample, user_id: str, user_name: str, score: int | None, toggle: bool
+) -> dict[str, Any]:
     repo.record_rating(s, sample, user_id, user_name, score, toggle)
     job = s.get(Job, sample.job_id)
     tally = repo.tally(repo.ratings_of(s, [sample.id]))
-    return {"sample": sample_out(sample), "tally": tally, "raters_needed": raters_needed(job),
-            "job": {"id": job.id, "name": job.name}}
+    return {
+        "sample": sample_out(sample),
+        "tally": tally,
+        "raters_needed": raters_needed(job),
+        "job": {"id": job.id, "name": job.name},
+    }
 
 
 @router.get("/v1/jobs/{job_ref}/ratings")
-def ratings(job_ref: str, who: Principal = Depends(user),
-            s: Session = Depends(get_session, scope="function")) -> list[dict[str, Any]]:
+def ratings(
+    job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")
+) -> list[dict[str, Any]]:
     """Per rated checkpoint: step, samples, raters, mean score (1-5) and hallucination rate."""
     job = _job(s, who, job_ref)
     return repo.ratings_by_checkpoint(s, job, raters_needed(job))

@@ -21,7 +21,7 @@ from fastapi import APIRouter, BackgroundTasks, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from lambdas import slack_interactions as slack
-from orchestrator.api.routes.ratings import record_and_tally, raters_needed
+from orchestrator.api.routes.ratings import raters_needed, record_and_tally
 from orchestrator.settings import Settings
 from orchestrator.store import repo
 from orchestrator.store.db import Database
@@ -69,7 +69,7 @@ def human_eval_dir(settings: Settings, job_id: str) -> Path:
 
 
 def write_human_score(db: Database, settings: Settings, job_id: str) -> None:
-    from orchestrator.tb_scalars import ScalarFile
+    from orchestrator import tb_scalars
 
     with db.session() as s:
         job = s.get(Job, job_id)
@@ -84,7 +84,7 @@ def write_human_score(db: Database, settings: Settings, job_id: str) -> None:
         if values:
             series.append((row["step"], values))
     if series:
-        ScalarFile(human_eval_dir(settings, job_id)).write_series(series)
+        tb_scalars.write_series(human_eval_dir(settings, job_id), series)
 
 
 def _after_response(db: Database, settings: Settings, results: list[dict[str, Any]]) -> None:
@@ -96,8 +96,9 @@ def _after_response(db: Database, settings: Settings, results: list[dict[str, An
             with db.session() as s:  # the tally now, not at request time: clicks may have raced
                 tally = repo.tally(repo.ratings_of(s, [sample["id"]]))
             try:
-                slack.update_message(client, sample["slack_channel"], sample["slack_ts"], sample, r["job"],
-                                     tally, r["raters_needed"])
+                slack.update_message(
+                    client, sample["slack_channel"], sample["slack_ts"], sample, r["job"], tally, r["raters_needed"]
+                )
             except Exception as exc:  # the rating is stored; a stale tally is only cosmetic
                 log.warning("chat_update of sample %s failed: %s", sample["id"], exc)
     for job_id in {r["job"]["id"] for r in results}:
@@ -107,9 +108,16 @@ def _after_response(db: Database, settings: Settings, results: list[dict[str, An
             log.warning("writing eval/human_score of %s failed: %s", job_id, exc)
 
 
-@router.post("/v1/slack/interactions", status_code=200, response_class=Response,
-             responses={400: {"description": "malformed payload"}, 401: {"description": "unsigned or stale"},
-                        413: {"description": "body too large"}})
+@router.post(
+    "/v1/slack/interactions",
+    status_code=200,
+    response_class=Response,
+    responses={
+        400: {"description": "malformed payload"},
+        401: {"description": "unsigned or stale"},
+        413: {"description": "body too large"},
+    },
+)
 async def interactions(request: Request, background: BackgroundTasks) -> Response:
     """Slack's block_actions (rating buttons). Authenticated by X-Slack-Signature, not a token."""
     settings = slack_settings()

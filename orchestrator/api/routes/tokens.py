@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import Principal, admin, get_session
 from orchestrator.api.schemas import AUTH_ERRORS
+from orchestrator.sagemaker_api import sigv4
 from orchestrator.store import repo
 from orchestrator.store.models import now
 
@@ -26,6 +27,10 @@ class TokenIn(BaseModel):
     name: str = Field(default="", max_length=128)
     tenant: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     expires_in_s: int | None = Field(default=None, ge=60, le=10 * 365 * 86400)
+    aws: bool = Field(
+        default=False,
+        description="Also make an AWS access key id and secret for the SageMaker-compatible endpoint (SigV4)",
+    )
 
 
 class TokenOut(BaseModel):
@@ -36,10 +41,12 @@ class TokenOut(BaseModel):
     created_at: float
     expires_at: float | None = None
     revoked: bool = False
+    aws_access_key_id: str | None = None
 
 
 class NewTokenOut(TokenOut):
     token: str
+    aws_secret_access_key: str | None = Field(default=None, description="Shown once, like the token")
 
 
 def _scope(who: Principal) -> str | None:
@@ -47,16 +54,25 @@ def _scope(who: Principal) -> str | None:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=NewTokenOut)
-def create(body: TokenIn, who: Principal = Depends(admin), s: Session = Depends(get_session, scope="function")) -> NewTokenOut:
+def create(
+    request: Request,
+    body: TokenIn,
+    who: Principal = Depends(admin),
+    s: Session = Depends(get_session, scope="function"),
+) -> NewTokenOut:
+    """A token; with `aws`, also its AWS access key id and secret access key (SigV4 credentials of
+    the same tenant and role for the SageMaker-compatible endpoint). Secrets are shown once."""
     tenant = body.tenant or who.tenant
     if tenant != who.tenant and who.tenant != OPERATOR_TENANT:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "admins create tokens for their own tenant only")
     expires = now() + body.expires_in_s if body.expires_in_s else None
-    token = repo.mint_token(s, body.role, tenant=tenant, name=body.name, expires_at=expires)
+    key_id = sigv4.new_access_key_id() if body.aws else None
+    token = repo.mint_token(s, body.role, tenant=tenant, name=body.name, expires_at=expires, access_key_id=key_id)
     s.flush()
     row = repo.find_token(s, token)
     assert row is not None
-    return NewTokenOut(token=token, **_out(row).model_dump())
+    secret = sigv4.derive_secret(request.app.state.sagemaker.server_key, key_id) if key_id else None
+    return NewTokenOut(token=token, aws_secret_access_key=secret, **_out(row).model_dump())
 
 
 @router.get("", response_model=list[TokenOut])
@@ -65,8 +81,12 @@ def list_tokens(who: Principal = Depends(admin), s: Session = Depends(get_sessio
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
-def revoke(request: Request, token_id: int, who: Principal = Depends(admin),
-           s: Session = Depends(get_session, scope="function")) -> TokenOut:
+def revoke(
+    request: Request,
+    token_id: int,
+    who: Principal = Depends(admin),
+    s: Session = Depends(get_session, scope="function"),
+) -> TokenOut:
     try:
         row = repo.revoke_token(s, token_id, _scope(who))
         request.app.state.tokens.evict(token_id)
@@ -76,5 +96,13 @@ def revoke(request: Request, token_id: int, who: Principal = Depends(admin),
 
 
 def _out(t) -> TokenOut:
-    return TokenOut(id=t.id, role=t.kind, tenant=t.tenant, name=t.name, created_at=t.created_at,
-                    expires_at=t.expires_at, revoked=t.revoked_at is not None)
+    return TokenOut(
+        id=t.id,
+        role=t.kind,
+        tenant=t.tenant,
+        name=t.name,
+        created_at=t.created_at,
+        expires_at=t.expires_at,
+        revoked=t.revoked_at is not None,
+        aws_access_key_id=t.access_key_id,
+    )

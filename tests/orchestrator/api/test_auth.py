@@ -46,11 +46,20 @@ def test_admin_token_file_is_private_and_stable(api, aerie_home):
     assert settings.admin_token_path.read_text().strip() == admin
 
 
-@pytest.mark.parametrize("method,path", [
-    ("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/x"), ("POST", "/v1/jobs/x/stop"),
-    ("GET", "/v1/jobs/x/events"), ("GET", "/v1/jobs/x/logs"), ("GET", "/v1/jobs/x/attempts"),
-    ("POST", "/v1/attempts/a/nodes/h/heartbeat"), ("POST", "/v1/attempts/a/nodes/h/verdicts"),
-])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/x"),
+        ("POST", "/v1/jobs/x/stop"),
+        ("GET", "/v1/jobs/x/events"),
+        ("GET", "/v1/jobs/x/logs"),
+        ("GET", "/v1/jobs/x/attempts"),
+        ("POST", "/v1/attempts/a/nodes/h/heartbeat"),
+        ("POST", "/v1/attempts/a/nodes/h/verdicts"),
+    ],
+)
 def test_every_route_needs_a_token(api, method, path):
     client, *_ = api
     assert client.request(method, path).status_code == 401
@@ -64,7 +73,12 @@ def test_every_v1_route_is_covered_by_the_401_test(api):
         if not path.startswith("/v1/") or path in SIGNED_BY_SLACK:
             continue
         for method in ops:
-            url = path.replace("{token_id}", "1").replace("{job_ref}", "x").replace("{attempt_id}", "a").replace("{host}", "h")
+            url = (
+                path.replace("{token_id}", "1")
+                .replace("{job_ref}", "x")
+                .replace("{attempt_id}", "a")
+                .replace("{host}", "h")
+            )
             assert client.request(method.upper(), url).status_code == 401, (method, path)
 
 
@@ -104,7 +118,7 @@ def test_submit_list_describe_stop(api):
 
 def test_numbers_beyond_64_bits_are_refused_not_crashed_on(api):
     """Found by the fuzz test: an offset of 2**63 overflowed in the SQLite driver (a 500)."""
-    client, app, admin, _ = api
+    client, _app, admin, _ = api
     huge = 2**63
     assert client.get(f"/v1/jobs?offset={huge}", headers=_auth(admin)).status_code == 422
     assert client.delete(f"/v1/tokens/{huge}", headers=_auth(admin)).status_code == 422

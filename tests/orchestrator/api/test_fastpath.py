@@ -72,11 +72,14 @@ def test_anything_unusual_goes_to_the_route(api, monkeypatch):
     assert client.post(url, content=b"{nope", headers={**auth, "Content-Type": "application/json"}).status_code == 422
     assert client.post(url, json={}).status_code == 401  # no token
     assert client.post(url, json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert client.post(f"/v1/attempts/{other_attempt}/nodes/algo-1/heartbeat", json={},
-                       headers=auth).status_code == 403  # another attempt's token
+    assert (
+        client.post(f"/v1/attempts/{other_attempt}/nodes/algo-1/heartbeat", json={}, headers=auth).status_code == 403
+    )  # another attempt's token
     assert len(calls) == 5
-    assert client.post(url, content=b"x" * (2 << 20), headers={**auth, "Content-Type": "application/json"}
-                       ).status_code == 413  # the size cap wraps the fast path
+    assert (
+        client.post(url, content=b"x" * (2 << 20), headers={**auth, "Content-Type": "application/json"}).status_code
+        == 413
+    )  # the size cap wraps the fast path
 
 
 def test_a_stop_reaches_the_fast_path_after_the_flushers_refresh(api):

@@ -22,7 +22,11 @@ from orchestrator.store import repo
 from orchestrator.store.models import Rating
 from tests.helpers.live_api import start_live_api
 from tests.helpers.slack_standin import (
-    BOT_TOKEN, SIGNING_SECRET, SlackStandIn, block_actions_payload, signed_request,
+    BOT_TOKEN,
+    SIGNING_SECRET,
+    SlackStandIn,
+    block_actions_payload,
+    signed_request,
 )
 
 CHANNEL = "#eval"
@@ -52,12 +56,30 @@ def posted(api, standin) -> dict:
         job = repo.create_job(s, {"name": "rated", "entrypoint": ["x"], "eval": {"raters_needed": 3}}, "default")
         attempt = repo.create_attempt(s, job, 1)
         uri = "file:///ckpt/rated/step_00000100"
-        [sample] = repo.add_eval_samples(s, job, uri, 100, attempt.id, [
-            {"prompt_index": 0, "prompt": "What is 2+2?", "answer": "5, clearly.", "meta": {"tokens": 12800, "loss": 2.5}}],
-            CHANNEL)
+        [sample] = repo.add_eval_samples(
+            s,
+            job,
+            uri,
+            100,
+            attempt.id,
+            [
+                {
+                    "prompt_index": 0,
+                    "prompt": "What is 2+2?",
+                    "answer": "5, clearly.",
+                    "meta": {"tokens": 12800, "loss": 2.5},
+                }
+            ],
+            CHANNEL,
+        )
         job_ref = {"id": job.id, "name": job.name}
-        sample_dict = {"id": sample.id, "step": 100, "prompt": sample.prompt, "answer": sample.answer,
-                       "meta": sample.meta}
+        sample_dict = {
+            "id": sample.id,
+            "step": 100,
+            "prompt": sample.prompt,
+            "answer": sample.answer,
+            "meta": sample.meta,
+        }
     message = slack_blocks.sample_message(sample_dict, job_ref, None, 3)
     resp = web_client().chat_postMessage(channel=CHANNEL, text=message["text"], blocks=message["blocks"])
     with api.db.session() as s:
@@ -86,8 +108,13 @@ def wait_for(predicate, timeout=10.0):
 
 
 def test_three_raters_tally_in_place_api_cli_and_tensorboard(api, standin, posted, monkeypatch):
-    for user, action in [("U1", "rate_4"), ("U2", "rate_5"), ("U2", "hallucination"), ("U3", "rate_2"),
-                         ("U1", "rate_3")]:  # U1 changes their mind: the second score replaces the first
+    for user, action in [
+        ("U1", "rate_4"),
+        ("U2", "rate_5"),
+        ("U2", "hallucination"),
+        ("U3", "rate_2"),
+        ("U1", "rate_3"),
+    ]:  # U1 changes their mind: the second score replaces the first
         assert click(api, standin, posted, user, action).status_code == 200
     assert ratings_rows(api) == [("U1", 3, False), ("U2", 5, True), ("U3", 2, False)]
 
@@ -95,7 +122,7 @@ def test_three_raters_tally_in_place_api_cli_and_tensorboard(api, standin, poste
     wait_for(lambda: len(standin.calls_of("chat.update")) == 5)
     [message] = standin.messages(CHANNEL)
     assert message["ts"] == posted["ts"] and "edited" in message
-    tally = [b for b in message["blocks"] if b["block_id"] == "tally"][0]["elements"][0]["text"]
+    tally = next(b for b in message["blocks"] if b["block_id"] == "tally")["elements"][0]["text"]
     assert "3 rating(s)" in tally and "mean *3.33*" in tally and "1 hallucination" in tally and "done" in tally
 
     # API: bearer auth, tenant-scoped.
@@ -163,7 +190,7 @@ def test_replayed_body_with_a_new_timestamp_is_refused(api, standin, posted):
 @pytest.mark.parametrize("missing", ["X-Slack-Signature", "X-Slack-Request-Timestamp", "both"])
 def test_missing_headers_are_refused(api, standin, posted, missing):
     body, headers = signed_request(_payload(standin, posted))
-    for name in (["X-Slack-Signature", "X-Slack-Request-Timestamp"] if missing == "both" else [missing]):
+    for name in ["X-Slack-Signature", "X-Slack-Request-Timestamp"] if missing == "both" else [missing]:
         headers.pop(name)
     _refused(api, standin, body, headers, 401)
 
@@ -177,11 +204,14 @@ def test_a_one_megabyte_body_is_refused(api, standin, posted):
     assert r.status_code == 413 and ratings_rows(api) == []
 
 
-@pytest.mark.parametrize("body", [
-    b"not=a&payload",                           # no payload field with JSON
-    b"payload=%7Bnot+json",                     # payload is not JSON
-    b'payload=%7B%22type%22%3A%22view_submission%22%7D',  # not block_actions
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not=a&payload",  # no payload field with JSON
+        b"payload=%7Bnot+json",  # payload is not JSON
+        b"payload=%7B%22type%22%3A%22view_submission%22%7D",  # not block_actions
+    ],
+)
 def test_malformed_signed_bodies_are_refused(api, standin, posted, body):
     body, headers = signed_request(None, body=body)
     _refused(api, standin, body, headers, 400)
@@ -208,8 +238,9 @@ def test_store_keys_make_posting_and_rating_idempotent(db_url):
             job = repo.create_job(s, {"name": "keys", "entrypoint": ["x"]}, "default")
             answers = [{"prompt_index": i, "prompt": f"p{i}", "answer": f"a{i}", "meta": {}} for i in range(2)]
             first = repo.add_eval_samples(s, job, "s3://b/k/step_00000010", 10, None, answers, "#c")
-            again = repo.add_eval_samples(s, job, "s3://b/k/step_00000010", 10, None,
-                                          [{**a, "answer": "other"} for a in answers], "#c")
+            again = repo.add_eval_samples(
+                s, job, "s3://b/k/step_00000010", 10, None, [{**a, "answer": "other"} for a in answers], "#c"
+            )
             assert [x.id for x in first] == [x.id for x in again] and again[0].answer == "a0"  # first answer wins
             sid = first[0].id
         with db.session() as s:

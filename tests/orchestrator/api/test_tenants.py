@@ -5,13 +5,21 @@ from __future__ import annotations
 import re
 
 from orchestrator.store import repo
-from tests.helpers.tokens import auth_header as _h, make_token as _token
+from tests.helpers.tokens import auth_header as _h
+from tests.helpers.tokens import make_token as _token
 
 # Routes authenticated by something other than a bearer token (tested elsewhere).
 NOT_BEARER = {"/v1/slack/interactions"}
 # A valid body per POST route (by last path segment), so the answer is about the object, not the body.
-VALID_BODIES = {"attempts": {"number": 2}, "verdicts": {"kind": "silent.hang"}, "exit": {"exit_code": 0},
-                "checkpoints": {"step": 1, "uri": "s3://b/k"}, "heartbeat": {}, "fail": {"reason": {}}, "stop": {}}
+VALID_BODIES = {
+    "attempts": {"number": 2},
+    "verdicts": {"kind": "silent.hang"},
+    "exit": {"exit_code": 0},
+    "checkpoints": {"step": 1, "uri": "s3://b/k"},
+    "heartbeat": {},
+    "fail": {"reason": {}},
+    "stop": {},
+}
 
 
 def test_token_lifecycle_create_list_revoke(api):
@@ -66,8 +74,14 @@ def test_tenant_b_gets_404_for_every_route_on_tenant_a_objects(api):
         attempt = repo.create_attempt(s, repo.get_job(s, "team-a", job["id"]), 1)
         attempt_id = attempt.id
     a_token_id = next(t["id"] for t in client.get("/v1/tokens", headers=_h(a)).json())
-    values = {"job_ref": job["id"], "attempt_id": attempt_id, "host": "algo-1", "token_id": str(a_token_id),
-              "sample_id": "1"}
+    values = {
+        "job_ref": job["id"],
+        "attempt_id": attempt_id,
+        "host": "algo-1",
+        "token_id": str(a_token_id),
+        "sample_id": "1",
+        "number": "1",
+    }
     checked = 0
     for path, ops in app.openapi()["paths"].items():
         if not path.startswith("/v1/") or path in NOT_BEARER:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from orchestrator.backends.local import _kill_node
 
 HANG = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
@@ -35,5 +37,65 @@ def test_sigkill_reaches_ranks_in_their_own_sessions_and_spares_reused_pids(tmp_
         assert stranger.poll() is None
     finally:
         for proc in (rank, stranger):
+            proc.kill()
+            proc.wait()
+
+
+# A node's launcher: ignores SIGTERM and starts a child with a fresh environment (out of reach of
+# the environment scan; a descendant all the same).
+LAUNCHER = (
+    "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'], env={'PATH': '/usr/bin:/bin'}); "
+    "time.sleep(600)"
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_fencing_a_lost_node_kills_its_whole_stopped_tree_at_once(tmp_path):
+    """Node algo-2 is SIGSTOPped (every process: its launcher, the launcher's fresh-environment
+    child, and a worker in a session of its own, like torchrun's); fencing it SIGKILLs them all at
+    once, without waiting for a grace period, while algo-1 only gets the usual SIGTERM."""
+    from orchestrator.backends.local import LocalBackend
+
+    root = tmp_path / "attempt-1"
+    lost, healthy = root / "algo-2", root / "algo-1"
+    (lost / "agent" / "ranks").mkdir(parents=True)
+    (healthy / "agent").mkdir(parents=True)
+    env = dict(os.environ, AERIE_ML_ROOT=str(lost))
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], env=env, start_new_session=True)
+    worker = _spawn(lost)
+    bystander = _spawn(healthy)
+    try:
+        (lost / "agent" / "entrypoint.pid").write_text(str(launcher.pid))
+        (lost / "agent" / "ranks" / "rank-1.pid").write_text(str(worker.pid))
+        deadline = time.time() + 10
+        while not psutil.Process(launcher.pid).children():
+            assert time.time() < deadline
+            time.sleep(0.05)
+        tree = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(), psutil.Process(worker.pid)]
+        for proc in tree:
+            proc.suspend()  # SIGSTOP
+        deadline = time.time() + 5  # (delivered asynchronously)
+        while not all(p.status() == psutil.STATUS_STOPPED for p in tree):
+            assert time.time() < deadline, [(p.pid, p.status()) for p in tree]
+            time.sleep(0.02)
+
+        LocalBackend(tmp_path).fence({"root": str(root), "hosts": ["algo-1", "algo-2"]}, ["algo-2"])
+        deadline = time.time() + 3
+        while not all(_gone(p.pid) for p in tree):
+            assert time.time() < deadline, [(p.pid, p.status()) for p in tree if not _gone(p.pid)]
+            time.sleep(0.05)
+        assert launcher.wait(5) == -signal.SIGKILL and worker.wait(5) == -signal.SIGKILL
+        assert bystander.poll() is None  # SIGTERM only (which it ignores): the stop's grace applies
+        assert (root / "stop.json").exists()
+    finally:
+        for proc in (launcher, worker, bystander):
             proc.kill()
             proc.wait()

@@ -59,9 +59,13 @@ def test_sagemaker_failure_event_chains_to_a_resumed_create_training_job(api, s3
 
     checkpoints = f"s3://{s3_bucket}/checkpoints"
     job_id = _job_with_failed_first_attempt(api, checkpoints)
-    good = f"{checkpoints}/{job_id}/step_00000300"
-    boto3.client("s3").put_object(Bucket=s3_bucket, Key=f"checkpoints/{job_id}/step_00000300/__0_0.distcp", Body=b"x" * 64)
-    commit(good, step=300, tokens=300 * 4096)
+    good = f"{checkpoints}/{job_id}/step_00000300/attempt_0001"
+    boto3.client("s3").put_object(
+        Bucket=s3_bucket, Key=f"checkpoints/{job_id}/step_00000300/attempt_0001/__0_0.distcp", Body=b"x" * 64
+    )
+    commit(good, step=300, tokens=300 * 4096, attempt=1)
+    with api.db.session() as s:  # recorded while attempt 1 ran, as its trainer's commit is
+        repo.record_checkpoint(s, repo.get_attempt(s, f"{job_id}-a1"), 300, good, {"size_bytes": 64})
 
     # The controller records attempt 1's failure from DescribeTrainingJob (as its poll would) ...
     with api.db.session() as s:
@@ -78,21 +82,39 @@ def test_sagemaker_failure_event_chains_to_a_resumed_create_training_job(api, s3
     backend = SageMakerBackend(client=client, region="us-east-1")
     controller = Controller(api.db, Settings(), {"sagemaker": backend})
     with Stubber(client) as stub:
-        stub.add_response("create_training_job",
-                          {"TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{job_id}-a2"},
-                          {**{k: ANY for k in ("RoleArn", "AlgorithmSpecification", "OutputDataConfig",
-                                                "ResourceConfig", "StoppingCondition", "HyperParameters",
-                                                "InputDataConfig", "Tags", "VpcConfig", "EnableNetworkIsolation",
-                                                "EnableInterContainerTrafficEncryption", "Environment")},
-                           "TrainingJobName": f"{job_id}-a2",
-                           "CheckpointConfig": {"S3Uri": f"{checkpoints}/{job_id}", "LocalPath": "/opt/ml/checkpoints"}})
+        stub.add_response(
+            "create_training_job",
+            {"TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{job_id}-a2"},
+            {
+                **{
+                    k: ANY
+                    for k in (
+                        "RoleArn",
+                        "AlgorithmSpecification",
+                        "OutputDataConfig",
+                        "ResourceConfig",
+                        "StoppingCondition",
+                        "HyperParameters",
+                        "InputDataConfig",
+                        "Tags",
+                        "VpcConfig",
+                        "EnableNetworkIsolation",
+                        "EnableInterContainerTrafficEncryption",
+                        "Environment",
+                    )
+                },
+                "TrainingJobName": f"{job_id}-a2",
+            },
+        )
         sent: dict = {}
-        client.meta.events.register("provide-client-params.sagemaker.CreateTrainingJob",
-                                    lambda params, **_: sent.update(params))
+        client.meta.events.register(
+            "provide-client-params.sagemaker.CreateTrainingJob", lambda params, **_: sent.update(params)
+        )
         controller.reconcile_once()
         stub.assert_no_pending_responses()
     env = sent["Environment"]
     assert env["AERIE_RESUME_FROM"] == good
+    assert "CheckpointConfig" not in sent  # the restore streams from S3; SageMaker stages nothing
     assert env["AERIE_ATTEMPT"] == f"{job_id}-a2" and env["AERIE_ATTEMPT_NUMBER"] == "2"
     assert env["AERIE_CHECKPOINT_URI"] == f"{checkpoints}/{job_id}"
     assert env["AERIE_AGENT_TOKEN"] and "RetryStrategy" not in sent

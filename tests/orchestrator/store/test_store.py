@@ -33,11 +33,10 @@ def test_state_changes_and_their_events_commit_together(db):
     with db.session() as s:
         job = repo.create_job(s, {"name": "j", "backend": "local"}, "default")
         job_id = job.id
-    with pytest.raises(RuntimeError):
-        with db.session() as s:
-            job = repo.get_job(s, "default", job_id)
-            repo.set_job_state(s, job, "Failed", {"kind": "exit.nonzero"})
-            raise RuntimeError("crash before commit")
+    with pytest.raises(RuntimeError), db.session() as s:
+        job = repo.get_job(s, "default", job_id)
+        repo.set_job_state(s, job, "Failed", {"kind": "exit.nonzero"})
+        raise RuntimeError("crash before commit")
     with db.session() as s:
         job = repo.get_job(s, "default", job_id)
         assert job.state == "Submitted"
@@ -49,9 +48,8 @@ def test_one_attempt_per_number_is_enforced_by_the_store(db):
         job = repo.create_job(s, {"name": "j", "backend": "local"}, "default")
         repo.create_attempt(s, job, 1)
         job_id = job.id
-    with pytest.raises(IntegrityError):
-        with db.session() as s:
-            repo.create_attempt(s, repo.get_job(s, "default", job_id), 1)
+    with pytest.raises(IntegrityError), db.session() as s:
+        repo.create_attempt(s, repo.get_job(s, "default", job_id), 1)
 
 
 def test_jobs_are_found_by_id_or_name_within_their_tenant(db):
@@ -97,3 +95,22 @@ def test_models_and_migrations_agree(db):
     with db.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
+
+
+def test_blame_is_recorded_once_per_attempt_and_host_and_clearing_keeps_the_history(db):
+    blame = {"host": "algo-2", "kind": "silent.hang", "rule": "not_waiting", "why": "rank 3 busy", "evidence": {}}
+    with db.session() as s:
+        job = repo.create_job(s, {"name": "j", "backend": "local"}, "default")
+        attempt = repo.create_attempt(s, job, 1)
+        repo.record_blames(s, attempt, [blame])
+        repo.record_blames(s, attempt, [{**blame, "why": "again"}, {**blame, "host": "algo-1"}])
+        job_id = job.id
+    with db.session() as s:
+        job = repo.get_job(s, "default", job_id)
+        rows = repo.blames_of(s, job)
+        assert [(b.host, b.why) for b in rows] == [("algo-2", "rank 3 busy"), ("algo-1", "rank 3 busy")]
+        assert repo.clear_blames(s, job, "algo-2", by="preflight:j-a2") == 1
+        assert repo.clear_blames(s, job, "algo-2", by="preflight:j-a3") == 0
+    with db.session() as s:
+        rows = repo.blames_of(s, repo.get_job(s, "default", job_id))
+        assert [(b.host, b.cleared_by) for b in rows] == [("algo-2", "preflight:j-a2"), ("algo-1", None)]

@@ -15,7 +15,8 @@ from orchestrator.store.models import MetricPoint
 from orchestrator.web.auth import COOKIE
 from orchestrator.web.downsample import minmax
 from orchestrator.web.health import NodeHistory
-from tests.helpers.tokens import auth_header as _h, make_token as _token
+from tests.helpers.tokens import auth_header as _h
+from tests.helpers.tokens import make_token as _token
 
 
 def _browser(app, token: str | None) -> TestClient:
@@ -56,7 +57,10 @@ def test_pages_redirect_to_login_without_a_valid_session(api):
     for c in (anonymous, forged):
         for url in urls:
             r = c.get(url, follow_redirects=False)
-            assert r.status_code == 303 and r.headers["location"].startswith("/ui/login?next=/ui/"), (url, r.status_code)
+            assert r.status_code == 303 and r.headers["location"].startswith("/ui/login?next=/ui/"), (
+                url,
+                r.status_code,
+            )
     assert client.get("/", follow_redirects=False).headers["location"] == "/ui/jobs"
 
     # A session ends with sign-out, and with its token's revocation.
@@ -71,7 +75,7 @@ def test_pages_redirect_to_login_without_a_valid_session(api):
 
 
 def test_login_sets_a_strict_httponly_session_and_never_echoes_the_token(api):
-    client, app, admin = api
+    _client, app, admin = api
     r = TestClient(app).post("/ui/login", data={"token": "aer_adm_wrong"}, follow_redirects=False)
     assert r.status_code == 401 and "not valid" in r.text and COOKIE not in r.headers.get("set-cookie", "")
     _, attempt_id = _job(app, "default", "j")
@@ -130,11 +134,15 @@ def test_agent_metrics_become_the_chain_curve(api):
     assert client.post(url, json={"records": first[:10]}, headers=_h(t1)).json()["new"] == 0  # re-sent: ignored
     assert client.post(url, json={"records": first[:1]}, headers=_h(t2)).status_code == 403  # another attempt's token
     second = [{"t": 300.0 + i, "step": i, "loss": 5.0} for i in range(51, 71)]
-    assert client.post(f"/v1/attempts/{a2}/nodes/algo-1/metrics", json={"records": second}, headers=_h(t2)).status_code == 200
+    assert (
+        client.post(f"/v1/attempts/{a2}/nodes/algo-1/metrics", json={"records": second}, headers=_h(t2)).status_code
+        == 200
+    )
     with app.state.db.session() as s:
         repo.record_verdict(s, repo.get_attempt(s, a1), "algo-1", "silent.hang", "rank 1 stuck", {})
         s.flush()
         from orchestrator.store.models import Verdict
+
         s.query(Verdict).update({"t": 160.5})
 
     data = _browser(app, admin).get(f"/ui/jobs/{job_id}/series.json").json()
@@ -148,16 +156,28 @@ def test_agent_metrics_become_the_chain_curve(api):
 
 
 def test_100_jobs_and_a_100k_point_curve_stay_small_and_fast(api):
-    client, app, admin = api
+    _client, app, admin = api
     with app.state.db.session() as s:
         for i in range(100):
             job = repo.create_job(s, {"name": f"job-{i:03d}", "backend": "local", "entrypoint": ["x"]}, "default")
             attempt = repo.create_attempt(s, job, 1)
         big_id = job.id
-        rows = [dict(job_id=job.id, attempt_id=attempt.id, attempt_number=1, step=i, t=1e9 + i,
-                     loss=4.0 + (i % 97) / 97, grad_norm=1.0 + (i % 13) / 13, lr=3e-4 * (1 - i / 1e5),
-                     tokens_per_s=5e4 + (i % 31) * 100, mfu=0.4 + (i % 7) / 100, tokens_per_dollar=1e7 + i)
-                for i in range(1, 100_001)]
+        rows = [
+            dict(
+                job_id=job.id,
+                attempt_id=attempt.id,
+                attempt_number=1,
+                step=i,
+                t=1e9 + i,
+                loss=4.0 + (i % 97) / 97,
+                grad_norm=1.0 + (i % 13) / 13,
+                lr=3e-4 * (1 - i / 1e5),
+                tokens_per_s=5e4 + (i % 31) * 100,
+                mfu=0.4 + (i % 7) / 100,
+                tokens_per_dollar=1e7 + i,
+            )
+            for i in range(1, 100_001)
+        ]
         rows[54_320]["loss"] = 99.0  # one spike, one step wide
         s.execute(MetricPoint.__table__.insert(), rows)
     browser = _browser(app, admin)
@@ -180,7 +200,7 @@ def test_100_jobs_and_a_100k_point_curve_stay_small_and_fast(api):
     page = browser.get("/ui/jobs")
     list_s = time.perf_counter() - started
     assert page.status_code == 200 and len(page.content) < 1_000_000
-    assert len(re.findall(r'<tr data-job=', page.text)) == 100
+    assert len(re.findall(r"<tr data-job=", page.text)) == 100
     job_page = browser.get(f"/ui/jobs/{big_id}")
     assert job_page.status_code == 200 and len(job_page.content) < 1_000_000
     print(f"series {len(r.content)} B in {first_s:.2f}s (cached {cached_s:.3f}s); jobs list {list_s:.2f}s")
@@ -203,9 +223,11 @@ def test_node_history_is_bounded_and_sampled_from_heartbeats(api, monkeypatch):
     history = NodeHistory(every_s=10.0, points=3, max_nodes=2)
     clock = [1000.0]
     monkeypatch.setattr("orchestrator.web.health.time.time", lambda: clock[0])
-    beat = {"accelerators": [{"util": 50.0, "mem_used": 100}, {"util": 100.0, "mem_used": 50}],
-            "nics": [{"name": "eth0", "rx_bps": 10.0, "tx_bps": 20.0}]}
-    for i in range(40):  # one heartbeat a second for 40 s: 4 points due, 3 kept
+    beat = {
+        "accelerators": [{"util": 50.0, "mem_used": 100}, {"util": 100.0, "mem_used": 50}],
+        "nics": [{"name": "eth0", "rx_bps": 10.0, "tx_bps": 20.0}],
+    }
+    for _i in range(40):  # one heartbeat a second for 40 s: 4 points due, 3 kept
         clock[0] += 1.0
         history.add("a1", "algo-1", beat)
     history.add("a1", "algo-2", {"accelerators": 5, "nics": "x"})  # malformed: no point, no error
@@ -220,5 +242,8 @@ def test_node_history_is_bounded_and_sampled_from_heartbeats(api, monkeypatch):
     with app.state.db.session() as s:
         token = repo.mint_token(s, "agent", attempt_id=attempt_id)
     app.state.node_history.every_s = 0.0
-    assert client.post(f"/v1/attempts/{attempt_id}/nodes/algo-1/heartbeat", json=beat, headers=_h(token)).status_code == 200
+    assert (
+        client.post(f"/v1/attempts/{attempt_id}/nodes/algo-1/heartbeat", json=beat, headers=_h(token)).status_code
+        == 200
+    )
     assert app.state.node_history.series([attempt_id])["algo-1"]

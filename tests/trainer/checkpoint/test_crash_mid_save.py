@@ -36,10 +36,19 @@ def free_port() -> int:
 
 
 def write_config(directory: Path, cache: Path) -> Path:
-    cfg = {"model": {"preset": "pythia-tiny"},
-           "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(cache)},
-           "seq_len": 32, "micro_batch_size": 4, "grad_accum": 2, "steps": STEPS, "warmup": 4,
-           "lr": 3e-3, "min_lr": 3e-4, "eval_every": 0, "instance_type": "c7i.xlarge"}
+    cfg = {
+        "model": {"preset": "pythia-tiny"},
+        "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(cache)},
+        "seq_len": 32,
+        "micro_batch_size": 4,
+        "grad_accum": 2,
+        "steps": STEPS,
+        "warmup": 4,
+        "lr": 3e-3,
+        "min_lr": 3e-4,
+        "eval_every": 0,
+        "instance_type": "c7i.xlarge",
+    }
     path = directory / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -51,15 +60,33 @@ def launch(workdir: Path, config: Path, name: str, env: dict[str, str]) -> tuple
     port = str(free_port())
     procs = []
     for rank in (0, 1):
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-                    "AERIE_METRICS_PATH": str(metrics), "SM_OUTPUT_DATA_DIR": str(workdir / name / "output"),
-                    "AERIE_CHECKPOINT_URI": "", "AERIE_RESUME_FROM": "", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                    **env}
+        full_env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+            "AERIE_METRICS_PATH": str(metrics),
+            "SM_OUTPUT_DATA_DIR": str(workdir / name / "output"),
+            "AERIE_CHECKPOINT_URI": "",
+            "AERIE_RESUME_FROM": "",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            **env,
+        }
         full_env.pop("SM_HPS", None)
         log = open(workdir / f"{name}-rank{rank}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "trainer.train", "--config", str(config)],
-                                      cwd=workdir, env=full_env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "trainer.train", "--config", str(config)],
+                cwd=workdir,
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     return procs, metrics
 
 
@@ -108,9 +135,17 @@ def test_kill_9_of_a_rank_mid_save(tmp_path, data_cache, s3_prefix, s3_server):
     # The crashing run: its ranks reach S3 through the throttling proxy; the test (and GC)
     # talk to the server directly, so they are not slowed.
     with ThrottlingProxy("127.0.0.1", s3_server.port, rate=RATE) as proxy:
-        procs, crashed = launch(tmp_path, config, "crashed", {
-            "AERIE_S3_ENDPOINT": proxy.endpoint_url, "AWS_ENDPOINT_URL": proxy.endpoint_url,
-            "AERIE_CHECKPOINT_URI": s3_prefix, "AERIE_CHECKPOINT_EVERY": str(EVERY)})
+        procs, crashed = launch(
+            tmp_path,
+            config,
+            "crashed",
+            {
+                "AERIE_S3_ENDPOINT": proxy.endpoint_url,
+                "AWS_ENDPOINT_URL": proxy.endpoint_url,
+                "AERIE_CHECKPOINT_URI": s3_prefix,
+                "AERIE_CHECKPOINT_EVERY": str(EVERY),
+            },
+        )
         try:
             # Mid-save: step 10 committed, rank 1's step-20 shard upload open, nothing committed for 20.
             deadline = time.monotonic() + 90
@@ -148,9 +183,16 @@ def test_kill_9_of_a_rank_mid_save(tmp_path, data_cache, s3_prefix, s3_server):
     assert manifest.last_good(s3_prefix) == step10
 
     # Resume from last_good, checkpointing again over the debris of the dead save.
-    procs, resumed = launch(tmp_path, config, "resumed", {
-        "AERIE_RESUME_FROM": manifest.last_good(s3_prefix),
-        "AERIE_CHECKPOINT_URI": s3_prefix, "AERIE_CHECKPOINT_EVERY": str(EVERY)})
+    procs, resumed = launch(
+        tmp_path,
+        config,
+        "resumed",
+        {
+            "AERIE_RESUME_FROM": manifest.last_good(s3_prefix),
+            "AERIE_CHECKPOINT_URI": s3_prefix,
+            "AERIE_CHECKPOINT_EVERY": str(EVERY),
+        },
+    )
     assert wait_all(procs, 120) == [0, 0], tail(tmp_path, "resumed")
     for rank in (0, 1):
         ref, before, after = losses(reference, rank), losses(crashed, rank), losses(resumed, rank)

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 # Run by torchrun on 2 ranks: train, save asynchronously while training on, load into a model
 # built from another seed, and compare everything (full tensors) with the state at save time.
-WORKER = r'''
+WORKER = r"""
 import json, random, sys
 import numpy as np, torch, torch.nn.functional as F, torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
@@ -100,7 +100,7 @@ dist.destroy_process_group()
 import os, sys
 sys.stdout.flush(); sys.stderr.flush()
 os._exit(0)
-'''
+"""
 
 
 def run_worker(tmp_path: Path, uri: str, parallelism: str) -> list[dict]:
@@ -108,9 +108,21 @@ def run_worker(tmp_path: Path, uri: str, parallelism: str) -> list[dict]:
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
-         uri, parallelism, str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            uri,
+            parallelism,
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
@@ -120,7 +132,12 @@ def run_worker(tmp_path: Path, uri: str, parallelism: str) -> list[dict]:
 def test_full_state_round_trip_file(tmp_path, parallelism):
     for result in run_worker(tmp_path, f"file://{tmp_path}/ckpt/step_00000003", parallelism):
         assert {k: v for k, v in result.items() if k != "blocked_s"} == {
-            "model": True, "optim": True, "scheduler": True, "rng": True, "extra": True}
+            "model": True,
+            "optim": True,
+            "scheduler": True,
+            "rng": True,
+            "extra": True,
+        }
     saved = {p.name for p in (tmp_path / "ckpt" / "step_00000003").iterdir()}
     assert ".metadata" in saved and any(name.endswith(".distcp") for name in saved)
 
@@ -129,7 +146,12 @@ def test_full_state_round_trip_file(tmp_path, parallelism):
 def test_full_state_round_trip_s3(tmp_path, s3_prefix, parallelism):
     for result in run_worker(tmp_path, f"{s3_prefix}/step_00000003", parallelism):
         assert {k: v for k, v in result.items() if k != "blocked_s"} == {
-            "model": True, "optim": True, "scheduler": True, "rng": True, "extra": True}
+            "model": True,
+            "optim": True,
+            "scheduler": True,
+            "rng": True,
+            "extra": True,
+        }
 
 
 # --- Checkpointer, in this process as a world of one ---------------------------------------------------
@@ -184,8 +206,11 @@ def test_checkpointer_is_asynchronous_and_commits_a_manifest(tmp_path, run_state
     assert not cp.poll()
     assert cp.wait(timeout=30) and cp.poll()
     metrics.close()
-    assert events(metrics.path) == [("checkpoint_begin", 10, None), ("checkpoint_end", 10, True),
-                                    ("checkpoint_committed", 10, None)]
+    assert events(metrics.path) == [
+        ("checkpoint_begin", 10, None),
+        ("checkpoint_end", 10, True),
+        ("checkpoint_committed", 10, None),
+    ]
     assert cp.last_committed == f"{base}/step_00000010"
     written = manifest.read_manifest(cp.last_committed)
     assert written["step"] == 10 and written["tokens"] == 800 and written["config_hash"] == "abc"
@@ -223,8 +248,7 @@ def test_failed_save_commits_nothing_and_the_next_interval_retries(tmp_path, run
     assert ("checkpoint_end", 20, False) in got and ("checkpoint_committed", 20, None) not in got
     assert ("checkpoint_end", 30, False) in got and ("checkpoint_committed", 30, None) not in got
     assert ("checkpoint_committed", 40, None) in got
-    failed = [json.loads(line) for line in metrics.path.read_text().splitlines()
-              if '"ok": false' in line]
+    failed = [json.loads(line) for line in metrics.path.read_text().splitlines() if '"ok": false' in line]
     assert "injected" in failed[0]["error"]
     assert manifest.last_good(base) == f"{base}/step_00000040"
 

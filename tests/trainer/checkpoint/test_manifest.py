@@ -42,8 +42,15 @@ def save(prefix: str, step: int, commit: bool = True) -> str:
     put(f"{uri}/__1_0.distcp", b"y" * (2000 + step))
     put(f"{uri}/.metadata", b"meta")
     if commit:
-        manifest.commit(uri, step=step, tokens=step * 100, world={"world_size": 2}, config_hash="cfg",
-                        code_version="abc123", metrics={"loss": 1.5})
+        manifest.commit(
+            uri,
+            step=step,
+            tokens=step * 100,
+            world={"world_size": 2},
+            config_hash="cfg",
+            code_version="abc123",
+            metrics={"loss": 1.5},
+        )
     return uri
 
 
@@ -99,8 +106,7 @@ def test_deep_verify_of_a_multipart_object(s3_prefix):
     for n, chunk in enumerate([b"a" * (5 << 20), b"b" * (5 << 20), b"c" * 1234], start=1):
         r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=n, Body=chunk)
         parts.append({"ETag": r["ETag"], "PartNumber": n})
-    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
-                                     MultipartUpload={"Parts": parts})
+    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"], MultipartUpload={"Parts": parts})
     m = manifest.commit(uri, step=1)
     assert m["objects"][0]["etag"].endswith("-3")
     assert manifest.verify(uri, deep=True).good
@@ -213,4 +219,3 @@ def test_gc_collect_dry_run_then_real(s3_prefix):
     assert real["deleted"] == dry["deleted"] and real["aborted_uploads"] == [key]
     assert [i.step for i in manifest.list_checkpoints(s3_prefix)] == [3]
     assert manifest.list_incomplete_uploads(s3_prefix) == []
-

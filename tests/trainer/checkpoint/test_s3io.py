@@ -16,13 +16,21 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_settings_from_env():
-    s = s3io.S3Settings.from_env({"AERIE_S3_ENDPOINT": "http://127.0.0.1:9000", "AWS_ENDPOINT_URL": "http://x:1",
-                                  "AERIE_S3_PART_SIZE": str(16 << 20), "AERIE_S3_THROUGHPUT_GBPS": "25"})
+    s = s3io.S3Settings.from_env(
+        {
+            "AERIE_S3_ENDPOINT": "http://127.0.0.1:9000",
+            "AWS_ENDPOINT_URL": "http://x:1",
+            "AERIE_S3_PART_SIZE": str(16 << 20),
+            "AERIE_S3_THROUGHPUT_GBPS": "25",
+        }
+    )
     assert s.endpoint_url == "http://127.0.0.1:9000" and s.region == "us-east-1"
     assert s.part_size == 16 << 20 and s.throughput_target_gbps == 25.0 and s.path_style
     assert s.read_part_size == 16 << 20  # the default
     assert s3io.S3Settings.from_env({"AERIE_S3_READ_PART_SIZE": "300000"}).read_part_size == 300_000
-    aws = s3io.S3Settings.from_env({"AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com", "AWS_REGION": "eu-west-1"})
+    aws = s3io.S3Settings.from_env(
+        {"AWS_ENDPOINT_URL": "https://s3.eu-west-1.amazonaws.com", "AWS_REGION": "eu-west-1"}
+    )
     assert aws.endpoint_url.startswith("https://s3.") and aws.region == "eu-west-1" and not aws.path_style
     assert not s3io.S3Settings.from_env({}).path_style
 
@@ -48,8 +56,9 @@ def test_boto3_half_and_manifest_import_without_torch(s3_env, s3_bucket):
         manifest.commit('s3://{s3_bucket}/x/step_00000001', step=1)
         print(manifest.last_good('s3://{s3_bucket}/x'))
     """)
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                       env={**os.environ})
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ}
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == f"s3://{s3_bucket}/x/step_00000001"
 
@@ -76,8 +85,12 @@ def assert_equal(torch, a, b):
 
 
 def empty_like(torch, sd):
-    return {k: empty_like(torch, v) if isinstance(v, dict) else
-            (torch.zeros_like(v) if isinstance(v, torch.Tensor) else None) for k, v in sd.items()}
+    return {
+        k: empty_like(torch, v)
+        if isinstance(v, dict)
+        else (torch.zeros_like(v) if isinstance(v, torch.Tensor) else None)
+        for k, v in sd.items()
+    }
 
 
 @pytest.fixture
@@ -90,6 +103,7 @@ def torch1():
 def test_dcp_round_trip_through_the_loopback_server(torch1, s3_prefix, monkeypatch, s3_server):
     """Only AERIE_S3_ENDPOINT names the server: the writer/reader subclasses bind it."""
     import torch.distributed.checkpoint as dcp
+
     from infra.local.s3proxy import ThrottlingProxy
 
     torch = torch1
@@ -118,6 +132,7 @@ def test_restore_reads_equal_ranged_slices_in_bounded_batches(torch1, s3_prefix,
     """The reader's own read path: a partial load (gaps in the files), several memory-bounded
     batches, and slices smaller than the items."""
     import torch.distributed.checkpoint as dcp
+
     from infra.local.s3proxy import ThrottlingProxy
 
     torch = torch1
@@ -126,8 +141,9 @@ def test_restore_reads_equal_ranged_slices_in_bounded_batches(torch1, s3_prefix,
     uri = manifest.checkpoint_uri(s3_prefix, 1)
     dcp.save(sd, storage_writer=s3io.storage_writer(uri, thread_count=2))
     with ThrottlingProxy("127.0.0.1", s3_server.port, rate=None) as proxy:
-        settings = s3io.S3Settings.from_env({**os.environ, "AERIE_S3_ENDPOINT": proxy.endpoint_url,
-                                             "AERIE_S3_READ_PART_SIZE": str(300_000)})
+        settings = s3io.S3Settings.from_env(
+            {**os.environ, "AERIE_S3_ENDPOINT": proxy.endpoint_url, "AERIE_S3_READ_PART_SIZE": str(300_000)}
+        )
         wanted = {k: torch.zeros_like(v) for k, v in sd.items() if k in ("w0", "w3", "w4", "w7")}
         reader = s3io.storage_reader(uri, connections=3, settings=settings, buffer_bytes=1 << 20)
         proxy.reset_peak()
@@ -202,8 +218,9 @@ def test_save_larger_than_the_temp_dir_succeeds(torch1, s3_prefix, tmp_path):
     try:
         env = {**os.environ, "TMPDIR": str(small), "OMP_NUM_THREADS": "1"}
         uri = manifest.checkpoint_uri(s3_prefix, 1)
-        p = subprocess.run([sys.executable, "-c", SAVE_IN_TMPFS, uri], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-c", SAVE_IN_TMPFS, uri], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        )
         assert p.returncode == 0, p.stdout[-1000:] + p.stderr[-3000:]
         assert p.stdout.split()[0] == "ok" and int(p.stdout.split()[1]) > 40 << 20
         assert manifest.verify(uri).good
@@ -212,7 +229,8 @@ def test_save_larger_than_the_temp_dir_succeeds(torch1, s3_prefix, tmp_path):
 
 
 def test_an_outage_mid_save_fails_fast_commits_nothing_and_leaves_abortable_uploads(
-        torch1, s3_prefix, s3_server, monkeypatch):
+    torch1, s3_prefix, s3_server, monkeypatch
+):
     """The network path cut during a save: DCP raises soon, no manifest, and the multipart
     uploads the CRT could not abort are listed and aborted by the manifest module."""
     import threading

@@ -38,5 +38,7 @@ def tokenizer_path(data_dir, corpus) -> Path:
 @pytest.fixture(scope="session")
 def dataset_prefix(data_dir, corpus, tokenizer_path) -> str:
     """The corpus preprocessed with --append-eod: `<data_dir>/ds/corpus_text_document`."""
-    stats = preprocess(corpus, "text", tokenizer_path, data_dir / "ds" / "corpus", workers=1, append_eod=True, progress=False)
+    stats = preprocess(
+        corpus, "text", tokenizer_path, data_dir / "ds" / "corpus", workers=1, append_eod=True, progress=False
+    )
     return stats["output_prefix"]

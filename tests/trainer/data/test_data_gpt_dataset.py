@@ -71,7 +71,10 @@ def test_indices_are_cached_and_reused(tmp_path, dataset_prefix, monkeypatch):
     files = sorted(p.name for p in cache.iterdir())
     assert len(files) == 4  # three .npy + description
     assert {f.split("-", 1)[1] for f in files} == {
-        "document_index.npy", "sample_index.npy", "shuffle_index.npy", "description.json"
+        "document_index.npy",
+        "sample_index.npy",
+        "shuffle_index.npy",
+        "description.json",
     }
 
     def no_rebuild(*args, **kwargs):

@@ -28,8 +28,21 @@ from trainer.data.gpt_dataset import build_blending_indices, build_sample_index
 def test_preprocess_cli_output_read_by_megatron(tmp_path, corpus, corpus_texts, tokenizer_path):
     result = CliRunner().invoke(
         data_app,
-        ["preprocess", "--input", str(corpus), "--json-key", "text", "--tokenizer", str(tokenizer_path),
-         "--output-prefix", str(tmp_path / "out"), "--workers", "2", "--append-eod", "--no-progress"],
+        [
+            "preprocess",
+            "--input",
+            str(corpus),
+            "--json-key",
+            "text",
+            "--tokenizer",
+            str(tokenizer_path),
+            "--output-prefix",
+            str(tmp_path / "out"),
+            "--workers",
+            "2",
+            "--append-eod",
+            "--no-progress",
+        ],
     )
     assert result.exit_code == 0, result.output
     prefix = str(tmp_path / "out_text_document")
@@ -113,11 +126,19 @@ def test_gpt_dataset_matches_megatron(tmp_path, dataset_prefix, seq_len, fractio
     samples_per_epoch = (IndexedDataset(dataset_prefix).num_tokens - 1) // seq_len
     num_samples = int(fraction_of_epoch * samples_per_epoch)
     config = GPTDatasetConfig(
-        random_seed=17, sequence_length=seq_len, tokenizer=_Tokenizer(), reset_position_ids=False,
-        reset_attention_mask=False, eod_mask_loss=False, path_to_cache=str(tmp_path / "mcache"), split="100,0,0",
+        random_seed=17,
+        sequence_length=seq_len,
+        tokenizer=_Tokenizer(),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        path_to_cache=str(tmp_path / "mcache"),
+        split="100,0,0",
     )
     low = MegatronIndexedDataset(dataset_prefix)
-    theirs = MegatronGPTDataset(low, dataset_prefix, np.arange(len(low), dtype=np.int32), num_samples, Split.train, config)
+    theirs = MegatronGPTDataset(
+        low, dataset_prefix, np.arange(len(low), dtype=np.int32), num_samples, Split.train, config
+    )
     ours = GPTDataset(dataset_prefix, seq_len, num_samples, seed=17)
 
     single = ours.datasets[0]

@@ -31,7 +31,9 @@ def test_preprocess_writes_tokens_per_document(tmp_path, corpus, corpus_texts, t
 
 
 def test_workers_write_identical_files(tmp_path, corpus, tokenizer_path, dataset_prefix):
-    stats = preprocess(corpus, "text", tokenizer_path, tmp_path / "pool", workers=2, append_eod=True, chunksize=4, progress=False)
+    stats = preprocess(
+        corpus, "text", tokenizer_path, tmp_path / "pool", workers=2, append_eod=True, chunksize=4, progress=False
+    )
     assert stats["workers"] == 2 and stats["tokens_per_s"] > 0
     for ext in (".bin", ".idx"):
         with open(dataset_prefix + ext, "rb") as a, open(stats["output_prefix"] + ext, "rb") as b:
@@ -53,8 +55,15 @@ def _invoke(*args):
 
 
 def test_cli(tmp_path, corpus, tokenizer_path, dataset_prefix):
-    result = _invoke("--input", str(corpus), "--tokenizer", str(tokenizer_path),
-                     "--output-prefix", str(tmp_path / "cli"), "--append-eod")
+    result = _invoke(
+        "--input",
+        str(corpus),
+        "--tokenizer",
+        str(tokenizer_path),
+        "--output-prefix",
+        str(tmp_path / "cli"),
+        "--append-eod",
+    )
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout.strip().splitlines()[-1])
     assert stats["docs"] == 50 and stats["dtype"] == "uint16"
@@ -73,11 +82,15 @@ def test_cli_bad_input(tmp_path, corpus, tokenizer_path):
     out = str(tmp_path / "o")
     _assert_usage_error(
         _invoke("--input", str(tmp_path / "nope.jsonl"), "--tokenizer", str(tokenizer_path), "--output-prefix", out),
-        "--input", "not found",
+        "--input",
+        "not found",
     )
     _assert_usage_error(
-        _invoke("--input", str(corpus), "--json-key", "content", "--tokenizer", str(tokenizer_path), "--output-prefix", out),
-        "--json-key", "'content'",
+        _invoke(
+            "--input", str(corpus), "--json-key", "content", "--tokenizer", str(tokenizer_path), "--output-prefix", out
+        ),
+        "--json-key",
+        "'content'",
     )
     _assert_usage_error(
         _invoke("--input", str(corpus), "--tokenizer", str(tmp_path / "no-tokenizer.json"), "--output-prefix", out),
@@ -87,7 +100,8 @@ def test_cli_bad_input(tmp_path, corpus, tokenizer_path):
     bad_line.write_text('{"text": "fine"}\n{"text": "fine too"}\n{"txt": "typo"}\n')
     _assert_usage_error(
         _invoke("--input", str(bad_line), "--tokenizer", str(tokenizer_path), "--output-prefix", out, "--workers", "2"),
-        "line 3", "'text'",
+        "line 3",
+        "'text'",
     )
     not_json = tmp_path / "not.jsonl"
     not_json.write_text("plain text\n")
@@ -99,12 +113,20 @@ def test_cli_bad_input(tmp_path, corpus, tokenizer_path):
     latin1.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
     _assert_usage_error(
         _invoke("--input", str(latin1), "--tokenizer", str(tokenizer_path), "--output-prefix", out),
-        "line 2", "not UTF-8",
+        "line 2",
+        "not UTF-8",
     )
     assert not (tmp_path / "o_text_document.bin").exists()  # no half-written output left
     (tmp_path / "a-file").write_text("")
     _assert_usage_error(
-        _invoke("--input", str(corpus), "--tokenizer", str(tokenizer_path), "--output-prefix", str(tmp_path / "a-file" / "x")),
+        _invoke(
+            "--input",
+            str(corpus),
+            "--tokenizer",
+            str(tokenizer_path),
+            "--output-prefix",
+            str(tmp_path / "a-file" / "x"),
+        ),
         "--output-prefix",
     )
     _assert_usage_error(

@@ -46,11 +46,11 @@ def test_load_every_format_gives_the_same_ids(tmp_path, tokenizer_path):
     assert len(merges.read_text().splitlines()) > 500  # one merge per line
 
     loaded = [
-        load_tokenizer(str(tokenizer_path)),       # tokenizer.json file
-        load_tokenizer(tokenizer_path.parent),     # directory holding tokenizer.json
-        load_tokenizer(tmp_path / "gpt2"),         # directory holding vocab.json + merges.txt
-        load_tokenizer(vocab),                     # vocab.json with merges.txt beside it
-        load_tokenizer((vocab, merges)),           # explicit pair
+        load_tokenizer(str(tokenizer_path)),  # tokenizer.json file
+        load_tokenizer(tokenizer_path.parent),  # directory holding tokenizer.json
+        load_tokenizer(tmp_path / "gpt2"),  # directory holding vocab.json + merges.txt
+        load_tokenizer(vocab),  # vocab.json with merges.txt beside it
+        load_tokenizer((vocab, merges)),  # explicit pair
     ]
     for tok in loaded:
         assert tok.vocab_size == original.vocab_size
@@ -71,5 +71,5 @@ def test_load_errors(tmp_path):
         load_tokenizer(tmp_path / "junk.json")
     (tmp_path / "lonely").mkdir()
     (tmp_path / "lonely" / "vocab.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="merges.txt"):
+    with pytest.raises(FileNotFoundError, match=r"merges\.txt"):
         load_tokenizer(tmp_path / "lonely")

@@ -5,7 +5,13 @@ import torch
 from torch import nn
 
 from trainer.models import (
-    PRESETS, PUBLISHED_PARAMS, ModelConfig, build_model, flops_per_token, get_preset, num_params,
+    PRESETS,
+    PUBLISHED_PARAMS,
+    ModelConfig,
+    build_model,
+    flops_per_token,
+    get_preset,
+    num_params,
 )
 
 torch.set_num_threads(1)

@@ -1,0 +1,211 @@
+"""The `AERIE_*` environment: every name, what it means, who sets it and who reads it.
+
+Each variable is an `EnvVar`, a `str` whose value is the variable's name, so it is used exactly
+where the name was (`os.environ.get(env.API)`), and carries its documentation with it. `ALL`
+lists them; `docs/architecture.md`'s table is generated from it (`python -m aerie_contracts.env`).
+
+Who: `backend` = every backend's node launch (`orchestrator/backends/nodeenv.py`); `agent` = the
+per-node agent, which also passes everything on to its ranks; `trainer` = Aerie's trainer;
+`control plane` = `aerie up` (`orchestrator.settings.Settings`, prefix AERIE_); `cli`; `lambdas`
+= event handlers (in-process or AWS Lambda); `operator` = whoever deploys (CDK app, container).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+
+class EnvVar(str):
+    """An environment variable's name, with its meaning and its writers and readers."""
+
+    meaning: str
+    set_by: str
+    read_by: str
+
+    def __new__(cls, name: str, meaning: str, set_by: str, read_by: str) -> EnvVar:
+        obj = super().__new__(cls, name)
+        obj.meaning, obj.set_by, obj.read_by = meaning, set_by, read_by
+        return obj
+
+    @property
+    def name(self) -> str:
+        return str.__str__(self)
+
+    def get(self, default: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+        return (os.environ if environ is None else environ).get(self, default)
+
+
+ALL: list[EnvVar] = []
+
+
+def _var(name: str, meaning: str, set_by: str, read_by: str) -> EnvVar:
+    var = EnvVar(name, meaning, set_by, read_by)
+    ALL.append(var)
+    return var
+
+
+# --- a node's contract (set by every backend, read by the agent and the trainer) -------------
+ML_ROOT = _var(
+    "AERIE_ML_ROOT",
+    "the node's /opt/ml (SageMaker's container layout) rooted in a directory; unset: /opt/ml (SageMaker)",
+    "local and slurm backends, agent",
+    "agent, trainer",
+)
+NODE_DIR = _var(
+    "AERIE_NODE_DIR", "the agent's own files (pids, exit files): always <ML root>/agent", "agent", "agent.rank"
+)
+METRICS_PATH = _var(
+    "AERIE_METRICS_PATH",
+    "directory of the per-rank metrics JSONL stream (default <ML root>/output/metrics)",
+    "agent",
+    "trainer, agent",
+)
+WORKDIR = _var("AERIE_WORKDIR", "where the entrypoint runs", "backend", "agent, trainer")
+ENTRYPOINT = _var("AERIE_ENTRYPOINT", "JSON list: the spec's entrypoint + args, run on every rank", "backend", "agent")
+PROCS_PER_NODE = _var("AERIE_PROCS_PER_NODE", "ranks per node", "backend", "agent")
+MASTER_ADDR = _var(
+    "AERIE_MASTER_ADDR",
+    "rendezvous address where the backend knows it; else the first sorted host of resourceconfig.json",
+    "local and slurm backends",
+    "agent (agent.identity)",
+)
+MASTER_PORT = _var(
+    "AERIE_MASTER_PORT",
+    "rendezvous port (backend_options.master_port); else derived from SLURM_JOB_ID, else 29500",
+    "backend",
+    "agent (agent.identity)",
+)
+HEALTH = _var("AERIE_HEALTH", "JSON of the spec's health section (aerie_contracts.health)", "backend", "agent")
+# --- the attempt ------------------------------------------------------------------------------
+API = _var("AERIE_API", "the control plane's URL", "backend, operator", "agent, lambdas, cli")
+AGENT_TOKEN = _var("AERIE_AGENT_TOKEN", "bearer token valid only for this attempt's agents", "backend", "agent")
+JOB = _var("AERIE_JOB", "the job id", "backend", "trainer")
+ATTEMPT = _var("AERIE_ATTEMPT", "the attempt id", "backend", "agent, trainer")
+ATTEMPT_NUMBER = _var(
+    "AERIE_ATTEMPT_NUMBER",
+    "the attempt's number in its job's chain (1, 2, ...): the epoch in its checkpoint keys",
+    "backend",
+    "trainer",
+)
+RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty", "backend", "trainer")
+CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
+CHECKPOINT_EVERY = _var("AERIE_CHECKPOINT_EVERY", "checkpoint every this many steps", "backend", "trainer")
+FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
+# --- the trainer ------------------------------------------------------------------------------
+DATA_CACHE = _var("AERIE_DATA_CACHE", "where the built-in corpus and tokenizer are built once", "user", "trainer")
+STOP_GRACE_S = _var("AERIE_STOP_GRACE_S", "seconds a rank gets to finish a save after SIGTERM", "user", "trainer")
+CODE_VERSION = _var("AERIE_CODE_VERSION", "code version recorded in checkpoint manifests", "user", "trainer")
+LOG_LEVEL = _var("AERIE_LOG_LEVEL", "the trainer's log level", "user", "trainer")
+EVAL_THREADS = _var("AERIE_EVAL_THREADS", "torch threads of the eval sampler", "lambdas", "trainer")
+# --- S3 ---------------------------------------------------------------------------------------
+S3_ENDPOINT = _var(
+    "AERIE_S3_ENDPOINT", "S3 endpoint URL (else AWS_ENDPOINT_URL, else AWS)", "operator, cli", "trainer, control plane"
+)
+S3_PART_SIZE = _var("AERIE_S3_PART_SIZE", "multipart upload part size, bytes", "user", "trainer")
+S3_READ_PART_SIZE = _var("AERIE_S3_READ_PART_SIZE", "ranged GET slice size, bytes", "user", "trainer")
+S3_THROUGHPUT_GBPS = _var("AERIE_S3_THROUGHPUT_GBPS", "the CRT's target throughput", "user", "trainer")
+S3_MAX_ATTEMPTS = _var("AERIE_S3_MAX_ATTEMPTS", "S3 client retries", "user", "trainer")
+S3_BUCKET = _var("AERIE_S3_BUCKET", "the dev stack's bucket", "operator", "control plane")
+# --- the control plane (orchestrator.settings.Settings reads AERIE_<field>) ---------------------
+HOME = _var(
+    "AERIE_HOME", "the control plane's home (store, tokens, jobs); default ~/.aerie", "operator", "control plane, cli"
+)
+DATABASE_URL = _var(
+    "AERIE_DATABASE_URL", "SQLAlchemy URL of the store (default SQLite under AERIE_HOME)", "operator", "control plane"
+)
+HOST = _var("AERIE_HOST", "address the API listens on", "operator", "control plane")
+PORT = _var("AERIE_PORT", "port the API listens on", "operator", "control plane")
+PUBLIC_URL = _var("AERIE_PUBLIC_URL", "URL agents and handlers use to reach the API", "operator", "control plane")
+RECONCILE_INTERVAL_S = _var(
+    "AERIE_RECONCILE_INTERVAL_S", "seconds between reconcile passes", "operator", "control plane"
+)
+EVENT_BUS = _var(
+    "AERIE_EVENT_BUS",
+    "EventBridge bus (name or ARN) the outbox publishes to instead of calling the handlers in-process",
+    "operator",
+    "control plane",
+)
+WEB_HEALTH_EVERY_S = _var(
+    "AERIE_WEB_HEALTH_EVERY_S", "dashboard node-health sampling period", "operator", "control plane"
+)
+FAILPOINT = _var(
+    "AERIE_FAILPOINT", "test-only: name of a failpoint that crashes the process", "tests", "control plane, trainer"
+)
+ADMIN_TOKEN = _var("AERIE_ADMIN_TOKEN", "bootstrap admin token (deployments)", "operator", "control plane")
+DEFAULT_BACKEND = _var(
+    "AERIE_DEFAULT_BACKEND",
+    "backend of a SageMaker-API CreateTrainingJob without an aerie:backend tag (default local)",
+    "operator",
+    "control plane",
+)
+SAGEMAKER_MAX_INSTANCES = _var(
+    "AERIE_SAGEMAKER_MAX_INSTANCES",
+    "most instances a tenant's in-progress SageMaker-API jobs may hold (0: no limit; over it: ResourceLimitExceeded)",
+    "operator",
+    "control plane",
+)
+SIGV4_KEY = _var(
+    "AERIE_SIGV4_KEY",
+    "hex key the AWS secret access keys of tokens are derived from (else AERIE_HOME/sigv4.key); same on every replica",
+    "operator",
+    "control plane",
+)
+MODEL_ARTIFACTS_URI = _var(
+    "AERIE_MODEL_ARTIFACTS_URI",
+    "S3 URI the first node uploads model/ to as model.tar.gz after a clean run (SageMaker-API jobs)",
+    "backend",
+    "agent",
+)
+# --- clients and handlers -----------------------------------------------------------------------
+TOKEN = _var("AERIE_TOKEN", "the CLI's bearer token", "user", "cli")
+SERVICE_TOKEN = _var(
+    "AERIE_SERVICE_TOKEN",
+    "the handlers' bearer token; the control plane accepts it as a service token",
+    "operator",
+    "lambdas, control plane",
+)
+SERVICE_TOKEN_ARN = _var("AERIE_SERVICE_TOKEN_ARN", "Secrets Manager ARN of the service token", "operator", "lambdas")
+SLACK_BOT_TOKEN_ARN = _var(
+    "AERIE_SLACK_BOT_TOKEN_ARN", "Secrets Manager ARN of the Slack bot token", "operator", "lambdas"
+)
+SLACK_SIGNING_SECRET_ARN = _var(
+    "AERIE_SLACK_SIGNING_SECRET_ARN", "Secrets Manager ARN of Slack's signing secret", "operator", "lambdas"
+)
+CHECKPOINT_BUCKET = _var("AERIE_CHECKPOINT_BUCKET", "checkpoint bucket of a deployment", "operator", "lambdas")
+CHECKPOINT_PREFIX = _var("AERIE_CHECKPOINT_PREFIX", "checkpoint prefix of a deployment", "operator", "lambdas")
+SLACK_API_URL = _var(
+    "AERIE_SLACK_API_URL", "Slack Web API base URL (tests point it at a stand-in)", "operator", "lambdas"
+)
+EVAL_SAMPLER_TIMEOUT_S = _var("AERIE_EVAL_SAMPLER_TIMEOUT_S", "limit of one eval sampling run", "operator", "lambdas")
+EVAL_SAMPLER_COMMAND = _var(
+    "AERIE_EVAL_SAMPLER_COMMAND",
+    "JSON argv of the eval sampler (default: this Python with -m trainer.eval_sampler)",
+    "operator, tests",
+    "lambdas",
+)
+# --- backends ---------------------------------------------------------------------------------
+SLURM_PARTITION = _var("AERIE_SLURM_PARTITION", "default Slurm partition", "operator", "slurm backend")
+SLURM_ACCOUNT = _var("AERIE_SLURM_ACCOUNT", "default Slurm account", "operator", "slurm backend")
+SLURM_PYTHON = _var("AERIE_SLURM_PYTHON", "python on the Slurm nodes", "operator", "slurm backend")
+SLURM_LAUNCH = _var("AERIE_SLURM_LAUNCH", "path of the attempt's launch.json on a Slurm node", "slurm backend", "agent")
+SAGEMAKER = _var("AERIE_SAGEMAKER", "enable the sagemaker backend", "operator", "sagemaker backend")
+SAGEMAKER_ROLE_ARN = _var(
+    "AERIE_SAGEMAKER_ROLE_ARN", "execution role of training jobs", "operator", "sagemaker backend"
+)
+SAGEMAKER_SUBNETS = _var("AERIE_SAGEMAKER_SUBNETS", "VPC subnets of training jobs", "operator", "sagemaker backend")
+SAGEMAKER_SECURITY_GROUPS = _var(
+    "AERIE_SAGEMAKER_SECURITY_GROUPS", "security groups of training jobs", "operator", "sagemaker backend"
+)
+
+BY_NAME: dict[str, EnvVar] = {v.name: v for v in ALL}
+
+
+def markdown_table() -> str:
+    rows = ["| variable | meaning | set by | read by |", "|---|---|---|---|"]
+    rows += [f"| `{v.name}` | {v.meaning} | {v.set_by} | {v.read_by} |" for v in ALL]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,93 @@
+"""Events: what the outbox delivers, in EventBridge's envelope, to in-process or Lambda handlers.
+
+Every state change is written with its event in one transaction and delivered at least once;
+handlers are idempotent. The envelope is EventBridge's (`version`, `id`, `detail-type`, `source`,
+`account`, `time`, `region`, `resources`, `detail`), so one handler runs in both places.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from aerie_contracts._strenum import StrEnum
+
+SOURCE = "aerie.orchestrator"  # the `source` of every event Aerie publishes
+# `detail.seq`: the event's sequence number in the control plane's outbox, set on every delivery
+# (in-process and on EventBridge, whose envelope `id` is its own and new on each publication).
+# It is the idempotency key: an event published twice (after a crash between the publication
+# and the outbox row's update) carries the same `seq` both times, so a consumer can dedupe.
+SEQ = "seq"
+SAGEMAKER_SOURCE = "aws.sagemaker"  # real SageMaker events, mapped onto Aerie's shapes
+
+
+class DetailType(StrEnum):
+    JOB_STATE_CHANGE = "Aerie Job State Change"
+    ATTEMPT_STATE_CHANGE = "Aerie Attempt State Change"
+    CHECKPOINT_COMMITTED = "Aerie Checkpoint Committed"
+    VERDICT_RAISED = "Aerie Verdict Raised"
+    # Published by SageMaker itself (EventBridge, source aws.sagemaker); chain_restart accepts it.
+    SAGEMAKER_TRAINING_JOB_STATE_CHANGE = "SageMaker Training Job State Change"
+
+
+class _JobDetail(TypedDict):
+    job_id: str
+    job_name: str
+
+
+class _Delivered(TypedDict, total=False):
+    seq: int  # SEQ: the outbox sequence number, added on delivery
+
+
+class JobStateDetail(_JobDetail, _Delivered, total=False):
+    state: str  # JobState
+    reason: dict[str, Any]  # FailureReason
+
+
+class AttemptStateDetail(_JobDetail, _Delivered, total=False):
+    attempt_id: str
+    attempt: int
+    state: str  # AttemptState
+    reason: dict[str, Any]  # FailureReason
+    exit_code: int
+    resume_from: str
+
+
+class CheckpointCommittedDetail(_JobDetail, _Delivered, total=False):
+    attempt_id: str
+    step: int
+    uri: str
+
+
+class VerdictRaisedDetail(_JobDetail, _Delivered, total=False):
+    attempt_id: str
+    attempt: int
+    host: str
+    kind: str  # FailureKind
+    message: str
+
+
+DETAIL_SHAPES: dict[str, type] = {
+    DetailType.JOB_STATE_CHANGE: JobStateDetail,
+    DetailType.ATTEMPT_STATE_CHANGE: AttemptStateDetail,
+    DetailType.CHECKPOINT_COMMITTED: CheckpointCommittedDetail,
+    DetailType.VERDICT_RAISED: VerdictRaisedDetail,
+}
+
+
+# The event patterns of the deployed stack's EventBridge rules (infra/aws/aerie_cdk/handlers.py
+# builds its rules from these), so what the control plane publishes and what the rules filter on
+# are defined in one place. Aerie's own events go to the Aerie bus; SageMaker's to the default bus.
+ATTEMPT_FAILED_PATTERN: dict[str, Any] = {
+    "source": [SOURCE],
+    "detail-type": [DetailType.ATTEMPT_STATE_CHANGE.value],
+    "detail": {"state": ["Failed"]},  # AttemptState.FAILED
+}
+CHECKPOINT_COMMITTED_PATTERN: dict[str, Any] = {
+    "source": [SOURCE],
+    "detail-type": [DetailType.CHECKPOINT_COMMITTED.value],
+}
+SAGEMAKER_JOB_ENDED_PATTERN: dict[str, Any] = {
+    "source": [SAGEMAKER_SOURCE],
+    "detail-type": [DetailType.SAGEMAKER_TRAINING_JOB_STATE_CHANGE.value],
+    "detail": {"TrainingJobStatus": ["Failed", "Stopped", "Completed"]},
+}

@@ -1,0 +1,96 @@
+"""The `health` section of a job spec: the thresholds of every detector, defined once.
+
+The spec validates it (`orchestrator.spec` builds its pydantic model from this class, bounds
+included) and the agent reads it from `AERIE_HEALTH` (`HealthSettings.from_dict`), so the two
+can never drift. Each field's `metadata` holds its bounds (`gt`, `ge`, `lt`, `le`) and its
+meaning (`doc`); nested sections are dataclasses of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def _f(default: Any, doc: str, **bounds: float) -> Any:
+    return field(default=default, metadata={"doc": doc, **bounds})
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Thresholds of the node agent's detectors (agent/detect.py documents each detector)."""
+
+    hang_floor_s: float = _f(30.0, "never call a hang sooner than this", gt=0)
+    hang_factor: float = _f(5.0, "... nor sooner than this many p95 step times", gt=0)
+    startup_grace_s: float = _f(60.0, "no silent.* verdict this soon after the node started", ge=0)
+    first_step_timeout_s: float = _f(300.0, "a job that never completes step 1 hangs after this", gt=0)
+    pause_max_s: float = _f(1800.0, "a checkpoint/eval open longer than this is stuck, not paused", gt=0)
+    heartbeat_s: float = _f(5.0, "how often the agent reports to the control plane", gt=0)
+    # 120 s: an agent sends its first heartbeat as soon as its ranks are started (about a second
+    # here, seconds in a container); two minutes leave room for a cold Python start on a shared
+    # filesystem or a slow API, while a node that never boots costs the job two minutes instead
+    # of `max_runtime_s`. The clock starts when the backend reports the attempt's machines
+    # allocated (not while Slurm queues the job or SageMaker provisions instances).
+    first_heartbeat_s: float = _f(
+        120.0, "a node with no heartbeat this long after its machines were allocated is lost", gt=0
+    )
+    sample_s: float = _f(1.0, "how often the agent samples its probes", gt=0)
+    window_s: float = _f(300.0, "how much history the monitor keeps per series", gt=0)
+    busy_util: float = _f(50.0, "% above which a stalled accelerator counts as busy", ge=0, le=100)
+    gpu_idle_util: float = _f(5.0, "% below which an accelerator counts as idle", ge=0, le=100)
+    gpu_work_util: float = _f(10.0, "% (median of peers) above which peers count as working", ge=0, le=100)
+    gpu_idle_s: float = _f(20.0, "how long one accelerator may idle while its peers work", gt=0)
+    nic_drop_ratio: float = _f(0.1, "collapse = below this fraction of the NIC's recent median", gt=0, lt=1)
+    nic_window_s: float = _f(20.0, "... held for this long", gt=0)
+    nic_baseline_s: float = _f(120.0, "the recent median looks back this far", gt=0)
+    nic_min_bps: float = _f(256 * 1024, "baselines below this are too quiet to judge", ge=0)
+    nic_min_retrans: int = _f(5, "TCP retransmissions in the window that corroborate a stall", ge=0)
+    spike_z: float = _f(6.0, "robust z-score of a loss spike", gt=0)
+    spike_steps: int = _f(3, "steps a spike must hold", ge=1)
+    spike_min_rel: float = _f(0.1, "... and at least this far above the median (a flat loss has a tiny MAD)", ge=0)
+    spike_baseline: int = _f(50, "steps the median/MAD is taken over", ge=2)
+    spike_min_baseline: int = _f(20, "no spike verdict before this many steps", ge=2)
+    accelerator: Literal["auto", "nvml", "cpu"] = _f("auto", "which utilisation probe: NVML, the ranks' CPU, or auto")
+    gpus: Literal["owned", "all"] = _f(
+        "owned", "GPUs the probe watches: those the ranks own (NVML process list, visible devices), or every GPU"
+    )
+    enabled: bool = _f(True, "run the detectors at all")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> HealthSettings:
+        """The settings from JSON (`AERIE_HEALTH`): known keys override defaults, coerced to the
+        field's type; unknown keys are ignored (an older agent reading a newer spec)."""
+        settings: HealthSettings = _from_dict(cls, data or {})
+        return settings
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _from_dict(cls: type, data: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data or data[f.name] is None:
+            continue
+        kwargs[f.name] = _coerce(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any) -> Any:
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return value if isinstance(value, tp) else _from_dict(tp, dict(value))
+    if tp is bool:
+        return bool(value)
+    if tp is int:
+        return int(value)
+    if tp is float:
+        return float(value)
+    return value  # Literal[...] and str: taken as given (the spec validated them)
+
+
+def field_bounds(f: dataclasses.Field[Any]) -> dict[str, float]:
+    """A field's numeric bounds, as pydantic's `Field(gt=..., le=...)` keywords."""
+    return {k: v for k, v in f.metadata.items() if k in ("gt", "ge", "lt", "le")}

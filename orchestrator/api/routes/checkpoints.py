@@ -1,0 +1,136 @@
+"""Checkpoint records that tell the truth: fenced commits, and `bad` / `deleted` as they happen.
+
+Attempt-scoped routes (agent token of that attempt; the trainer's rank 0 calls them through
+`trainer.checkpoint.fence`): whether the attempt is still its job's current one, the job's
+record, recording a commit — refused with 409 once the attempt was superseded, checked in the
+transaction that inserts the row — and marking a checkpoint bad after a failed restore. The
+job-scoped route is for handlers and people: `chain_restart` reports checkpoints whose
+verification failed, `checkpoint_gc` the ones it deleted.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from aerie_contracts.states import ATTEMPT_ACTIVE
+from orchestrator.api.deps import Principal, agent_of, get_session, writer
+from orchestrator.api.schemas import (
+    AUTH_ERRORS,
+    AttemptViewOut,
+    CheckpointBadIn,
+    CheckpointIn,
+    CheckpointOut,
+    CheckpointStateIn,
+    CheckpointStateOut,
+    ErrorOut,
+)
+from orchestrator.store import repo
+from orchestrator.store.models import Attempt, Checkpoint, Job
+
+SUPERSEDED = {409: {"model": ErrorOut, "description": "The attempt is no longer its job's current one (fenced)"}}
+
+attempts = APIRouter(prefix="/v1/attempts/{attempt_id}", tags=["agents"], responses=AUTH_ERRORS)
+jobs = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS)
+
+
+def checkpoint_out(c: Checkpoint) -> CheckpointOut:
+    return CheckpointOut(
+        step=c.step,
+        uri=c.uri,
+        state=c.state,
+        attempt_id=c.attempt_id,
+        size_bytes=c.size_bytes,
+        created_at=c.created_at,
+        meta=c.meta or {},
+        reason=c.reason,
+        state_at=c.state_at,
+    )
+
+
+def _attempt(s: Session, who: Principal, attempt_id: str) -> Attempt:
+    attempt = s.get(Attempt, attempt_id)
+    if attempt is None or attempt.job.tenant != who.tenant:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
+    return attempt
+
+
+def record(s: Session, attempt: Attempt, body: CheckpointIn) -> dict:
+    """Record a committed checkpoint, or 409 when its attempt was superseded (the agents' route
+    for `checkpoint_committed` lines and the trainer's own commit both come here)."""
+    try:
+        created = repo.record_checkpoint(s, attempt, body.step, body.uri, body.meta)
+    except repo.Superseded as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return {"ok": True, "new": created is not None}
+
+
+@attempts.get("", response_model=AttemptViewOut)
+def attempt_view(
+    attempt_id: str,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> AttemptViewOut:
+    """Whether this attempt is still its job's current one: a superseded attempt's ranks must not
+    commit (their record would be refused anyway)."""
+    attempt = _attempt(s, who, attempt_id)
+    newest = s.scalars(select(Attempt.number).where(Attempt.job_id == attempt.job_id)).all()
+    current = attempt.state in ATTEMPT_ACTIVE and attempt.number >= max(newest)
+    return AttemptViewOut(
+        id=attempt.id, job_id=attempt.job_id, number=attempt.number, state=attempt.state, current=current
+    )
+
+
+@attempts.get("/checkpoints", response_model=list[CheckpointOut])
+def attempt_job_checkpoints(
+    attempt_id: str,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> list[CheckpointOut]:
+    """The record of the attempt's job's checkpoints (what a restore may fall back to)."""
+    attempt = _attempt(s, who, attempt_id)
+    return [checkpoint_out(c) for c in repo.list_checkpoints(s, attempt.job)]
+
+
+@attempts.post("/checkpoints", responses=SUPERSEDED)
+def commit_checkpoint(
+    attempt_id: str,
+    body: CheckpointIn,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict:
+    return record(s, _attempt(s, who, attempt_id), body)
+
+
+@attempts.post("/checkpoints/bad", response_model=CheckpointStateOut, responses=SUPERSEDED)
+def mark_bad(
+    attempt_id: str,
+    body: CheckpointBadIn,
+    who: Principal = Depends(agent_of),
+    s: Session = Depends(get_session, scope="function"),
+) -> CheckpointStateOut:
+    """A restore from this checkpoint of the job failed. Only the job's current attempt may say so:
+    a zombie must not take resume points away from the attempt that replaced it."""
+    attempt = _attempt(s, who, attempt_id)
+    if not repo.hold_current_attempt(s, attempt):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"attempt {attempt_id} is no longer its job's current attempt")
+    changed = repo.set_checkpoint_state(s, attempt.job, [body.uri], "bad", body.reason)
+    return CheckpointStateOut(changed=[c.uri for c in changed])
+
+
+@jobs.post("/{job_ref}/checkpoints/state", response_model=CheckpointStateOut)
+def set_state(
+    job_ref: str,
+    body: CheckpointStateIn,
+    who: Principal = Depends(writer),
+    s: Session = Depends(get_session, scope="function"),
+) -> CheckpointStateOut:
+    """Mark recorded checkpoints `bad` (verification failed) or `deleted` (GC removed them).
+    Unknown URIs and ones already in that state are left alone, so a redelivery changes nothing."""
+    try:
+        job: Job = repo.get_job(s, who.tenant, job_ref)
+    except repo.NotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_ref!r}") from None
+    changed = repo.set_checkpoint_state(s, job, body.uris, body.state, body.reason)
+    return CheckpointStateOut(changed=[c.uri for c in changed])

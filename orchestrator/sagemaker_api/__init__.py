@@ -1,0 +1,7 @@
+"""The SageMaker-compatible endpoint: SageMaker's training API and the CloudWatch Logs calls the
+SDKs read job logs with, spoken over AWS's JSON 1.1 protocol with SigV4, on top of Aerie's jobs.
+
+`gateway` (the ASGI door and authentication flow), `sigv4` (credentials, verification),
+`training` (CreateTrainingJob & co.), `logs` (DescribeLogStreams, GetLogEvents), `errors`.
+The request/response mapping itself lives once, in `orchestrator/sagemaker_mapping.py`.
+"""

@@ -1,0 +1,37 @@
+"""Smoke test of bench/data.py at a tiny size, so the bench cannot rot: both phases run (the agent's
+File-mode download and the download_file loop through the throttling proxy, then the tiny model
+trained from the channel directory and streamed from S3) and one JSON line comes out. Speed is
+not asserted here (see the bench itself); that both training runs log the same losses is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_bench_prints_download_and_fastfile_lines():
+    download_args = ["--size-mb", "6", "--objects", "3", "--connections", "4"]
+    train_args = ["--train-mb", "1", "--steps", "6", "--warmup", "2"]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "data.py"), *download_args, *train_args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    download = result["file_mode_download"]
+    assert download["aerie_MBps"] > 0 and download["baseline_download_file_loop_MBps"] > 0
+    assert download["aerie_verified"] == {"CRC32": 3}
+    assert download["aerie_vs_bound"] > 0 and download["bound_MBps"] > 0
+    training = result["fastfile_training"]
+    assert training["file_tokens_per_s"] > 0 and training["fastfile_tokens_per_s"] > 0
+    assert training["same_losses"] is True

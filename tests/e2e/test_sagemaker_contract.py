@@ -1,0 +1,114 @@
+"""A two-instance SageMaker job with only what SageMaker provides, end to end.
+
+A real `aerie up` with the `sagemaker` backend, whose unmodified boto3 client talks to the local
+SageMaker stand-in (tests/helpers/sagemaker_standin.py: SageMaker's JSON protocol outside, its
+container contract inside — resourceconfig.json, the job's Environment, TRAINING_JOB_NAME, no
+SM_*, no AERIE_ML_ROOT, no AERIE_NODE_DIR, `/opt/ml` per instance and `algo-N` host names through
+a mount namespace each; root). The tiny model trains on algo-1 + algo-2, one rank each.
+
+Attempt 1: a rank on algo-2 is SIGKILLed at step 9 (fault injection); the attempt ends with that
+rank's exit cause. Attempt 2 (chained) resumes from the last good checkpoint, read from S3 only —
+the request has no CheckpointConfig, so nothing is staged on disk — and trains to completion.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from tests.helpers.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
+from tests.helpers.jobs import FAST_HEALTH
+from tests.helpers.sagemaker_standin import SageMakerStandIn, image_env
+
+STEPS, EVERY, KILL_AT = 12, 4, 9
+
+
+@pytest.fixture
+def sagemaker(tmp_path, s3_env):
+    if os.geteuid() != 0 or not shutil.which("unshare"):  # never a skip: it would read as a pass
+        pytest.fail("the SageMaker stand-in's containers need root and unshare(1) (mount namespaces); CI runs as root")
+    standin = SageMakerStandIn(tmp_path / "sagemaker", image_env(s3_env)).start()
+    yield standin
+    standin.close()
+
+
+def test_two_instances_train_with_only_sagemakers_contract(tmp_path, s3_bucket, s3_env, sagemaker):
+    home = tmp_path / "home"
+    home.mkdir()
+    aws = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url, "AERIE_SAGEMAKER_ROLE_ARN": "arn:aws:iam::1:role/aerie"}
+    cp = ControlPlane(home, extra_env=aws).start()
+    try:
+        spec = write_spec(
+            tmp_path / "sm.json",
+            name="sm-contract",
+            image="123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
+            entrypoint=["python", "-m", "trainer.train"],
+            args=["--config", "examples/configs/pythia-tiny.yaml"],
+            hyperparameters={"steps": str(STEPS), "eval_every": "1000000", "seq_len": "64"},
+            output={"s3_uri": f"s3://{s3_bucket}/output"},
+            resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1},
+            checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": EVERY},
+            retry={"max_restarts": 1},
+            health=FAST_HEALTH,
+            env={"AERIE_FAULTS": json.dumps([{"kind": "sigkill", "step": KILL_AT, "rank": 1}])},
+            backend="sagemaker",
+            # The image's code directory, and a rendezvous port of the test's own (the spec's option).
+            backend_options={"container_workdir": str(REPO), "master_port": free_port()},
+        )
+        cp.cli("submit", str(spec), check=True)
+        job = cp.wait_state("sm-contract", {"Completed", "Failed", "Stopped"}, timeout_s=300)
+        story = [e for e in event_story(cp.events("sm-contract")) if e.startswith(("job ", "attempt "))]
+    finally:
+        cp.stop()
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    assert story == [
+        "job Submitted",
+        "job InProgress",
+        "attempt 1 Running",
+        "attempt 1 Failed",
+        "attempt 2 Running",
+        "attempt 2 Completed",
+        "job Completed",
+    ]
+    first, second = job["attempt_list"]
+
+    # What each container was given: SageMaker's contract and the job's Environment, nothing else.
+    jobs = sagemaker.jobs
+    assert set(jobs) == {f"{job['id']}-a1", f"{job['id']}-a2"}
+    for tj in jobs.values():
+        env = tj.request["Environment"]
+        assert not [k for k in env if k.startswith("SM_") or k in ("AERIE_ML_ROOT", "AERIE_NODE_DIR")], env
+        assert "CheckpointConfig" not in tj.request and tj.staged == {}
+
+    # Attempt 1: distinct node names, one rendezvous, rank files where the agent reads them, and
+    # the killed rank's own exit as the attempt's cause.
+    a1 = jobs[f"{job['id']}-a1"]
+    for host, rank in (("algo-1", 0), ("algo-2", 1)):
+        node = a1.host_root(host) / "agent"
+        assert (node / "ranks" / f"rank-{rank}.pid").exists()
+        assert json.loads((node / "exit.json").read_text())["host"] == host
+    killed = json.loads((a1.host_root("algo-2") / "agent" / "ranks" / "rank-1.exit.json").read_text())
+    assert (killed["exit_code"], killed["signal"]) == (137, 9)
+    reason = first["reason"]
+    assert reason["kind"] == "exit.nonzero" and reason["exit_code"] == 137 and reason.get("signal") == 9, reason
+    assert "rank 1" in reason["message"], reason
+
+    # Attempt 2: resumed from S3 (nothing staged under /opt/ml/checkpoints), both ranks to the end.
+    resumed = re.fullmatch(rf"s3://{s3_bucket}/checkpoints/{job['id']}/step_(\d{{8}})", second["resume_from"] or "")
+    assert resumed, second
+    resume_step = int(resumed.group(1))
+    assert resume_step in (EVERY, 2 * EVERY)  # the newest committed before the kill at step 9
+    a2 = jobs[f"{job['id']}-a2"]
+    for host, rank in (("algo-1", 0), ("algo-2", 1)):
+        ml = a2.host_root(host)
+        assert not any((ml / "checkpoints").rglob("*")) if (ml / "checkpoints").exists() else True
+        steps = [
+            json.loads(line) for line in (ml / "output" / "metrics" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
+        ]
+        trained = [r["step"] for r in steps if r.get("event") is None]
+        assert trained[0] == resume_step + 1 and trained[-1] == STEPS, (host, trained)
+        assert json.loads((ml / "agent" / "exit.json").read_text())["exit_code"] == 0

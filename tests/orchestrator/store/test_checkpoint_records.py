@@ -1,0 +1,119 @@
+"""Checkpoint records on SQLite and the real PostgreSQL: a commit is recorded only while its attempt
+is the job's current one, with no gap between that check and the insert (two real transactions
+racing), and a record's state only moves good -> bad -> deleted."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from orchestrator.store import Database, repo
+
+HOLD_S = 0.6
+
+
+@pytest.fixture
+def db(db_url):
+    database = Database(db_url)
+    yield database
+    database.dispose()
+
+
+def _running_attempt(db) -> str:
+    with db.session() as s:
+        job = repo.create_job(s, {"name": "j", "backend": "local"}, "default")
+        attempt = repo.create_attempt(s, job, 1)
+        repo.set_attempt_state(s, attempt, "Running")
+        return attempt.id
+
+
+def _race(db, attempt_id: str, first: str) -> dict:
+    """Two transactions: `record` (a checkpoint of the attempt) and `fail` (the controller ending the
+    attempt). `first` does its write, then holds its transaction open HOLD_S before committing;
+    the other starts meanwhile. Returns what each saw and when each committed."""
+    started, out = threading.Event(), {}
+
+    def record() -> None:
+        try:
+            with db.session() as s:
+                repo.record_checkpoint(
+                    s, repo.get_attempt(s, attempt_id), 10, "s3://b/j/step_00000010/attempt_0001", {}
+                )
+                if first == "record":
+                    started.set()
+                    time.sleep(HOLD_S)
+            out["record"] = "recorded"
+        except repo.Superseded:
+            out["record"] = "refused"
+        out["record_at"] = time.monotonic()
+
+    def fail() -> None:
+        with db.session() as s:
+            repo.set_attempt_state(s, repo.get_attempt(s, attempt_id), "Failed", {"kind": "node.lost"})
+            if first == "fail":
+                started.set()
+                time.sleep(HOLD_S)
+        out["fail_at"] = time.monotonic()
+
+    runs = {"record": record, "fail": fail}
+    leader = threading.Thread(target=runs[first])
+    follower = threading.Thread(target=runs["fail" if first == "record" else "record"])
+    leader.start()
+    assert started.wait(10)
+    follower.start()
+    leader.join(30)
+    follower.join(30)
+    return out
+
+
+def test_a_commit_recorded_first_holds_the_attempt_until_it_is_durable(db):
+    attempt_id = _running_attempt(db)
+    out = _race(db, attempt_id, first="record")
+    assert out["record"] == "recorded"
+    assert out["fail_at"] >= out["record_at"]  # the controller waited for the record to commit
+    with db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        assert attempt.state == "Failed"
+        assert [(c.step, c.state) for c in repo.list_checkpoints(s, attempt.job)] == [(10, "good")]
+
+
+def test_a_commit_racing_the_end_of_its_attempt_is_refused(db):
+    attempt_id = _running_attempt(db)
+    out = _race(db, attempt_id, first="fail")
+    assert out["record"] == "refused"
+    with db.session() as s:
+        assert repo.list_checkpoints(s, repo.get_attempt(s, attempt_id).job) == []
+
+
+def test_an_older_attempt_is_superseded_even_before_it_is_marked_ended(db):
+    """Whatever the old attempt's state says, a newer attempt of the job supersedes it."""
+    attempt_id = _running_attempt(db)
+    with db.session() as s:
+        old = repo.get_attempt(s, attempt_id)
+        repo.create_attempt(s, old.job, 2)
+    with pytest.raises(repo.Superseded), db.session() as s:
+        repo.record_checkpoint(s, repo.get_attempt(s, attempt_id), 10, "s3://b/j/step_00000010/attempt_0001", {})
+
+
+def test_a_record_only_moves_good_to_bad_to_deleted(db):
+    attempt_id = _running_attempt(db)
+    uris = [f"s3://b/j/step_{n:08d}/attempt_0001" for n in (10, 20, 30)]
+    with db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        for n, uri in zip((10, 20, 30), uris, strict=True):
+            row = repo.record_checkpoint(s, attempt, n, uri, {"size_bytes": n * 1000})
+            assert row is not None and row.size_bytes == n * 1000 and row.state == "good"
+        assert repo.record_checkpoint(s, attempt, 10, uris[0], {}) is None  # reported twice
+        job = attempt.job
+        assert [c.uri for c in repo.set_checkpoint_state(s, job, [uris[0], "s3://b/unknown"], "bad", "x")] == [uris[0]]
+        assert repo.set_checkpoint_state(s, job, [uris[0]], "bad", "again") == []  # no change, reason kept
+        assert len(repo.set_checkpoint_state(s, job, uris[:2], "deleted", "gc")) == 2  # bad -> deleted too
+        assert repo.set_checkpoint_state(s, job, uris[:2], "bad", "late") == []  # deleted is final
+        rows = {c.uri: (c.state, c.reason, c.state_at is not None) for c in repo.list_checkpoints(s, job)}
+    assert rows == {
+        uris[0]: ("deleted", "gc", True),
+        uris[1]: ("deleted", "gc", True),
+        uris[2]: ("good", None, False),
+    }

@@ -1,0 +1,61 @@
+"""The controller fences a lost node: `backend.fence(handle, [host])` before the failure is recorded
+(a control plane that dies in between re-detects the loss and fences again), then `stop`.
+
+The backend here is a recorder of the calls the controller makes (the real backends' fences are
+tested on real processes: tests/orchestrator/backends/test_local_kill.py, the Slurm cluster in
+tests/integration/test_slurm_backend.py, and end to end in tests/e2e/test_fencing.py)."""
+
+from __future__ import annotations
+
+import time
+
+from orchestrator.backends.base import Backend, NodeStatus, PollResult
+from orchestrator.controller import Controller
+from orchestrator.settings import Settings
+from orchestrator.store import Database, repo
+
+
+class Recorder(Backend):
+    name = "local"
+
+    def __init__(self, db: Database, attempt_id: str):
+        self.db, self.attempt_id, self.calls = db, attempt_id, []
+
+    def launch(self, request):
+        raise AssertionError("nothing to launch")
+
+    def poll(self, handle):
+        return PollResult("Running", (NodeStatus("algo-1", "Running"), NodeStatus("algo-2", "Running")))
+
+    def fence(self, handle, hosts):
+        with self.db.session() as s:  # what the store said when the fence ran
+            self.calls.append(("fence", hosts, repo.get_attempt(s, self.attempt_id).state))
+
+    def stop(self, handle):
+        self.calls.append(("stop",))
+
+    def logs(self, handle, offsets=None, max_bytes=1 << 20):
+        return {}
+
+
+def test_a_lost_node_is_fenced_before_its_attempt_is_failed(aerie_home):
+    settings = Settings()
+    db = Database(settings.db_url)
+    with db.session() as s:
+        job = repo.create_job(s, {"name": "j", "backend": "local", "health": {"heartbeat_s": 1}}, "default")
+        repo.set_job_state(s, job, "InProgress")
+        attempt = repo.create_attempt(s, job, 1)
+        repo.set_attempt_state(s, attempt, "Running")
+        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"]}
+        for host, age in (("algo-1", 0.0), ("algo-2", 60.0)):
+            repo.record_heartbeat(s, attempt, host, {}).last_heartbeat_at = time.time() - age
+        attempt_id = attempt.id
+    backend = Recorder(db, attempt_id)
+    controller = Controller(db, settings, {"local": backend})
+    controller._started_at -= 3600  # as if it had been up long enough to judge heartbeats
+    controller.reconcile_once()
+    assert backend.calls == [("fence", ["algo-2"], "Running"), ("stop",)]
+    with db.session() as s:
+        failed = repo.get_attempt(s, attempt_id)
+        assert failed.state == "Failed" and failed.reason["kind"] == "node.lost" and failed.reason["host"] == "algo-2"
+    db.dispose()
