@@ -98,7 +98,9 @@ def test_two_instances_train_with_only_sagemakers_contract(tmp_path, s3_bucket, 
     assert "rank 1" in reason["message"], reason
 
     # Attempt 2: resumed from S3 (nothing staged under /opt/ml/checkpoints), both ranks to the end.
-    resumed = re.fullmatch(rf"s3://{s3_bucket}/checkpoints/{job['id']}/step_(\d{{8}})", second["resume_from"] or "")
+    resumed = re.fullmatch(
+        rf"s3://{s3_bucket}/checkpoints/{job['id']}/step_(\d{{8}})/attempt_\d{{4}}", second["resume_from"] or ""
+    )
     assert resumed, second
     resume_step = int(resumed.group(1))
     assert resume_step in (EVERY, 2 * EVERY)  # the newest committed before the kill at step 9

@@ -86,6 +86,9 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
         checkpoint_uri=bucket_prefix,
         every_steps=EVERY,
         max_restarts=len(TRAINER_FAULTS),
+        # The sigstop and the busy hang each blame the node that hosted the faulty rank, and a
+        # blamed node is excluded: two spare slots keep the 2-node job placeable to the end.
+        backend_options={"node_slots": 4},
     )
     cp.cli("submit", str(spec), check=True)
     note("submitted")
