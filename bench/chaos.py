@@ -25,9 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.helpers.chaos import TRAINER_FAULTS, run_chaos  # noqa: E402
-from tests.helpers.control_plane import ControlPlane  # noqa: E402
-from tests.helpers.jobs import rank_losses  # noqa: E402
+from orchestrator.harness.chaos import TRAINER_FAULTS, run_chaos  # noqa: E402
+from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
+from orchestrator.harness.jobs import rank_losses  # noqa: E402
 
 FAULT_INTERVAL_S = 3600.0
 

@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.helpers.control_plane import ControlPlane  # noqa: E402
-from tests.helpers.jobs import FAST_HEALTH, step_records, trainer_spec  # noqa: E402
+from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
+from orchestrator.harness.jobs import FAST_HEALTH, step_records, trainer_spec  # noqa: E402
 
 FAULT_STEP = 12
 COLLECTIVE_TIMEOUT_S = 600.0

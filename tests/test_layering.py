@@ -86,3 +86,68 @@ def test_contracts_use_the_standard_library_only():
                 if top not in sys.stdlib_module_names and top not in ("aerie_contracts", "__future__"):
                     outside.append(f"{path.relative_to(REPO)}: {name}")
     assert not outside, outside
+
+
+# The import rules of docs/architecture.md's package table, between the project's own packages:
+# package -> (the project packages/modules it may import). Anything not listed is a violation.
+PROJECT_PACKAGES = (
+    "aerie_contracts",
+    "aerie_s3",
+    "agent",
+    "bench",
+    "infra",
+    "lambdas",
+    "orchestrator",
+    "tests",
+    "trainer",
+)
+ALLOWED = {
+    "aerie_contracts": (),
+    "aerie_s3": ("aerie_contracts",),
+    "agent": ("aerie_contracts", "aerie_s3"),
+    "lambdas": ("aerie_contracts", "trainer.checkpoint.manifest"),
+    # The CLI hands its `data`, `export` and `--fault` commands to the trainer's torch-free entry points.
+    "orchestrator": (
+        "aerie_contracts",
+        "aerie_s3",
+        "agent.contract",
+        "lambdas",
+        "trainer.data.cli",
+        "trainer.export_cli",
+        "trainer.faults",
+    ),
+    "trainer": ("aerie_contracts", "aerie_s3", "agent.contract"),
+    "infra": ("aerie_contracts", "lambdas", "infra"),
+    # Benches measure the product and drive it through the harness; never through the test tree.
+    "bench": tuple(p for p in PROJECT_PACKAGES if p != "tests"),
+}
+
+
+def _project_imports(package: str) -> list[tuple[str, str]]:
+    import ast
+
+    found = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        if "migrations" in path.parts or ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [(str(path.relative_to(REPO)), n) for n in names if n.split(".")[0] in PROJECT_PACKAGES]
+    return found
+
+
+def test_every_package_imports_only_what_the_architecture_allows():
+    """AST scan of every module: a project import outside its package's allowed list fails."""
+    broken = []
+    for package, allowed in ALLOWED.items():
+        for path, name in _project_imports(package):
+            if name.split(".")[0] == package:
+                continue
+            if not any(name == a or name.startswith(a + ".") for a in allowed):
+                broken.append(f"{path}: imports {name} (allowed: {', '.join(allowed) or 'standard library only'})")
+    assert not broken, "\n".join(broken)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.control_plane import ControlPlane
-from tests.helpers.jobs import trainer_spec
+from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import trainer_spec
 
 CHROMIUM = "/usr/bin/chromium"
 JOB = "dash"

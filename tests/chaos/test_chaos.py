@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.chaos import EXPECTED_REASONS, STEPS, TRAINER_FAULTS, run_chaos
-from tests.helpers.control_plane import ControlPlane
+from orchestrator.harness.chaos import EXPECTED_REASONS, STEPS, TRAINER_FAULTS, run_chaos
+from orchestrator.harness.control_plane import ControlPlane
 from trainer.checkpoint.manifest import verify
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.jobs import rank_losses
+from orchestrator.harness.jobs import rank_losses
 
 REPO = Path(__file__).resolve().parents[2]
 SCALARS = {"loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar"}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.control_plane import REPO, ControlPlane, write_spec
+from orchestrator.harness.control_plane import REPO, ControlPlane, write_spec
 from tests.helpers.slack_standin import BOT_TOKEN, SlackStandIn
 
 pytestmark = pytest.mark.slow

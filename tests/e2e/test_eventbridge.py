@@ -28,7 +28,7 @@ import boto3
 import pytest
 
 from aerie_contracts import events as contract_events
-from tests.helpers.control_plane import REPO, ControlPlane, event_story, write_spec
+from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, write_spec
 
 pytestmark = pytest.mark.slow
 

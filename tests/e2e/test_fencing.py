@@ -31,8 +31,8 @@ import pytest
 
 from infra.local.s3proxy import ThrottlingProxy
 from orchestrator.backends.local import STOP_GRACE_S
-from tests.helpers.control_plane import ControlPlane
-from tests.helpers.jobs import trainer_spec
+from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import trainer_spec
 
 pytestmark = pytest.mark.slow
 

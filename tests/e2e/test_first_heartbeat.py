@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.control_plane import REPO, ControlPlane, write_spec
+from orchestrator.harness.control_plane import REPO, ControlPlane, write_spec
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from lambdas import slack_blocks
-from tests.helpers.control_plane import ControlPlane, write_spec
+from orchestrator.harness.control_plane import ControlPlane, write_spec
 from tests.helpers.slack_standin import BOT_TOKEN, SIGNING_SECRET, SlackStandIn, block_actions_payload, signed_request
 
 CHANNEL = "#eval-e2e"

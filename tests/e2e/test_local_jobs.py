@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers.control_plane import ControlPlane, event_story, write_spec
+from orchestrator.harness.control_plane import ControlPlane, event_story, write_spec
 
 CONTRACT = ["python", "tests/e2e/contract_check.py"]
 

@@ -20,8 +20,8 @@ import shutil
 
 import pytest
 
-from tests.helpers.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
-from tests.helpers.jobs import FAST_HEALTH
+from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
+from orchestrator.harness.jobs import FAST_HEALTH
 from tests.helpers.sagemaker_standin import SageMakerStandIn, image_env
 
 STEPS, EVERY, KILL_AT = 12, 4, 9

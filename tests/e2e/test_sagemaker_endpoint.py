@@ -22,8 +22,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.helpers.control_plane import REPO, ControlPlane
-from tests.helpers.jobs import FAST_HEALTH
+from orchestrator.harness.control_plane import REPO, ControlPlane
+from orchestrator.harness.jobs import FAST_HEALTH
 from tests.helpers.sagemaker import ROLE, aws_profile, client, request
 
 GROUP = "/aws/sagemaker/TrainingJobs"

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import httpx
 import uvicorn
 
+from orchestrator.harness.control_plane import free_port
 from orchestrator.server import build_app, service_token
 from orchestrator.settings import Settings
-from tests.helpers.control_plane import free_port
 
 
 @dataclass

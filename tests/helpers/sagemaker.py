@@ -13,7 +13,7 @@ import httpx
 import uvicorn
 from botocore.config import Config
 
-from tests.helpers.control_plane import free_port
+from orchestrator.harness.control_plane import free_port
 
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/AerieTraining"

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.helpers.control_plane import ControlPlane
-from tests.helpers.jobs import rank_losses, trainer_spec
+from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import rank_losses, trainer_spec
 
 RUN_S = float(os.environ.get("AERIE_CLEAN_RUN_S", "600"))
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.control_plane import ControlPlane
-from tests.helpers.jobs import trainer_spec
+from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import trainer_spec
 
 pytestmark = pytest.mark.slow
 

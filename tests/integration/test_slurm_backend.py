@@ -11,8 +11,8 @@ import pytest
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.placement import PlacementError
 from orchestrator.backends.slurm import SlurmBackend, slurm_job_state
+from orchestrator.harness.control_plane import REPO
 from orchestrator.spec import JobSpec
-from tests.helpers.control_plane import REPO
 
 
 def _request(job_id: str, exclude: tuple[str, ...] = (), args: tuple[str, ...] = ("--steps", "2")) -> LaunchRequest:

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests.helpers.control_plane import ControlPlane
+from orchestrator.harness.control_plane import ControlPlane
 from tests.helpers.data_jobs import SHARDS, STEPS, files, prepare_dataset, submit
 
 pytestmark = pytest.mark.slow

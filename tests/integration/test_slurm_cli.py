@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.helpers.control_plane import REPO
+from orchestrator.harness.control_plane import REPO
 
 
 def _backends(env: dict[str, str]) -> dict[str, str]:

@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from tests.helpers.control_plane import REPO, ControlPlane
+from orchestrator.harness.control_plane import REPO, ControlPlane
 
 STEPS = 6
 

@@ -18,9 +18,9 @@ import time
 import boto3
 import pytest
 
+from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, write_spec
 from orchestrator.settings import Settings
 from orchestrator.store import repo
-from tests.helpers.control_plane import REPO, ControlPlane, event_story, write_spec
 from tests.helpers.live_api import start_live_api
 from trainer.checkpoint.manifest import checkpoint_uri, commit, list_checkpoints, verify
 

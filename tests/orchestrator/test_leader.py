@@ -7,8 +7,8 @@ import time
 import pytest
 from sqlalchemy import create_engine
 
+from orchestrator.harness.control_plane import ControlPlane, write_spec
 from orchestrator.leader import FileLeaderLock, PostgresLeaderLock
-from tests.helpers.control_plane import ControlPlane, write_spec
 
 
 def test_postgres_advisory_lock_has_one_holder_and_passes_on(pg_url):

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.helpers.control_plane import ControlPlane
-from tests.helpers.jobs import rank_losses, trainer_spec
+from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import rank_losses, trainer_spec
 
 STEPS = 300
 EVERY = 20
