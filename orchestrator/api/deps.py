@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -38,6 +39,10 @@ def get_session(request: Request) -> Iterator[Session]:
     before the response is sent: a client that got 200 can rely on the change being durable."""
     with request.app.state.db.session() as s:
         yield s
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+"""A route's transaction, committed before the response is sent (see `get_session`)."""
 
 
 class TokenCache:

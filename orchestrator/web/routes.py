@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import Principal, get_session
+from orchestrator.api.deps import Principal, SessionDep
 from orchestrator.store import repo
 from orchestrator.store.models import Job
 from orchestrator.web import views
@@ -118,13 +118,13 @@ def logout(request: Request) -> Response:
 
 @router.get("/jobs")
 def jobs_page(
+    s: SessionDep,
     request: Request,
     state: str = "",
     q: str = Query("", max_length=63),
     backend: str = "",
     partial: bool = False,
     who: Principal = Depends(viewer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> HTMLResponse:
     rows = views.job_rows(s, who.tenant, state, q, backend)
     ctx = dict(
@@ -141,11 +141,11 @@ def jobs_page(
 
 @router.get("/jobs/{job_ref}")
 def job_page(
+    s: SessionDep,
     request: Request,
     job_ref: str,
     partial: bool = False,
     who: Principal = Depends(viewer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> HTMLResponse:
     job = _job(request, s, who, job_ref)
     if not isinstance(job, Job):
@@ -156,11 +156,11 @@ def job_page(
 
 @router.get("/jobs/{job_ref}/series.json")
 def job_series(
+    s: SessionDep,
     request: Request,
     job_ref: str,
     max_points: int = Query(views.MAX_POINTS, ge=10, le=views.MAX_POINTS),
     who: Principal = Depends(viewer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> Response:
     job = _job(request, s, who, job_ref)
     if not isinstance(job, Job):
@@ -171,10 +171,10 @@ def job_series(
 
 @router.get("/jobs/{job_ref}/checkpoints")
 def checkpoints_page(
+    s: SessionDep,
     request: Request,
     job_ref: str,
     who: Principal = Depends(viewer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> HTMLResponse:
     job = _job(request, s, who, job_ref)
     if not isinstance(job, Job):

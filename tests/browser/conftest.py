@@ -4,13 +4,13 @@ and one real local job with an injected fault that every browser test watches.""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import trainer_spec
+from tests.helpers.wait import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 JOB = "dash"
@@ -58,16 +58,6 @@ def page(plane):
         context.set_default_timeout(30_000)
         yield context.new_page()
         browser.close()
-
-
-def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.5):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 __all__ = ["FAULT_STEP", "JOB", "Path", "launch_chromium", "wait_for"]

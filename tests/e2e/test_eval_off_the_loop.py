@@ -27,6 +27,7 @@ import pytest
 
 from orchestrator.harness.control_plane import REPO, ControlPlane, write_spec
 from tests.helpers.slack_standin import BOT_TOKEN, SlackStandIn
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,16 +82,6 @@ def sampler_events(record: Path) -> dict[str, float]:
     if not record.exists():
         return {}
     return {e["event"]: e["t"] for e in map(json.loads, record.read_text().splitlines())}
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_long_eval_holds_up_neither_launches_nor_lost_node_detection(cp, standin, tmp_path):
@@ -182,5 +173,5 @@ def test_a_long_eval_holds_up_neither_launches_nor_lost_node_detection(cp, stand
         [row] = [r for r in rows if r["event"]["detail-type"] == "Aerie Checkpoint Committed"]
         return row["status"]
 
-    wait_for(lambda: checkpoint_event_status() == "delivered", 10, "the checkpoint event marked delivered")
+    wait_for(lambda: checkpoint_event_status() == "delivered", 30, "the checkpoint event marked delivered")
     assert len(standin.calls_of("chat.postMessage")) == len(PROMPTS)

@@ -33,6 +33,7 @@ from infra.local.s3proxy import ThrottlingProxy
 from orchestrator.backends.local import STOP_GRACE_S
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import trainer_spec
+from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -97,16 +98,6 @@ def cp(tmp_path):
     plane.cleanup_nodes()
 
 
-def _wait(what: str, check, timeout_s: float = 180, every_s: float = 0.2):
-    deadline = time.time() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(every_s)
-
-
 def _node_pids(ml_root: Path) -> list[int]:
     pids = []
     for proc in psutil.process_iter(["environ", "status"]):
@@ -152,7 +143,7 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
         spec["entrypoint"] = ["python", "tests/helpers/offnode_rank.py", "--", *spec["entrypoint"]]
         spec_path.write_text(json.dumps(spec))
         cp.cli("submit", str(spec_path), check=True)
-        job_id = _wait("the job", lambda: cp.job("fenced")["id"])
+        job_id = wait_for(what="the job", check=lambda: cp.job("fenced")["id"], timeout_s=180)
         prefix = f"s3://aerie/fencing/{job_id}"
         node = cp.home / "jobs" / job_id / "attempt-1" / "algo-1"
         step10, zombie = manifest.checkpoint_uri(prefix, 10, 1), manifest.checkpoint_uri(prefix, 20, 1)
@@ -161,9 +152,14 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
         def recorded() -> dict[str, str]:
             return {c["uri"]: c["state"] for c in cp.get(f"/v1/jobs/{job_id}/checkpoints")}
 
-        _wait("step 10 recorded", lambda: recorded().get(step10) == "good")
+        wait_for(what="step 10 recorded", check=lambda: recorded().get(step10) == "good", timeout_s=180)
         proxy.set_rate(TRICKLE)
-        _wait("the step-20 upload in flight", lambda: manifest.list_incomplete_uploads(zombie), every_s=0.05)
+        wait_for(
+            what="the step-20 upload in flight",
+            check=lambda: manifest.list_incomplete_uploads(zombie),
+            every_s=0.05,
+            timeout_s=180,
+        )
         [rank] = offnode.procs
         stopped = [psutil.Process(pid) for pid in _node_pids(node)] + [psutil.Process(rank.pid)]
         for proc in stopped:
@@ -176,19 +172,23 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
             attempts = cp.job("fenced")["attempt_list"]
             return attempts[n - 1] if len(attempts) >= n else None
 
-        failed = _wait("attempt 1 failed", lambda: (a := attempt(1)) and a["state"] == "Failed" and a, timeout_s=60)
+        failed = wait_for(
+            what="attempt 1 failed", check=lambda: (a := attempt(1)) and a["state"] == "Failed" and a, timeout_s=60
+        )
         lost_at = time.time()
         assert failed["reason"]["kind"] == "node.lost" and failed["reason"]["host"] == "algo-1", failed
-        _wait("the node's processes gone", lambda: not _node_pids(node), timeout_s=STOP_GRACE_S, every_s=0.05)
+        wait_for(
+            what="the node's processes gone", check=lambda: not _node_pids(node), timeout_s=STOP_GRACE_S, every_s=0.05
+        )
         fenced_s = time.time() - lost_at
         assert fenced_s < 5, fenced_s  # killed by the fence, not by the stop's grace backstop
         assert rank.poll() is None and psutil.Process(rank.pid).status() == psutil.STATUS_STOPPED  # out of reach
 
         # 3. Attempt 2 resumes from step 10 and commits its own step 20.
-        second = _wait("attempt 2", lambda: attempt(2))
+        second = wait_for(what="attempt 2", check=lambda: attempt(2), timeout_s=180)
         assert second["resume_from"] == step10
         theirs = manifest.checkpoint_uri(prefix, 20, 2)
-        _wait("attempt 2's step 20 recorded", lambda: recorded().get(theirs) == "good", timeout_s=120)
+        wait_for(what="attempt 2's step 20 recorded", check=lambda: recorded().get(theirs) == "good", timeout_s=120)
 
         # 4. The stale rank resumes: it finishes its upload, is refused, and stops itself.
         proxy.set_rate(FAST)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -23,6 +22,7 @@ import yaml
 from lambdas import slack_blocks
 from orchestrator.harness.control_plane import ControlPlane, write_spec
 from tests.helpers.slack_standin import BOT_TOKEN, SIGNING_SECRET, SlackStandIn, block_actions_payload, signed_request
+from tests.helpers.wait import wait_for
 
 CHANNEL = "#eval-e2e"
 PROMPTS = ["def main(", "class Parser:"]
@@ -59,16 +59,6 @@ def cp(tmp_path, standin):
         capture_output=True,
         timeout=60,
     )
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -110,7 +100,7 @@ def test_checkpoint_to_slack_to_ratings(cp, standin, tmp_path):
     assert ckpt["step"] == 4
 
     # The dispatcher delivers "checkpoint committed" to eval_dispatch: one message per prompt.
-    messages = _wait(
+    messages = wait_for(
         lambda: len(standin.messages(CHANNEL)) == len(PROMPTS) and standin.messages(CHANNEL),
         240,
         "the eval messages at the Slack stand-in",
@@ -129,7 +119,7 @@ def test_checkpoint_to_slack_to_ratings(cp, standin, tmp_path):
             body, headers = signed_request(block_actions_payload(message, channel, user, action))
             resp = httpx.post(cp.url + "/v1/slack/interactions", content=body, headers=headers, timeout=30)
             assert resp.status_code == 200, resp.text
-    _wait(lambda: len(standin.calls_of("chat.update")) == 7, 60, "the tallies updated in place")
+    wait_for(lambda: len(standin.calls_of("chat.update")) == 7, 60, "the tallies updated in place")
 
     out = cp.cli("ratings", "eval-e2e", check=True).stdout
     print(out)

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import Principal, agent_of, get_session
+from orchestrator.api.deps import Principal, SessionDep, agent_of
 from orchestrator.api.routes import checkpoints
 from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, MetricsIn, VerdictIn
 from orchestrator.store import repo
@@ -59,11 +59,11 @@ async def heartbeat(
 
 @router.post("/verdicts", status_code=status.HTTP_201_CREATED)
 def verdict(
+    s: SessionDep,
     attempt_id: str,
     host: str,
     body: VerdictIn,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> dict:
     attempt = _attempt(s, who, attempt_id)
     repo.record_verdict(s, attempt, host, body.kind, body.message, body.evidence)
@@ -72,11 +72,11 @@ def verdict(
 
 @router.post("/exit")
 def node_exit(
+    s: SessionDep,
     attempt_id: str,
     host: str,
     body: ExitIn,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> dict:
     attempt = _attempt(s, who, attempt_id)
     row = repo.node(s, attempt, host)
@@ -86,11 +86,11 @@ def node_exit(
 
 @router.post("/checkpoints", responses=checkpoints.SUPERSEDED)
 def checkpoint(
+    s: SessionDep,
     attempt_id: str,
     host: str,
     body: CheckpointIn,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> dict:
     """A `checkpoint_committed` line of the node's metrics stream: recorded (fenced) as the
     trainer's own commit is (routes/checkpoints.py)."""
@@ -99,11 +99,11 @@ def checkpoint(
 
 @router.post("/metrics")
 def metrics(
+    s: SessionDep,
     attempt_id: str,
     host: str,
     body: MetricsIn,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> dict:
     """Training-step records (rank 0) for the dashboard's curves; steps already stored are skipped."""
     attempt = _attempt(s, who, attempt_id)

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aerie_contracts.states import ATTEMPT_ACTIVE
-from orchestrator.api.deps import Principal, agent_of, get_session, writer
+from orchestrator.api.deps import Principal, SessionDep, agent_of, writer
 from orchestrator.api.schemas import (
     AUTH_ERRORS,
     AttemptViewOut,
@@ -68,9 +68,9 @@ def record(s: Session, attempt: Attempt, body: CheckpointIn) -> dict:
 
 @attempts.get("", response_model=AttemptViewOut)
 def attempt_view(
+    s: SessionDep,
     attempt_id: str,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> AttemptViewOut:
     """Whether this attempt is still its job's current one: a superseded attempt's ranks must not
     commit (their record would be refused anyway)."""
@@ -84,9 +84,9 @@ def attempt_view(
 
 @attempts.get("/checkpoints", response_model=list[CheckpointOut])
 def attempt_job_checkpoints(
+    s: SessionDep,
     attempt_id: str,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> list[CheckpointOut]:
     """The record of the attempt's job's checkpoints (what a restore may fall back to)."""
     attempt = _attempt(s, who, attempt_id)
@@ -95,20 +95,20 @@ def attempt_job_checkpoints(
 
 @attempts.post("/checkpoints", responses=SUPERSEDED)
 def commit_checkpoint(
+    s: SessionDep,
     attempt_id: str,
     body: CheckpointIn,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> dict:
     return record(s, _attempt(s, who, attempt_id), body)
 
 
 @attempts.post("/checkpoints/bad", response_model=CheckpointStateOut, responses=SUPERSEDED)
 def mark_bad(
+    s: SessionDep,
     attempt_id: str,
     body: CheckpointBadIn,
     who: Principal = Depends(agent_of),
-    s: Session = Depends(get_session, scope="function"),
 ) -> CheckpointStateOut:
     """A restore from this checkpoint of the job failed. Only the job's current attempt may say so:
     a zombie must not take resume points away from the attempt that replaced it."""
@@ -121,10 +121,10 @@ def mark_bad(
 
 @jobs.post("/{job_ref}/checkpoints/state", response_model=CheckpointStateOut)
 def set_state(
+    s: SessionDep,
     job_ref: str,
     body: CheckpointStateIn,
     who: Principal = Depends(writer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> CheckpointStateOut:
     """Mark recorded checkpoints `bad` (verification failed) or `deleted` (GC removed them).
     Unknown URIs and ones already in that state are left alone, so a redelivery changes nothing."""

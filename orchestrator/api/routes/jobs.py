@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, sta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import Principal, get_session, user, writer
+from orchestrator.api.deps import Principal, SessionDep, user, writer
 from orchestrator.api.routes.checkpoints import checkpoint_out
 from orchestrator.api.schemas import (
     AUTH_ERRORS,
@@ -106,9 +106,7 @@ def attempts_out(job: Job) -> list[AttemptOut]:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
-def submit(
-    spec: JobSpec, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
-) -> dict:
+def submit(s: SessionDep, spec: JobSpec, who: Principal = Depends(writer)) -> dict:
     """Submit a job. The spec is validated whole: a 422 names every bad field."""
     job = repo.create_job(s, spec.model_dump(mode="json"), who.tenant)
     return job_out(job, with_spec=True)
@@ -116,17 +114,17 @@ def submit(
 
 @router.get("", response_model=list[JobOut])
 def list_jobs(
+    s: SessionDep,
     state: str | None = None,
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_DB_INT),
     who: Principal = Depends(user),
-    s: Session = Depends(get_session, scope="function"),
 ) -> list[dict]:
     return [job_out(j) for j in repo.list_jobs(s, who.tenant, state, limit, offset)]
 
 
 @router.get("/{job_ref}", response_model=JobDetail)
-def describe(job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")) -> dict:
+def describe(s: SessionDep, job_ref: str, who: Principal = Depends(user)) -> dict:
     job = _job(s, who, job_ref)
     verdicts = repo.verdicts_of(s, [a.id for a in job.attempts])
     return dict(
@@ -158,7 +156,7 @@ def blames_out(s: Session, job: Job) -> list[BlameOut]:
 
 
 @router.post("/{job_ref}/stop", response_model=JobOut)
-def stop(job_ref: str, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")) -> dict:
+def stop(s: SessionDep, job_ref: str, who: Principal = Depends(writer)) -> dict:
     """Ask for the job to stop; the controller stops its running attempt (idempotent)."""
     job = _job(s, who, job_ref)
     if job.state not in repo.JOB_TERMINAL:
@@ -167,9 +165,7 @@ def stop(job_ref: str, who: Principal = Depends(writer), s: Session = Depends(ge
 
 
 @router.post("/{job_ref}/attempts", status_code=status.HTTP_201_CREATED, response_model=AttemptOut)
-def restart(
-    job_ref: str, body: RestartIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
-) -> AttemptOut:
+def restart(s: SessionDep, job_ref: str, body: RestartIn, who: Principal = Depends(writer)) -> AttemptOut:
     """Create attempt N+1 after attempt N failed (what chaining calls). 409 if it exists already:
     the store's (job, number) constraint makes a duplicated restart decision harmless."""
     job = _job(s, who, job_ref)
@@ -191,11 +187,11 @@ def restart(
 
 @router.post("/{job_ref}/attempts/{number}/blames", response_model=list[BlameOut])
 def blame(
+    s: SessionDep,
     job_ref: str,
     body: BlamesIn,
     number: int = Path(ge=1, le=MAX_DB_INT),
     who: Principal = Depends(writer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> list[BlameOut]:
     """Record the nodes chaining blamed for failed attempt `number` (idempotent: a host already
     blamed for it keeps its first record). Answers every blame of the job, cleared ones included."""
@@ -211,9 +207,7 @@ def blame(
 
 
 @router.post("/{job_ref}/fail", response_model=JobOut)
-def fail(
-    job_ref: str, body: FailIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
-) -> dict:
+def fail(s: SessionDep, job_ref: str, body: FailIn, who: Principal = Depends(writer)) -> dict:
     """End the job as Failed (chaining decided not to retry). Idempotent."""
     job = _job(s, who, job_ref)
     if job.state not in repo.JOB_TERMINAL:
@@ -222,19 +216,17 @@ def fail(
 
 
 @router.get("/{job_ref}/attempts", response_model=list[AttemptOut])
-def attempts(
-    job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")
-) -> list[AttemptOut]:
+def attempts(s: SessionDep, job_ref: str, who: Principal = Depends(user)) -> list[AttemptOut]:
     return attempts_out(_job(s, who, job_ref))
 
 
 @router.get("/{job_ref}/events", response_model=list[EventOut])
 def events(
+    s: SessionDep,
     job_ref: str,
     after: int = Query(0, ge=0, le=MAX_DB_INT, description="Only events with seq > after"),
     limit: int = Query(1000, ge=1, le=10000),
     who: Principal = Depends(user),
-    s: Session = Depends(get_session, scope="function"),
 ) -> list[EventOut]:
     job = _job(s, who, job_ref)
     return [
@@ -245,11 +237,11 @@ def events(
 
 @router.get("/{job_ref}/checkpoints", response_model=list[CheckpointOut])
 def checkpoints(
+    s: SessionDep,
     job_ref: str,
     limit: int = Query(1000, ge=1, le=10000),
     offset: int = Query(0, ge=0, le=MAX_DB_INT),
     who: Principal = Depends(user),
-    s: Session = Depends(get_session, scope="function"),
 ) -> list[CheckpointOut]:
     job = _job(s, who, job_ref)
     return [checkpoint_out(c) for c in repo.list_checkpoints(s, job)[offset : offset + limit]]
@@ -257,6 +249,7 @@ def checkpoints(
 
 @router.get("/{job_ref}/logs", response_model=LogsOut)
 def logs(
+    s: SessionDep,
     request: Request,
     job_ref: str,
     attempt: int | None = Query(None, ge=1, le=MAX_DB_INT),
@@ -265,7 +258,6 @@ def logs(
         None, ge=1, le=MAX_DB_INT, description="Without offsets: only the last TAIL bytes of each node"
     ),
     who: Principal = Depends(user),
-    s: Session = Depends(get_session, scope="function"),
 ) -> LogsOut:
     """New output of every node of an attempt (the latest by default) since the given offsets."""
     job = _job(s, who, job_ref)

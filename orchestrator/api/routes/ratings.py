@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import Principal, get_session, user, writer
+from orchestrator.api.deps import Principal, SessionDep, user, writer
 from orchestrator.store import repo
 from orchestrator.store.models import EvalSample, Job
 
@@ -95,18 +95,16 @@ def _sample(s: Session, who: Principal, sample_id: str) -> EvalSample:
 
 @router.get("/v1/jobs/{job_ref}/eval/samples")
 def list_samples(
+    s: SessionDep,
     job_ref: str,
     checkpoint_uri: str | None = None,
     who: Principal = Depends(user),
-    s: Session = Depends(get_session, scope="function"),
 ) -> list[dict[str, Any]]:
     return [sample_out(x) for x in repo.eval_samples_of(s, _job(s, who, job_ref), checkpoint_uri)]
 
 
 @router.post("/v1/jobs/{job_ref}/eval/samples")
-def add_samples(
-    job_ref: str, body: SamplesIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
-) -> list[dict[str, Any]]:
+def add_samples(s: SessionDep, job_ref: str, body: SamplesIn, who: Principal = Depends(writer)) -> list[dict[str, Any]]:
     """Store a checkpoint's answers (existing ones are kept) and return every sample of it."""
     job = _job(s, who, job_ref)
     rows = repo.add_eval_samples(
@@ -116,9 +114,7 @@ def add_samples(
 
 
 @router.post("/v1/eval/samples/{sample_id}/claim")
-def claim(
-    sample_id: str, body: ClaimIn, who: Principal = Depends(writer), s: Session = Depends(get_session, scope="function")
-) -> dict[str, Any]:
+def claim(s: SessionDep, sample_id: str, body: ClaimIn, who: Principal = Depends(writer)) -> dict[str, Any]:
     """`claimed`: "new", "takeover" (an earlier poster's claim expired) or null (posted, or busy)."""
     _sample(s, who, sample_id)
     got = repo.claim_eval_sample(s, sample_id, body.claim, body.lease_s)
@@ -127,10 +123,10 @@ def claim(
 
 @router.post("/v1/eval/samples/{sample_id}/posted")
 def posted(
+    s: SessionDep,
     sample_id: str,
     body: PostedIn,
     who: Principal = Depends(writer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> dict[str, Any]:
     sample = _sample(s, who, sample_id)
     repo.mark_eval_sample_posted(s, sample, body.channel, body.ts)
@@ -139,10 +135,10 @@ def posted(
 
 @router.post("/v1/eval/samples/{sample_id}/ratings")
 def rate(
+    s: SessionDep,
     sample_id: str,
     body: RatingIn,
     who: Principal = Depends(writer),
-    s: Session = Depends(get_session, scope="function"),
 ) -> dict[str, Any]:
     """Record one person's click (the Lambda form of the Slack endpoint calls this)."""
     sample = _sample(s, who, sample_id)
@@ -164,9 +160,7 @@ def record_and_tally(
 
 
 @router.get("/v1/jobs/{job_ref}/ratings")
-def ratings(
-    job_ref: str, who: Principal = Depends(user), s: Session = Depends(get_session, scope="function")
-) -> list[dict[str, Any]]:
+def ratings(s: SessionDep, job_ref: str, who: Principal = Depends(user)) -> list[dict[str, Any]]:
     """Per rated checkpoint: step, samples, raters, mean score (1-5) and hallucination rate."""
     job = _job(s, who, job_ref)
     return repo.ratings_by_checkpoint(s, job, raters_needed(job))

@@ -10,9 +10,8 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel, Field
-from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import Principal, admin, get_session
+from orchestrator.api.deps import Principal, SessionDep, admin
 from orchestrator.api.schemas import AUTH_ERRORS
 from orchestrator.sagemaker_api import sigv4
 from orchestrator.store import repo
@@ -55,10 +54,10 @@ def _scope(who: Principal) -> str | None:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=NewTokenOut)
 def create(
+    s: SessionDep,
     request: Request,
     body: TokenIn,
     who: Principal = Depends(admin),
-    s: Session = Depends(get_session, scope="function"),
 ) -> NewTokenOut:
     """A token; with `aws`, also its AWS access key id and secret access key (SigV4 credentials of
     the same tenant and role for the SageMaker-compatible endpoint). Secrets are shown once."""
@@ -76,16 +75,16 @@ def create(
 
 
 @router.get("", response_model=list[TokenOut])
-def list_tokens(who: Principal = Depends(admin), s: Session = Depends(get_session, scope="function")) -> list[TokenOut]:
+def list_tokens(s: SessionDep, who: Principal = Depends(admin)) -> list[TokenOut]:
     return [_out(t) for t in repo.list_tokens(s, _scope(who))]
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
 def revoke(
+    s: SessionDep,
     request: Request,
     token_id: int,
     who: Principal = Depends(admin),
-    s: Session = Depends(get_session, scope="function"),
 ) -> TokenOut:
     try:
         row = repo.revoke_token(s, token_id, _scope(who))

@@ -28,6 +28,7 @@ from tests.helpers.slack_standin import (
     block_actions_payload,
     signed_request,
 )
+from tests.helpers.wait import wait_for
 
 CHANNEL = "#eval"
 
@@ -96,15 +97,6 @@ def click(api, standin, posted, user: str, action: str, **sign) -> httpx.Respons
 def ratings_rows(api) -> list[tuple]:
     with api.db.session() as s:
         return [(r.user_id, r.score, r.hallucination) for r in s.query(Rating).order_by(Rating.user_id)]
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_three_raters_tally_in_place_api_cli_and_tensorboard(api, standin, posted, monkeypatch):
