@@ -21,6 +21,7 @@ wall time × nodes exactly. Per attempt:
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,7 @@ class _Cursor:
 
 def step_time(points: list[tuple[int, float]]) -> float | None:
     """Median seconds per step between consecutive points of one attempt."""
-    rates = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(points, points[1:]) if s1 > s0 and t1 >= t0]
+    rates = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in itertools.pairwise(points) if s1 > s0 and t1 >= t0]
     return statistics.median(rates) if rates else None
 
 

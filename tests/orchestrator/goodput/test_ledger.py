@@ -4,6 +4,7 @@ and any history at all sums to wall time × nodes."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -87,7 +88,7 @@ def test_a_known_history_gives_known_totals(db):
     # The segments tile the timeline with no gap or overlap.
     segs = led["segments"]
     assert segs[0]["start"] == T0 and segs[-1]["end"] == 1118
-    assert all(a["end"] == b["start"] for a, b in zip(segs, segs[1:]))
+    assert all(a["end"] == b["start"] for a, b in itertools.pairwise(segs))
 
 
 def test_advice_comes_with_the_ledger(db):
