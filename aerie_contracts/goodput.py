@@ -34,6 +34,13 @@ class Category(StrEnum):
     IDLE = "idle"  # paid, nothing explained it: unexplained stalls, waiting for a chain decision
 
 
+class RestartMode(StrEnum):
+    """How an attempt after the first started (the `mode` label of `aerie_restarts_total`)."""
+
+    CHECKPOINT = "checkpoint"  # resumed from a recorded checkpoint
+    SCRATCH = "scratch"  # no checkpoint to resume from: started over
+
+
 BADPUT = tuple(c for c in Category if c is not Category.PRODUCTIVE)
 
 # Human labels, in the order tables and the stacked bar show them.

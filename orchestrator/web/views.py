@@ -82,7 +82,40 @@ def job_panels(s: Session, job: Job, backend: Any) -> dict[str, Any]:
         last_checkpoint=checkpoints[-1] if checkpoints else None,
         logs=_log_tail(latest, backend),
         running=job.state not in repo.JOB_TERMINAL,
+        goodput=goodput_panel(s, job),
     )
+
+
+def goodput_panel(s: Session, job: Job) -> dict[str, Any]:
+    """The ledger as the page draws it: a stacked bar over the job's timeline (each segment's
+    offset and width in % of wall time; slivers under MIN_PCT are left out of the bar, never of
+    the totals) and a legend of every category with its share."""
+    from aerie_contracts.goodput import LABELS, Category
+    from orchestrator.goodput import ledger_for
+
+    led = ledger_for(s, job)
+    wall = led["end"] - led["start"]
+    bar = []
+    if wall > 0:
+        for seg in led["segments"]:
+            width = 100.0 * (seg["end"] - seg["start"]) / wall
+            if width >= MIN_PCT:
+                left = 100.0 * (seg["start"] - led["start"]) / wall
+                bar.append(dict(seg, left=left, width=width, label=LABELS.get(seg["category"], seg["category"])))
+    total = led["node_seconds"] or 1.0
+    legend = [
+        dict(
+            category=c.value,
+            label=LABELS[c],
+            node_s=led["categories"][c.value],
+            pct=100 * led["categories"][c.value] / total,
+        )
+        for c in Category
+    ]
+    return dict(ledger=led, bar=bar, legend=legend)
+
+
+MIN_PCT = 0.05
 
 
 def checkpoint_rows(s: Session, job: Job) -> list[dict[str, Any]]:

@@ -1,0 +1,28 @@
+"""A job's goodput ledger (orchestrator/goodput): where each node-second went, and interval advice."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from sqlalchemy.orm import Session
+
+from orchestrator.api.deps import Principal, get_session, user
+from orchestrator.api.schemas import AUTH_ERRORS, GoodputOut
+from orchestrator.goodput import ledger_for
+from orchestrator.store import repo
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS)
+
+
+@router.get("/{job_ref}/goodput", response_model=GoodputOut)
+def goodput(
+    job_ref: str,
+    who: Principal = Depends(user),
+    s: Session = Depends(get_session, scope="function"),
+) -> dict:
+    """The job's ledger: productive step time and badput by cause, summing to wall time × nodes;
+    its timeline as contiguous segments; each fault's detection delay and redone steps; advice."""
+    try:
+        job = repo.get_job(s, who.tenant, job_ref)
+    except repo.NotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_ref!r}") from None
+    return ledger_for(s, job)
