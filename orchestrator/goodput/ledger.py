@@ -7,8 +7,9 @@ wall time × nodes exactly. Per attempt:
 - before it was created: the restart gap after the previous attempt (its first: launch);
 - created → started: launch (scheduling, provisioning, the backend's start);
 - started → its first step began (first step point minus one step time): start-up, of which the
-  part beyond the first fresh attempt's start-up is restore (the only difference of a resumed
-  start is reading the checkpoint; the trainer does not report restore time separately);
+  restore is what the nodes measured (each agent reports its ranks' slowest restore, the
+  trainer's `restored` event, in its heartbeats); without that measurement (another trainer),
+  the part beyond the first fresh attempt's start-up;
 - between step points: step work (redone when an earlier attempt already trained those steps,
   else productive); a gap's excess over the attempt's median step time is checkpoint stall after
   a checkpointed step, an eval pause after an eval step, idle when it exceeds a step's worth
@@ -108,7 +109,9 @@ def compute(trace: JobTrace, advice: dict[str, Any] | None = None) -> dict[str, 
         began = min(first_t - d, a_end)
         startup = max(0.0, began - cur.t)
         restore = 0.0
-        if a.resumed_step and base_startup is not None:
+        if a.restore_s is not None:
+            restore = min(startup, a.restore_s)
+        elif a.resumed_step and base_startup is not None:
             restore = min(startup, max(0.0, startup - base_startup))
         cur.to(began - restore, Category.STARTUP, n)
         cur.to(began, Category.RESTORE, n)

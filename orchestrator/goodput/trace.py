@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from aerie_contracts.goodput import SUMMARY_RESTORE_S
 from orchestrator.store.models import Checkpoint, Job, MetricPoint, Verdict
 
 
@@ -27,6 +28,7 @@ class AttemptTrace:
     started_at: float | None = None
     ended_at: float | None = None
     resumed_step: int | None = None
+    restore_s: float | None = None  # measured: the slowest node's restore (heartbeat summaries)
     reason_kind: str | None = None
     verdicts: list[tuple[float, str]] = field(default_factory=list)  # (t, kind), by time
     points: list[tuple[int, float]] = field(default_factory=list)  # (step, t), by step
@@ -98,6 +100,10 @@ def read(s: Session, job: Job, now: float | None = None) -> JobTrace:
             started_at=a.started_at,
             ended_at=a.ended_at,
             resumed_step=step_of(a.resume_from),
+            restore_s=max(
+                (x for n in a.nodes for x in [_float((n.summary or {}).get(SUMMARY_RESTORE_S))] if x is not None),
+                default=None,
+            ),
             reason_kind=(a.reason or {}).get("kind"),
         )
         by_id[a.id] = at

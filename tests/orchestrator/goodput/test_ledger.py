@@ -174,3 +174,34 @@ def test_any_history_sums_to_wall_time_times_nodes():
         led = ledger.compute(trace)
         assert sum(led["categories"].values()) == pytest.approx(led["node_seconds"], rel=1e-9, abs=1e-6)
         assert all(v >= 0 for v in led["categories"].values())
+
+
+def test_a_measured_restore_replaces_the_estimate(db):
+    """The agents' `restore_s` (the trainer's `restored` event) is the restore; the rest of the
+    resumed attempt's start-up stays start-up."""
+    with db.session() as s:
+        job = _history(s)
+        a2 = job.attempts[1]
+        repo.record_heartbeat(s, a2, "algo-1", {"t": 1090.0, "restore_s": 1.5})
+        repo.record_heartbeat(s, a2, "algo-2", {"t": 1090.0, "restore_s": 2.5})
+        s.flush()
+        c = ledger_for(s, job)["categories"]
+    assert c[Category.RESTORE] == pytest.approx(2 * 2.5)  # the slowest node's
+    assert c[Category.STARTUP] == pytest.approx(2 * (38 + 4 - 2.5))
+
+
+def test_the_agent_keeps_its_ranks_slowest_restore():
+    from types import SimpleNamespace
+
+    from agent.supervisor import Supervisor
+
+    sup = SimpleNamespace(restore_s=None)
+    for rec in [
+        {"event": "restored", "restore_s": 3.0},
+        {"event": "restored", "restore_s": 5.0},
+        {"event": "restored", "restore_s": "x"},
+        {"event": None, "restore_s": 9.0},
+        {"event": "restored", "restore_s": True},
+    ]:
+        Supervisor._note_restore(sup, rec)  # type: ignore[arg-type]
+    assert sup.restore_s == 5.0
