@@ -151,6 +151,18 @@ SIGV4_KEY = _var(
     "operator",
     "control plane",
 )
+METRICS_TOKEN = _var(
+    "AERIE_METRICS_TOKEN",
+    "a bearer token that may only scrape /metrics (Prometheus); API tokens of a user work as well",
+    "operator",
+    "control plane",
+)
+MTBF_H = _var(
+    "AERIE_MTBF_H",
+    "hours between failures per node the checkpoint-interval advice assumes until the fleet has observed its own",
+    "operator",
+    "control plane, cli",
+)
 MODEL_ARTIFACTS_URI = _var(
     "AERIE_MODEL_ARTIFACTS_URI",
     "S3 URI the first node uploads model/ to as model.tar.gz after a clean run (SageMaker-API jobs)",

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from aerie_contracts.failures import FailureKind
+from aerie_contracts.goodput import RESTORED_EVENT, SUMMARY_RESTORE_S
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
 from agent.identity import IdentityError, NodeIdentity, ml_root, resolve_identity
 
@@ -154,6 +155,7 @@ class Supervisor:
         self._metrics_sent_at = 0.0
         self._stop = threading.Event()  # set with stop_requested: ends a channel download
         self.data_download: dict[str, Any] | None = None  # agent.channels.receive's record
+        self.restore_s: float | None = None  # the slowest of this node's ranks' checkpoint restores
         self.input_failure: dict[str, Any] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -297,10 +299,16 @@ class Supervisor:
         """Tell the control plane about committed checkpoints seen in the metrics stream."""
         sample = getattr(self.monitor, "last_sample", None) or {}
         for rec in sample.get("records", []):
+            self._note_restore(rec)
             uri = rec.get("uri")
             if rec.get("event") == "checkpoint_committed" and uri and uri not in self._reported_checkpoints:
                 self._reported_checkpoints.add(uri)
                 self.reporter.checkpoint({"step": rec.get("step"), "uri": uri, "meta": rec})
+
+    def _note_restore(self, rec: dict[str, Any]) -> None:
+        seconds = rec.get("restore_s") if rec.get("event") == RESTORED_EVENT else None
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < 1e7:
+            self.restore_s = max(self.restore_s or 0.0, float(seconds))
 
     def _report_metrics(self, now: float, flush: bool = False) -> None:
         """Forward global rank 0's training steps (the dashboard's durable curves), in batches of
@@ -319,6 +327,8 @@ class Supervisor:
         base: dict[str, Any] = {"t": time.time()}
         if self.data_download is not None:
             base[DATA_DOWNLOAD] = self.data_download  # for the goodput ledger
+        if self.restore_s is not None:
+            base[SUMMARY_RESTORE_S] = self.restore_s  # for the goodput ledger
         if self.monitor is None:
             return base
         try:

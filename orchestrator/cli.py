@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator import goodput_view
 from orchestrator.client import ApiError, Client
 from orchestrator.spec import JobSpec, SpecError, format_validation_error, load_document
 
@@ -211,6 +212,36 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
             status = f"cleared ({b['cleared_by']})" if b.get("cleared_at") else "counts"
             bt.add_row(b["host"], b["attempt_id"], b["kind"], f"{b['rule']}: {b['why']}", status)
         console.print(bt)
+    led = _goodput_or_none(d["id"])
+    if led is not None:
+        console.print(goodput_view.summary(led))
+        if led.get("advice"):
+            console.print(goodput_view.advice_line(led["advice"]))
+
+
+def _goodput_or_none(job: str) -> dict | None:
+    try:
+        return _client().goodput(job)
+    except ApiError:
+        return None  # an older control plane without the ledger: describe still works
+
+
+@app.command()
+def goodput(
+    job: str = typer.Argument(..., help="Job id or name."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ledger as JSON."),
+) -> None:
+    """Where the job's paid time went: productive steps and badput by cause, with interval advice."""
+    led = _call(_client().goodput, job)
+    if as_json:
+        print(json.dumps(led, indent=2))
+        return
+    console.print(goodput_view.table(led))
+    if led["faults"]:
+        console.print(goodput_view.faults_table(led["faults"]))
+    console.print(goodput_view.summary(led))
+    if led.get("advice"):
+        console.print(goodput_view.advice_line(led["advice"]))
 
 
 @app.command()

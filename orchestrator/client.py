@@ -67,6 +67,9 @@ class Client:
     def events(self, ref: str) -> list[dict[str, Any]]:
         return self.request("GET", f"/v1/jobs/{ref}/events")
 
+    def goodput(self, ref: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/jobs/{ref}/goodput")
+
     def checkpoints(self, ref: str) -> list[dict[str, Any]]:
         return self.request("GET", f"/v1/jobs/{ref}/checkpoints")
 

@@ -146,4 +146,7 @@ def build_app(settings: Settings, with_controller: bool = True, chaining: bool =
         dispatcher = build_dispatcher(db, settings) if chaining else None
         lock = leader_lock_for(db.engine, settings.home_dir / "leader.lock")
         controller = Controller(db, settings, backends, chaining=chaining, dispatcher=dispatcher, leader_lock=lock)
-    return create_app(db, backends, controller, sagemaker=endpoint_settings(settings))
+    app = create_app(db, backends, controller, sagemaker=endpoint_settings(settings))
+    if settings.metrics_token is not None and settings.metrics_token.get_secret_value():
+        app.state.metrics_token = settings.metrics_token.get_secret_value()
+    return app

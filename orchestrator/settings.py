@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     default_backend: str = "local"
     sagemaker_max_instances: int = 0
     sigv4_key: SecretStr | None = None
+    # A bearer token that may only scrape /metrics (aerie_contracts.env.METRICS_TOKEN).
+    metrics_token: SecretStr | None = None
 
     @property
     def home_dir(self) -> Path:

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from aerie_contracts.goodput import RESTORED_EVENT
 from trainer import parallel, pricing
 from trainer.checkpoint.dcp import Checkpointer, describe_error
 from trainer.config import TrainConfig, load_config, resolve_path
@@ -357,8 +358,11 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     step, consumed, tokens = 0, 0, 0
     resume_from = os.environ.get("AERIE_RESUME_FROM")
     if resume_from:
+        restore_started = time.time()
         extra, resumed_from = restore(checkpointer, resume_from, model, optimizer, scheduler)
         step, consumed, tokens = extra["step"], extra["consumed_samples"], extra["tokens"]
+        # For the goodput ledger: the agent reports its ranks' slowest restore in its heartbeats.
+        metrics.event(RESTORED_EVENT, step, uri=resumed_from, restore_s=time.time() - restore_started)
         if world.is_main:
             log.info("resumed from %s at step %d (%d samples consumed)", resumed_from, step, consumed)
     if step >= cfg.steps:

@@ -16,6 +16,8 @@ from orchestrator.api.fastpath import HeartbeatFastPath
 from orchestrator.api.limits import BodySizeLimit, TokenBuckets
 from orchestrator.api.routes import agents, jobs, tokens
 from orchestrator.api.routes import checkpoints as checkpoint_routes
+from orchestrator.api.routes import goodput as goodput_routes
+from orchestrator.api.routes import metrics as metrics_routes
 from orchestrator.api.routes import ratings as ratings_routes
 from orchestrator.api.routes import slack as slack_routes
 from orchestrator.api.schemas import AUTH_ERRORS, MAX_DB_INT
@@ -74,6 +76,8 @@ def create_app(
     app.add_middleware(HeartbeatFastPath, api=app)
     app.add_middleware(BodySizeLimit, max_bytes=1 << 20)
     app.include_router(jobs.router)
+    app.include_router(goodput_routes.router)
+    app.include_router(metrics_routes.router)
     app.include_router(agents.router)
     app.include_router(checkpoint_routes.attempts)
     app.include_router(checkpoint_routes.jobs)

@@ -209,3 +209,55 @@ class CheckpointStateIn(BaseModel):
 
 class CheckpointStateOut(BaseModel):
     changed: list[str]
+
+
+class GoodputSegmentOut(BaseModel):
+    start: float
+    end: float
+    category: str  # aerie_contracts.goodput.Category
+    attempt: int | None = None
+
+
+class GoodputFaultOut(BaseModel):
+    attempt: int
+    kind: str | None = None
+    last_step: int
+    last_step_t: float
+    verdict_t: float | None = None
+    detection_s: float
+    resumed_step: int | None = None
+    redone_steps: int = 0
+    redone_s: float = 0.0
+
+
+class GoodputAdviceOut(BaseModel):
+    """Checkpoint-interval advice (Young–Daly), for the job's S3 tier."""
+
+    save_stall_s: float
+    mtbf_s: float
+    mtbf_source: Literal["fleet", "setting"]
+    step_s: float
+    current_every_steps: int | None = None
+    current_interval_s: float | None = None
+    advised_interval_s: float
+    advised_every_steps: int
+    current_badput: float | None = None
+    advised_badput: float
+
+
+class GoodputOut(BaseModel):
+    """Where a job's paid time went: node-seconds per category (aerie_contracts.goodput)."""
+
+    job_id: str
+    name: str
+    state: str
+    nodes: int
+    start: float
+    end: float
+    wall_s: float
+    node_seconds: float
+    goodput: float
+    categories: dict[str, float]
+    segments: list[GoodputSegmentOut]
+    faults: list[GoodputFaultOut]
+    advice: GoodputAdviceOut | None = None

@@ -21,6 +21,7 @@ def mount(app: FastAPI) -> None:
 
     app.state.node_history = NodeHistory()
     app.state.series_cache = {}
+    app.state.goodput_cache = {}  # views.goodput_panel: a running job's ledger for GOODPUT_TTL_S
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
 

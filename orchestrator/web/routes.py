@@ -150,7 +150,9 @@ def job_page(
     job = _job(request, s, who, job_ref)
     if not isinstance(job, Job):
         return job
-    panels = views.job_panels(s, job, request.app.state.backends.get(job.backend))
+    panels = views.job_panels(
+        s, job, request.app.state.backends.get(job.backend), getattr(request.app.state, "goodput_cache", None)
+    )
     return _page(request, "_job_panels.html" if partial else "job.html", who=who, **panels)
 
 

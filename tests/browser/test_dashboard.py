@@ -39,6 +39,16 @@ def test_the_hang_shows_a_verdict_and_the_restarted_attempt(plane, page):
     assert resumed[0] == "step" and 10 <= int(resumed[1]) <= FAULT_STEP, resumed  # the last good checkpoint
     # The resume point is marked on the loss chart.
     wait_for(lambda: page.locator("#chart-loss text.marker-label:has-text('resumed')").count(), 30, "the resume marker")
+    # The goodput panel: a stacked bar over the job's timeline with productive steps and the hang's
+    # detection delay in it, tiling at most the whole width, and the share of productive time.
+    wait_for(lambda: page.locator("#goodput-bar .g-detection").count(), 30, "the detection delay in the goodput bar")
+    assert page.locator("#goodput-bar .g-productive").count() >= 1
+    wait_for(lambda: page.locator("#goodput-bar .g-redone").count(), 60, "steps redone after the resume point")
+    widths = page.locator("#goodput-bar .g").evaluate_all("els => els.map(e => e.getBoundingClientRect().width)")
+    full = page.locator("#goodput-bar").evaluate("e => e.clientWidth")
+    assert 0.9 * full <= sum(widths) <= full + len(widths), (sum(widths), full)
+    assert 0 < float(page.get_attribute("#goodput-ratio", "data-goodput") or 0) < 1
+    assert "detection delay" in page.text_content("#goodput-legend")
 
 
 def test_click_through_to_the_checkpoint_list(plane, page):

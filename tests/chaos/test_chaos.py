@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.harness.chaos import EXPECTED_REASONS, STEPS, TRAINER_FAULTS, run_chaos
 from orchestrator.harness.control_plane import ControlPlane
+from tests.helpers.goodput_checks import check_chaos_ledger
 from trainer.checkpoint.manifest import verify
 
 pytestmark = pytest.mark.slow
@@ -78,3 +79,5 @@ def test_chaos_run_finishes_with_the_uninterrupted_losses(cp, tmp_path, monkeypa
         e for e in events if e["detail-type"] == "Aerie Attempt State Change" and e["detail"]["state"] == "Running"
     ]
     assert len(running) == len(attempts)
+
+    check_chaos_ledger(cp, job, TRAINER_FAULTS, EXPECTED_REASONS)  # issue 24: the goodput ledger of this run

@@ -1,0 +1,79 @@
+"""The goodput ledger's contract: its categories and the JSON shape the API, CLI and dashboard share.
+
+A job's ledger splits its paid time — wall time from submission to end (or now) times its nodes —
+into productive step time and badput by cause. Every second of the job's timeline belongs to
+exactly one segment, so the parts sum to wall time × nodes by construction.
+
+Shape of `GET /v1/jobs/{job}/goodput` (all durations in node-seconds unless named `_s` of wall):
+
+    {"job_id", "name", "state", "nodes", "start", "end", "wall_s", "node_seconds",
+     "goodput": <productive / node_seconds, 0..1>,
+     "categories": {<Category>: node-seconds, ...},       # every category, zeros included
+     "segments": [{"start", "end", "category", "attempt"}],  # wall-clock, contiguous, coalesced
+     "faults": [{"attempt", "kind", "last_step", "last_step_t", "verdict_t", "detection_s",
+                 "resumed_step", "redone_steps", "redone_s"}],
+     "advice": {...} | null}                               # see `Advice` keys below
+"""
+
+from __future__ import annotations
+
+from aerie_contracts._strenum import StrEnum
+
+
+class Category(StrEnum):
+    PRODUCTIVE = "productive"  # steps trained for the first time
+    LAUNCH = "launch"  # submitted/created → the backend says the attempt started (scheduling, provisioning)
+    STARTUP = "startup"  # started → first step began (image, rendezvous, model build, data), less restore
+    PREFLIGHT = "preflight"  # per-node pre-flight checks (0 until pre-flight runs; kept so dashboards are stable)
+    CHECKPOINT_STALL = "checkpoint_stall"  # the synchronous part of saves: steps waiting on a checkpoint
+    DETECTION = "detection"  # fault → verdict (or the attempt's end when no detector fired)
+    RESTART = "restart"  # teardown and restart: verdict → the next attempt created, and the final teardown
+    RESTORE = "restore"  # reading the resume checkpoint before the first step
+    REDONE = "redone"  # steps after the resume point that an earlier attempt had already trained
+    EVAL = "eval"  # evaluation pauses inside the training loop
+    IDLE = "idle"  # paid, nothing explained it: unexplained stalls, waiting for a chain decision
+
+
+class RestartMode(StrEnum):
+    """How an attempt after the first started (the `mode` label of `aerie_restarts_total`)."""
+
+    CHECKPOINT = "checkpoint"  # resumed from a recorded checkpoint
+    SCRATCH = "scratch"  # no checkpoint to resume from: started over
+
+
+# The metrics-stream event a rank writes once it restored its resume checkpoint (with `restore_s`,
+# seconds spent in the restore), and the heartbeat summary key under which the node's agent reports
+# the slowest of its ranks' restores: the ledger's `restore` is this measurement when present.
+RESTORED_EVENT = "restored"
+SUMMARY_RESTORE_S = "restore_s"
+
+BADPUT = tuple(c for c in Category if c is not Category.PRODUCTIVE)
+
+# Human labels, in the order tables and the stacked bar show them.
+LABELS: dict[str, str] = {
+    Category.PRODUCTIVE: "productive steps",
+    Category.LAUNCH: "scheduling / launch",
+    Category.STARTUP: "start-up to first step",
+    Category.PREFLIGHT: "pre-flight",
+    Category.CHECKPOINT_STALL: "checkpoint stall",
+    Category.DETECTION: "detection delay",
+    Category.RESTART: "teardown and restart",
+    Category.RESTORE: "restore",
+    Category.REDONE: "redone steps",
+    Category.EVAL: "eval pauses",
+    Category.IDLE: "idle",
+}
+
+# Keys of the ledger's "advice" object (checkpoint-interval advice, orchestrator/goodput/advice.py).
+ADVICE_KEYS = (
+    "save_stall_s",  # measured synchronous stall per save (C)
+    "mtbf_s",  # mean time between failures of the job's allocation (all its nodes)
+    "mtbf_source",  # "fleet" (observed in the store) | "setting" (AERIE_MTBF_H or the default)
+    "step_s",  # median step time
+    "current_every_steps",
+    "current_interval_s",
+    "advised_interval_s",  # Young–Daly: sqrt(2 C MTBF)
+    "advised_every_steps",
+    "current_badput",  # expected fraction of time lost to saves + redone work at the current interval
+    "advised_badput",
+)

@@ -1,0 +1,134 @@
+"""What the ledger is computed from: a job's recorded history, read from the store into plain data.
+
+Nothing here is new bookkeeping: attempts (created/started/ended, resume point, failure reason),
+verdicts (when a detector fired, server time), rank 0's step points (step, end time), and committed
+checkpoints (step, the save's duration and size from the trainer's `checkpoint_committed` line).
+Keeping the ledger a pure function of this trace makes it testable without a store and exact
+across restarts (it is recomputed, never accumulated).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from aerie_contracts.goodput import SUMMARY_RESTORE_S
+from orchestrator.store.models import Checkpoint, Job, MetricPoint, Verdict
+
+
+@dataclass
+class AttemptTrace:
+    number: int
+    state: str
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    resumed_step: int | None = None
+    restore_s: float | None = None  # measured: the slowest node's restore (heartbeat summaries)
+    reason_kind: str | None = None
+    verdicts: list[tuple[float, str]] = field(default_factory=list)  # (t, kind), by time
+    points: list[tuple[int, float]] = field(default_factory=list)  # (step, t), by step
+
+
+@dataclass
+class CheckpointTrace:
+    attempt: int | None
+    step: int
+    save_s: float | None
+    size_bytes: int | None
+    created_at: float
+
+
+@dataclass
+class JobTrace:
+    job_id: str
+    name: str
+    state: str
+    nodes: int
+    created_at: float
+    ended_at: float | None
+    now: float
+    every_steps: int | None = None
+    eval_every: int | None = None
+    attempts: list[AttemptTrace] = field(default_factory=list)
+    checkpoints: list[CheckpointTrace] = field(default_factory=list)
+
+
+def step_of(uri: str | None) -> int | None:
+    match = re.search(r"step_(\d+)", uri or "")
+    return int(match.group(1)) if match else None
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def read(s: Session, job: Job, now: float | None = None) -> JobTrace:
+    """The job's trace, in four queries (attempts come with the job)."""
+    spec = job.spec or {}
+    hps = spec.get("hyperparameters") or {}
+    trace = JobTrace(
+        job_id=job.id,
+        name=job.name,
+        state=job.state,
+        nodes=int((spec.get("resources") or {}).get("instance_count") or 1),
+        created_at=job.created_at,
+        ended_at=job.ended_at,
+        now=time.time() if now is None else now,
+        every_steps=_int((spec.get("checkpoint") or {}).get("every_steps")),
+        eval_every=_int(hps.get("eval_every")),
+    )
+    by_id = {}
+    for a in job.attempts:
+        at = AttemptTrace(
+            number=a.number,
+            state=a.state,
+            created_at=a.created_at,
+            started_at=a.started_at,
+            ended_at=a.ended_at,
+            resumed_step=step_of(a.resume_from),
+            restore_s=max(
+                (x for n in a.nodes for x in [_float((n.summary or {}).get(SUMMARY_RESTORE_S))] if x is not None),
+                default=None,
+            ),
+            reason_kind=(a.reason or {}).get("kind"),
+        )
+        by_id[a.id] = at
+        trace.attempts.append(at)
+    if by_id:
+        for v in s.scalars(select(Verdict).where(Verdict.attempt_id.in_(list(by_id))).order_by(Verdict.t)):
+            by_id[v.attempt_id].verdicts.append((v.t, v.kind))
+    q = (
+        select(MetricPoint.attempt_id, MetricPoint.step, MetricPoint.t)
+        .where(MetricPoint.job_id == job.id)
+        .order_by(MetricPoint.attempt_number, MetricPoint.step)
+    )
+    for attempt_id, step, t in s.execute(q):
+        if attempt_id in by_id:
+            by_id[attempt_id].points.append((step, t))
+    for c in s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)):
+        meta = c.meta or {}
+        owner = by_id.get(c.attempt_id or "")
+        trace.checkpoints.append(
+            CheckpointTrace(
+                attempt=owner.number if owner else None,
+                step=c.step,
+                save_s=_float(meta.get("save_s")),
+                size_bytes=c.size_bytes,
+                created_at=c.created_at,
+            )
+        )
+    return trace

@@ -1,0 +1,60 @@
+"""The goodput ledger of the chaos run against what the run injected (issue 24, acceptance 1).
+
+Called from tests/chaos/test_chaos.py after its own checks, on the same job (no second run):
+
+- the ledger's parts sum to the job's wall time (submitted → ended, from the job record) × nodes
+  within 1 %;
+- one fault per injected trainer fault, with the failure kind the chaos test expects;
+- each fault's last step is the step before the injected one (the fault fires before that step; a
+  NaN loss may record the step itself), and its time is that step's time in rank 0's own metrics
+  file — so the fault happened right there;
+- detection delay (last step → verdict or the attempt's end): a hang is called no sooner than the
+  spec's hang floor and well within a minute after it; a crash or a NaN within seconds;
+- redone steps = the faulty attempt's last step − the next attempt's resume point, and the next
+  attempt did train them (its own metrics hold those steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.harness.jobs import FAST_HEALTH, step_records
+
+HANG_SLACK_S = 45.0  # a hang verdict after the floor: a heartbeat or two, a loaded 2-core machine
+QUICK_S = 30.0  # a crash or a NaN: the next heartbeat and the controller's reconcile pass
+
+
+def check_chaos_ledger(cp, job: dict, faults: list[dict[str, Any]], reasons: list[str]) -> dict[str, Any]:
+    led: dict[str, Any] = cp.get(f"/v1/jobs/{job['id']}/goodput")  # type: ignore[assignment]
+    nodes = led["nodes"]
+    wall = job["ended_at"] - job["created_at"]
+    assert sum(led["categories"].values()) == pytest.approx(wall * nodes, rel=0.01), led["categories"]
+    assert led["node_seconds"] == pytest.approx(wall * nodes, rel=0.01)
+    assert 0 < led["goodput"] < 1 and led["categories"]["productive"] > 0
+
+    attempts = {a["number"]: a for a in job["attempt_list"]}
+    assert [f["attempt"] for f in led["faults"]] == [f["attempt"] for f in faults], led["faults"]
+    assert [f["kind"] for f in led["faults"]] == reasons
+    jobs_dir = cp.home / "jobs" / job["id"]
+    for injected, got in zip(faults, led["faults"], strict=True):
+        n = got["attempt"]
+        own = {r["step"]: r["t"] for r in step_records(jobs_dir / f"attempt-{n}", 0)}
+        allowed = {injected["step"] - 1} | ({injected["step"]} if injected["kind"] == "nan" else set())
+        assert got["last_step"] in allowed, (injected, got)
+        assert got["last_step"] == max(own), (got, max(own))
+        assert got["last_step_t"] == pytest.approx(own[got["last_step"]], abs=1e-3)
+        if got["kind"] == "silent.hang":
+            floor = FAST_HEALTH["hang_floor_s"]
+            assert floor <= got["detection_s"] <= floor + HANG_SLACK_S, got
+            assert got["verdict_t"] is not None
+        else:
+            assert 0 <= got["detection_s"] <= QUICK_S, got
+        nxt = attempts[n + 1]
+        assert got["resumed_step"] == nxt["resumed_step"]
+        assert got["redone_steps"] == got["last_step"] - nxt["resumed_step"], got
+        redone_by_next = {r["step"] for r in step_records(jobs_dir / f"attempt-{n + 1}", 0)}
+        assert set(range(nxt["resumed_step"] + 1, got["last_step"] + 1)) <= redone_by_next
+        assert got["redone_steps"] == 0 or got["redone_s"] > 0
+    return led
