@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from aerie_contracts import sagemaker_api as contract
+from aerie_contracts.checkpoints import step_of_uri
 from orchestrator.spec import JobSpec
 
 DEFAULT_ENTRYPOINT = ["python", "-m", "trainer.train"]
@@ -387,8 +388,8 @@ def _will_restart(job: Any, attempt: Any) -> bool:
 
 
 def _step(uri: str | None) -> str:
-    match = re.search(r"step_(\d+)", uri or "")
-    return f"step {int(match.group(1))}" if match else "the start (no checkpoint yet)"
+    step = step_of_uri(uri)
+    return f"step {step}" if step is not None else "the start (no checkpoint yet)"
 
 
 def secondary_transitions(job: Any, warnings: list[str], backend: str, now: float) -> list[dict[str, Any]]:
