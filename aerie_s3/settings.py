@@ -14,6 +14,8 @@ import os
 import urllib.parse
 from dataclasses import dataclass
 
+from aerie_contracts import env as aerie_env
+
 MiB = 1024 * 1024
 
 
@@ -34,16 +36,16 @@ class S3Settings:
     def from_env(cls, env: os._Environ[str] | dict[str, str] | None = None) -> S3Settings:
         env = os.environ if env is None else env
         return cls(
-            endpoint_url=env.get("AERIE_S3_ENDPOINT") or env.get("AWS_ENDPOINT_URL") or None,
+            endpoint_url=env.get(aerie_env.S3_ENDPOINT) or env.get("AWS_ENDPOINT_URL") or None,
             region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             access_key_id=env.get("AWS_ACCESS_KEY_ID") or None,
             secret_access_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
             session_token=env.get("AWS_SESSION_TOKEN") or None,
-            part_size=int(env.get("AERIE_S3_PART_SIZE") or 8 * MiB),
-            read_part_size=int(env.get("AERIE_S3_READ_PART_SIZE") or 16 * MiB),
+            part_size=int(env.get(aerie_env.S3_PART_SIZE) or 8 * MiB),
+            read_part_size=int(env.get(aerie_env.S3_READ_PART_SIZE) or 16 * MiB),
             connections=max(1, int(env.get("AERIE_S3_CONNECTIONS") or 16)),
-            throughput_target_gbps=float(env.get("AERIE_S3_THROUGHPUT_GBPS") or 10.0),
-            max_attempts=int(env.get("AERIE_S3_MAX_ATTEMPTS") or 10),
+            throughput_target_gbps=float(env.get(aerie_env.S3_THROUGHPUT_GBPS) or 10.0),
+            max_attempts=int(env.get(aerie_env.S3_MAX_ATTEMPTS) or 10),
         )
 
     @property

@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from aerie_contracts import env as aerie_env
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra.local.s3proxy import ProxyProcess
@@ -188,9 +190,9 @@ def main() -> None:
         proxy = ProxyProcess("127.0.0.1", server.port, cap, str(work / "proxy-stats.json"))
         env = {
             **server.env(),
-            "AERIE_S3_ENDPOINT": proxy.endpoint_url,
+            aerie_env.S3_ENDPOINT: proxy.endpoint_url,
             "AWS_ENDPOINT_URL": proxy.endpoint_url,
-            "AERIE_S3_PART_SIZE": str(part),
+            aerie_env.S3_PART_SIZE: str(part),
         }
         os.environ.update(env)
         settings = s3io.S3Settings.from_env()
@@ -239,7 +241,7 @@ def main() -> None:
         # "link" per access pattern: the same restore straight to moto, without the proxy. moto
         # copies the whole object under a lock for every ranged GET, so its ceiling depends on
         # the pattern (object size x number of requests), not only on the loopback link.
-        direct = s3io.S3Settings.from_env({**server.env(), "AERIE_S3_PART_SIZE": str(part)})
+        direct = s3io.S3Settings.from_env({**server.env(), aerie_env.S3_PART_SIZE: str(part)})
         # One range per connection: moto's cost per ranged GET grows with the object's size.
         pget_part = -(-file_bytes // args.connections)
         out = {k: torch.empty_like(v) for k, v in sd.items()}

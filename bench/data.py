@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from aerie_contracts import env as aerie_env
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -87,7 +89,7 @@ def proxied_env(server: S3Server, proxy: ProxyProcess) -> dict[str, str]:
     return {
         **os.environ,
         **server.env(),
-        "AERIE_S3_ENDPOINT": proxy.endpoint_url,
+        aerie_env.S3_ENDPOINT: proxy.endpoint_url,
         "AWS_ENDPOINT_URL": proxy.endpoint_url,
     }
 
@@ -186,9 +188,9 @@ def train(args, mode: str, root: Path, env: dict[str, str], uri: str, local_dir:
     (ml / "train.yaml").write_text(json.dumps(config))
     run_env = {
         **env,
-        "AERIE_ML_ROOT": str(ml),
-        "AERIE_METRICS_PATH": str(metrics),
-        "AERIE_CHECKPOINT_URI": "",
+        aerie_env.ML_ROOT: str(ml),
+        aerie_env.METRICS_PATH: str(metrics),
+        aerie_env.CHECKPOINT_URI: "",
         "SM_CHANNEL_TRAIN": str(local_dir) if mode == "File" else str(ml / "input" / "data" / "train"),
         "SM_CHANNEL_TRAIN_S3_URI": uri,
         "SM_HPS": "{}",
@@ -220,7 +222,7 @@ def bench_fastfile(args, server: S3Server, proxy: ProxyProcess, work: Path) -> d
     env = {
         **os.environ,
         **server.env(),
-        "AERIE_S3_ENDPOINT": proxy.endpoint_url,
+        aerie_env.S3_ENDPOINT: proxy.endpoint_url,
         "AWS_ENDPOINT_URL": proxy.endpoint_url,
     }
     uri = f"s3://{server.bucket}/train/"

@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from aerie_contracts import env
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -117,7 +119,7 @@ def measure_restore(connections: int, size_mb: int) -> dict:
         link = size / (time.perf_counter() - t0)
         cap = 0.5 * link / connections  # scaled so that connections x cap stays within what moto serves
         proxy = ProxyProcess("127.0.0.1", server.port, cap, str(work / "proxy.json"))
-        capped = S3Settings.from_env({**server.env(), "AERIE_S3_ENDPOINT": proxy.endpoint_url})
+        capped = S3Settings.from_env({**server.env(), env.S3_ENDPOINT: proxy.endpoint_url})
         t0 = time.perf_counter()
         ranged.parallel_get(uri, connections=connections, part_size=size // connections, settings=capped)
         parallel = size / (time.perf_counter() - t0)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from aerie_contracts import env as aerie_env
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -123,7 +125,7 @@ def run_store(label: str, db_url: str, nodes_n: int, seconds: float, concurrency
     nodes = register_nodes(db_url, nodes_n)
     home = Path(tempfile.mkdtemp(prefix=f"aerie-bench-hb-{label}-"))
     port = free_port()
-    env = {**os.environ, "AERIE_HOME": str(home), "AERIE_DATABASE_URL": db_url}
+    env = {**os.environ, aerie_env.HOME: str(home), aerie_env.DATABASE_URL: db_url}
     server = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "up", "--api-only", "--no-s3", "--port", str(port)],
         env=env,

@@ -17,6 +17,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from aerie_contracts import env
+
 
 class ApiError(RuntimeError):
     def __init__(self, status: int, body: str):
@@ -34,8 +36,8 @@ class Api:
 
     @classmethod
     def from_context(cls, context: Any) -> Api:
-        base = getattr(context, "aerie_api", "") or os.environ.get("AERIE_API", "")
-        token = getattr(context, "aerie_token", "") or secret_setting("AERIE_SERVICE_TOKEN")
+        base = getattr(context, "aerie_api", "") or os.environ.get(env.API, "")
+        token = getattr(context, "aerie_token", "") or secret_setting(env.SERVICE_TOKEN)
         return cls(base, token)
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:

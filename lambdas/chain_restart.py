@@ -66,7 +66,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             job,
             {
                 **reason,
-                "kind": reason.get("kind", "exit.nonzero"),
+                "kind": reason.get("kind", FailureKind.EXIT_NONZERO),
                 "message": f"not retried: {verdict}. {reason.get('message', '')}".strip(),
             },
         )

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from aerie_contracts import DetailType
 from lambdas.api import Api
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    if event.get("detail-type") != "Aerie Checkpoint Committed":
+    if event.get("detail-type") != DetailType.CHECKPOINT_COMMITTED:
         return {"deleted": []}
     api = Api.from_context(context)
     job = api.job(event["detail"]["job_id"])

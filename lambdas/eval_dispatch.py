@@ -31,6 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import DetailType
+from aerie_contracts import env as aerie_env
 from lambdas import slack_blocks
 from lambdas.api import Api
 from lambdas.cron import parse_cron
@@ -38,14 +40,14 @@ from lambdas.slack_interactions import web_client
 
 log = logging.getLogger("aerie.lambdas.eval_dispatch")
 
-CHECKPOINT_COMMITTED = "Aerie Checkpoint Committed"
+CHECKPOINT_COMMITTED = DetailType.CHECKPOINT_COMMITTED
 METADATA_EVENT = "aerie_eval_sample"
 LEASE_S = 120.0
 MAX_PROMPTS = 50
-SAMPLER_TIMEOUT_S = float(os.environ.get("AERIE_EVAL_SAMPLER_TIMEOUT_S", "900"))
+SAMPLER_TIMEOUT_S = float(os.environ.get(aerie_env.EVAL_SAMPLER_TIMEOUT_S, "900"))
 # The sampler's argv (JSON list), e.g. to run it under another interpreter or a scheduler; it
 # reads the request as JSON on stdin and prints {"answers": [...]} as its last line.
-SAMPLER_COMMAND = "AERIE_EVAL_SAMPLER_COMMAND"
+SAMPLER_COMMAND = aerie_env.EVAL_SAMPLER_COMMAND
 
 
 class SamplerFailed(RuntimeError):

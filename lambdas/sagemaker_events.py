@@ -11,6 +11,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from aerie_contracts import DetailType, FailureKind
+
 STARTING = {
     "Starting",
     "Pending",
@@ -23,10 +25,10 @@ STARTING = {
 }
 # The FailureReason's prefix says whose fault it was.
 FAILURE_KINDS = {
-    "AlgorithmError": "exit.nonzero",
-    "ClientError": "user.error",
-    "CapacityError": "launch.failed",
-    "InternalServerError": "node.lost",
+    "AlgorithmError": FailureKind.EXIT_NONZERO,
+    "ClientError": FailureKind.USER_ERROR,
+    "CapacityError": FailureKind.LAUNCH_FAILED,
+    "InternalServerError": FailureKind.NODE_LOST,
 }
 # The agent writes "<kind>: <message>" to /opt/ml/output/failure; SageMaker quotes it after the prefix.
 AERIE_KIND = re.compile(r"^([a-z]+\.[a-z_]+): ?(.*)$", re.S)
@@ -48,7 +50,7 @@ def failure_reason(text: str | None) -> tuple[dict[str, Any], int | None]:
     """SageMaker's FailureReason as Aerie's reason (kind + message) and the exit code it names."""
     text = (text or "").strip()
     prefix, _, rest = text.partition(":")
-    kind = FAILURE_KINDS.get(prefix.strip(), "exit.nonzero")
+    kind = FAILURE_KINDS.get(prefix.strip(), FailureKind.EXIT_NONZERO)
     rest = rest.strip() if rest else text
     own = AERIE_KIND.match(rest)
     if prefix.strip() == "AlgorithmError" and own:
@@ -70,7 +72,7 @@ def failure_reason_text(reason: dict[str, Any] | None) -> str:
     """Aerie's reason as SageMaker's FailureReason, `<Prefix>: <kind>: <message>`, the inverse of
     `failure_reason` (which reads the kind back from it): the prefix says whose fault it was."""
     reason = reason or {}
-    kind = str(reason.get("kind") or "exit.nonzero")
+    kind = str(reason.get("kind") or FailureKind.EXIT_NONZERO)
     prefix = next((p for p, k in FAILURE_KINDS.items() if k == kind), "AlgorithmError")
     message = str(reason.get("message") or "").strip()
     return f"{prefix}: {kind}: {message}" if message else f"{prefix}: {kind}"
@@ -103,7 +105,7 @@ def event_from_sagemaker(event: dict[str, Any]) -> dict[str, Any]:
     carries them in `detail.Tags`); the event id is kept, so a redelivered SageMaker event maps to
     the same Aerie event and idempotent handlers see one failure, not two.
     """
-    if event.get("detail-type") != "SageMaker Training Job State Change":
+    if event.get("detail-type") != DetailType.SAGEMAKER_TRAINING_JOB_STATE_CHANGE:
         raise ValueError(f"not a SageMaker training job event: {event.get('detail-type')!r}")
     d = event["detail"]
     tags = d.get("Tags") or {}
@@ -140,7 +142,7 @@ def event_from_sagemaker(event: dict[str, Any]) -> dict[str, Any]:
     return {
         "version": "0",
         "id": event["id"],
-        "detail-type": "Aerie Attempt State Change",
+        "detail-type": DetailType.ATTEMPT_STATE_CHANGE,
         "source": "aerie.orchestrator",
         "account": event.get("account", ""),
         "time": event.get("time", ""),

@@ -32,6 +32,7 @@ from typing import Any
 
 from slack_sdk.signature import SignatureVerifier
 
+from aerie_contracts import env
 from lambdas import slack_blocks
 from lambdas.api import secret_setting
 
@@ -154,7 +155,7 @@ def web_client(token: str | None = None, base_url: str | None = None, max_retrie
     from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 
     token = token or secret_setting("AERIE_SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN")
-    base_url = base_url or os.environ.get("AERIE_SLACK_API_URL") or SLACK_API_URL
+    base_url = base_url or os.environ.get(env.SLACK_API_URL) or SLACK_API_URL
     if not base_url.endswith("/"):
         base_url += "/"
     return WebClient(

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from aerie_contracts import env
 from orchestrator import goodput_view
 from orchestrator.client import ApiError, Client
 from orchestrator.sagemaker_mapping import spec_from_document
@@ -88,7 +89,7 @@ def up(
     if port is not None:
         overrides["port"] = port
     settings = Settings(**overrides)
-    if s3 and not (os.environ.get("AERIE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL")):
+    if s3 and not (os.environ.get(env.S3_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL")):
         from orchestrator.devstack import ensure_s3
 
         # A separate process that outlives this one: checkpoints survive a control-plane restart.
@@ -149,7 +150,7 @@ def submit(
             faults = [parse_cli(f) for f in fault]
         except ValueError as exc:
             _die(str(exc), 2)
-        spec = spec.model_copy(update={"env": {**spec.env, "AERIE_FAULTS": json.dumps(faults)}})
+        spec = spec.model_copy(update={"env": {**spec.env, env.FAULTS: json.dumps(faults)}})
     if spec.backend in ("local", "slurm") and "workdir" not in spec.backend_options:
         # Like SkyPilot's workdir: local and Slurm nodes (shared filesystem) run the code from where you submitted.
         spec = spec.model_copy(update={"backend_options": {**spec.backend_options, "workdir": os.getcwd()}})

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from aerie_contracts import env
 from orchestrator.settings import Settings
 
 
@@ -32,8 +33,8 @@ def _read(path: Path) -> str | None:
 class Client:
     def __init__(self, api: str | None = None, token: str | None = None, timeout_s: float = 30.0):
         settings = Settings()
-        self.api = api or os.environ.get("AERIE_API") or _read(settings.api_url_path) or settings.api_url
-        self.token = token or os.environ.get("AERIE_TOKEN") or _read(settings.admin_token_path)
+        self.api = api or os.environ.get(env.API) or _read(settings.api_url_path) or settings.api_url
+        self.token = token or os.environ.get(env.TOKEN) or _read(settings.admin_token_path)
         if not self.token:
             raise ApiError(
                 401, f"no API token: set AERIE_TOKEN or start `aerie up` (it writes {settings.admin_token_path})"

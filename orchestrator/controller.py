@@ -12,9 +12,9 @@ import logging
 import threading
 import time
 
-from aerie_contracts.failures import FailureKind
+from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason
 from aerie_contracts.health import HealthSettings
-from aerie_contracts.states import AttemptState
+from aerie_contracts.states import ATTEMPT_ACTIVE, AttemptState, JobState
 from orchestrator import failpoints, liveness
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
 from orchestrator.events import Dispatcher
@@ -27,7 +27,12 @@ from orchestrator.store.models import Attempt, Job
 
 log = logging.getLogger("aerie.controller")
 
-ACTIVE = {"Pending", "Launching", "Running"}
+ACTIVE = ATTEMPT_ACTIVE
+
+
+def _stopped_on_request() -> FailureReason:
+    """The reason of a job or attempt the user stopped (a fresh dict: reasons are stored as is)."""
+    return {"kind": FailureKind.USER_STOP, "message": STOPPED_ON_REQUEST}
 
 
 class Controller:
@@ -111,33 +116,33 @@ class Controller:
 
     def _start_submitted(self) -> None:
         with self.db.session() as s:
-            for job in repo.list_jobs_in_state(s, "Submitted"):
+            for job in repo.list_jobs_in_state(s, JobState.SUBMITTED):
                 if job.stop_requested:
                     continue
                 repo.create_attempt(s, job, 1)
-                repo.set_job_state(s, job, "InProgress")
+                repo.set_job_state(s, job, JobState.IN_PROGRESS)
 
     def _handle_stop_requests(self) -> None:
         with self.db.session() as s:
             for job in repo.jobs_stopping(s):
                 live = [a for a in job.attempts if a.state in ACTIVE]
                 for attempt in live:
-                    if attempt.state == "Running" and attempt.handle:
+                    if attempt.state == AttemptState.RUNNING and attempt.handle:
                         self._backend(job).stop(attempt.handle)
                     else:
-                        repo.set_attempt_state(s, attempt, "Stopped")
-                if not any(a.state in {"Launching", "Running"} for a in job.attempts):
-                    repo.set_job_state(s, job, "Stopped", {"kind": "user.stop", "message": "stopped on request"})
+                        repo.set_attempt_state(s, attempt, AttemptState.STOPPED)
+                if not any(a.state in {AttemptState.LAUNCHING, AttemptState.RUNNING} for a in job.attempts):
+                    repo.set_job_state(s, job, JobState.STOPPED, _stopped_on_request())
 
     def _launch_pending(self) -> None:
         with self.db.session() as s:
-            todo = [a.id for a in repo.attempts_in(s, {"Pending", "Launching"})]
+            todo = [a.id for a in repo.attempts_in(s, {AttemptState.PENDING, AttemptState.LAUNCHING})]
         for attempt_id in todo:
             with self.db.session() as s:
                 attempt = repo.get_attempt(s, attempt_id)
                 job = attempt.job
-                if attempt.state == "Pending":
-                    repo.set_attempt_state(s, attempt, "Launching")
+                if attempt.state == AttemptState.PENDING:
+                    repo.set_attempt_state(s, attempt, AttemptState.LAUNCHING)
                 token = repo.mint_token(
                     s, "agent", tenant=job.tenant, attempt_id=attempt.id, name=f"agent for {attempt.id}"
                 )
@@ -162,14 +167,17 @@ class Controller:
                 with self.db.session() as s:
                     attempt = repo.get_attempt(s, attempt_id)
                     # A backend error may name its own kind (placement.failed: too few usable nodes).
-                    reason = {"kind": getattr(exc, "failure_kind", "launch.failed"), "message": str(exc)[:500]}
-                    repo.set_attempt_state(s, attempt, "Failed", reason)
+                    reason = {
+                        "kind": getattr(exc, "failure_kind", FailureKind.LAUNCH_FAILED),
+                        "message": str(exc)[:500],
+                    }
+                    repo.set_attempt_state(s, attempt, AttemptState.FAILED, reason)
                     self._attempt_failed(s, attempt, reason)
                 continue
             with self.db.session() as s:
                 attempt = repo.get_attempt(s, attempt_id)
                 attempt.handle = handle
-                repo.set_attempt_state(s, attempt, "Running")
+                repo.set_attempt_state(s, attempt, AttemptState.RUNNING)
 
     def _poll_running(self) -> None:
         with self.db.session() as s:
@@ -183,7 +191,7 @@ class Controller:
                 continue
             if not result.terminal:
                 result = self._check_heartbeats(attempt_id, result)
-            if result.state == "Failed":
+            if result.state == AttemptState.FAILED:
                 self._fence_lost(backend, handle, result)  # first: a crash after it re-detects and re-fences
             self._record_poll(attempt_id, result)
             if result.terminal:
@@ -228,7 +236,7 @@ class Controller:
         so it cannot come back as a zombie of this attempt (what it cannot reach, the store fences:
         this attempt is no longer current, so nothing it commits is recorded)."""
         reason = result.reason or {}
-        if reason.get("kind") != "node.lost" or not reason.get("host"):
+        if reason.get("kind") != FailureKind.NODE_LOST or not reason.get("host"):
             return
         try:
             backend.fence(handle, [reason["host"]])
@@ -249,25 +257,27 @@ class Controller:
                 return
             result = first_reported_cause(result, reported)
             job = attempt.job
-            if result.state == "Stopped" and not job.stop_requested:
+            if result.state == AttemptState.STOPPED and not job.stop_requested:
                 # Nodes that stopped without being asked to have failed, as far as the job is concerned.
                 result = PollResult(
-                    "Failed", result.nodes, {"kind": "node.lost", "message": "nodes stopped unexpectedly"}
+                    AttemptState.FAILED,
+                    result.nodes,
+                    {"kind": FailureKind.NODE_LOST, "message": "nodes stopped unexpectedly"},
                 )
             repo.set_attempt_state(s, attempt, result.state, result.reason, result.exit_code)
-            if result.state == "Completed":
-                repo.set_job_state(s, job, "Completed")
-            elif result.state == "Stopped":
-                repo.set_job_state(s, job, "Stopped", {"kind": "user.stop", "message": "stopped on request"})
+            if result.state == AttemptState.COMPLETED:
+                repo.set_job_state(s, job, JobState.COMPLETED)
+            elif result.state == AttemptState.STOPPED:
+                repo.set_job_state(s, job, JobState.STOPPED, _stopped_on_request())
             else:
-                self._attempt_failed(s, attempt, result.reason or {"kind": "exit.nonzero"})
+                self._attempt_failed(s, attempt, result.reason or {"kind": FailureKind.EXIT_NONZERO})
 
     def _attempt_failed(self, s, attempt: Attempt, reason: dict) -> None:
         job = attempt.job
         if job.stop_requested:
-            repo.set_job_state(s, job, "Stopped", {"kind": "user.stop", "message": "stopped on request"})
+            repo.set_job_state(s, job, JobState.STOPPED, _stopped_on_request())
         elif not self.chaining:
-            repo.set_job_state(s, job, "Failed", reason)
+            repo.set_job_state(s, job, JobState.FAILED, reason)
         # else: the chaining handler reacts to the attempt's Failed event and decides.
 
     def _backend(self, job: Job) -> Backend:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from aerie_contracts import env as aerie_env
 from orchestrator.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ def main() -> int:
     aerie = [sys.executable, "-m", "orchestrator.cli"]
     port = settings.port if settings.port and _port_free(settings.host, settings.port) else _free_port()
     url = f"http://{settings.host}:{port}"
-    env = {**os.environ, "AERIE_API": url}
+    env = {**os.environ, aerie_env.API: url}
     print(f"==> starting the control plane on {url} (store {settings.db_url})", flush=True)
     up = subprocess.Popen([*aerie, "up", "--port", str(port)], env=env, cwd=REPO)
     try:

@@ -21,13 +21,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from aerie_contracts import env
+
 DEFAULT_BUCKET = "aerie"
 # moto accepts any credentials; these only need to be non-empty for the SDKs to sign.
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "aerie", "AWS_SECRET_ACCESS_KEY": "aerie-dev-secret"}
 
 
 def aerie_home() -> Path:
-    return Path(os.environ.get("AERIE_HOME") or Path.home() / ".aerie")
+    return Path(os.environ.get(env.HOME) or Path.home() / ".aerie")
 
 
 def state_path() -> Path:
@@ -222,12 +224,12 @@ class S3Server:
     def env(self) -> dict[str, str]:
         """Variables a job needs to reach this server (boto3, s3torchconnector and Aerie)."""
         return {
-            "AERIE_S3_ENDPOINT": self.endpoint_url,
+            env.S3_ENDPOINT: self.endpoint_url,
             "AWS_ENDPOINT_URL": self.endpoint_url,
             "AWS_REGION": "us-east-1",
             "AWS_DEFAULT_REGION": "us-east-1",
             **DUMMY_CREDENTIALS,
-            "AERIE_S3_BUCKET": self.bucket,
+            env.S3_BUCKET: self.bucket,
         }
 
     def client(self):

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import signal
 
-_ARMED = os.environ.get("AERIE_FAILPOINT", "")
+from aerie_contracts import env
+
+_ARMED = os.environ.get(env.FAILPOINT, "")
 
 
 def hit(name: str) -> None:

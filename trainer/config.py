@@ -25,6 +25,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from aerie_contracts import env
+
 log = logging.getLogger(__name__)
 
 
@@ -87,13 +89,13 @@ class CheckpointSection(_Section):
     thread_count: int = 4  # parallel writers per rank (S3 uploads, file writes)
 
     def resolved_uri(self) -> str | None:
-        uri = self.uri if self.uri is not None else os.environ.get("AERIE_CHECKPOINT_URI", "")
+        uri = self.uri if self.uri is not None else os.environ.get(env.CHECKPOINT_URI, "")
         return uri or None
 
     def resolved_every(self) -> int:
         if self.every_steps is not None:
             return self.every_steps
-        return int(os.environ.get("AERIE_CHECKPOINT_EVERY") or 0)
+        return int(os.environ.get(env.CHECKPOINT_EVERY) or 0)
 
 
 class TrainConfig(_Section):
@@ -153,7 +155,7 @@ class TrainConfig(_Section):
 
 
 def base_dir() -> Path:
-    return Path(os.environ.get("AERIE_WORKDIR") or os.getcwd())
+    return Path(os.environ.get(env.WORKDIR) or os.getcwd())
 
 
 def resolve_path(path: str | Path) -> Path:
@@ -209,7 +211,7 @@ def sagemaker_hyperparameters() -> dict[str, Any]:
     """The job spec's hyperparameters as SageMaker hands them to the container."""
     if os.environ.get("SM_HPS"):
         return json.loads(os.environ["SM_HPS"])
-    root = os.environ.get("AERIE_ML_ROOT")
+    root = os.environ.get(env.ML_ROOT)
     if root:
         path = Path(root) / "input" / "config" / "hyperparameters.json"
         if path.is_file():

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from aerie_contracts import env
+
 
 def train_config_of(spec: dict[str, Any]):
     """The TrainConfig the job trained with (its `--config`/`--set` args and hyperparameters)."""
@@ -37,9 +39,9 @@ def train_config_of(spec: dict[str, Any]):
             sets.append(args[i + 1])
     workdir = (spec.get("backend_options") or {}).get("workdir")
     if workdir:
-        os.environ["AERIE_WORKDIR"] = str(workdir)
+        os.environ[env.WORKDIR] = str(workdir)
     os.environ["SM_HPS"] = json.dumps(spec.get("hyperparameters") or {})
-    os.environ.pop("AERIE_ML_ROOT", None)
+    os.environ.pop(env.ML_ROOT, None)
     return tc.load_config(path, sets)
 
 
@@ -72,7 +74,7 @@ def sample(request: dict[str, Any]) -> dict[str, Any]:
     from trainer.generate import generate
     from trainer.models import build_model, get_preset
 
-    torch.set_num_threads(int(os.environ.get("AERIE_EVAL_THREADS", "1")))
+    torch.set_num_threads(int(os.environ.get(env.EVAL_THREADS, "1")))
     cfg = train_config_of(request["spec"])
     model = build_model(get_preset(cfg.model.preset, **cfg.model.overrides))
     load_weights(model, request["checkpoint"])

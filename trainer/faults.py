@@ -20,6 +20,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from aerie_contracts import env as aerie_env
+
 KINDS = ("nan", "busy_hang", "sigstop", "sigkill", "exit", "slow")
 
 
@@ -68,8 +70,8 @@ class FaultInjector:
     def __init__(self, rank: int, env: dict[str, str] | None = None):
         env = dict(os.environ if env is None else env)
         self.rank = rank
-        self.attempt = int(env.get("AERIE_ATTEMPT_NUMBER", "1"))
-        self.faults = [f for f in parse(env.get("AERIE_FAULTS")) if self.rank == f.rank or f.rank is None]
+        self.attempt = int(env.get(aerie_env.ATTEMPT_NUMBER, "1"))
+        self.faults = [f for f in parse(env.get(aerie_env.FAULTS)) if self.rank == f.rank or f.rank is None]
 
     def __bool__(self) -> bool:
         return bool(self.faults)

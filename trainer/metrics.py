@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import env
+
 STEP_KEYS = ("loss", "grad_norm", "lr", "tokens", "step_s")
 TENSORBOARD_SCALARS = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar", "eval_loss")
 
@@ -30,13 +32,13 @@ TENSORBOARD_SCALARS = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens
 def output_dir() -> Path:
     if os.environ.get("SM_OUTPUT_DATA_DIR"):
         return Path(os.environ["SM_OUTPUT_DATA_DIR"])
-    if os.environ.get("AERIE_ML_ROOT"):
-        return Path(os.environ["AERIE_ML_ROOT"]) / "output"
+    if os.environ.get(env.ML_ROOT):
+        return Path(os.environ[env.ML_ROOT]) / "output"
     return Path("output")
 
 
 def metrics_dir() -> Path:
-    return Path(os.environ.get("AERIE_METRICS_PATH") or output_dir() / "metrics")
+    return Path(os.environ.get(env.METRICS_PATH) or output_dir() / "metrics")
 
 
 def tensorboard_dir() -> Path:

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from aerie_contracts import env
 from aerie_contracts.goodput import RESTORED_EVENT
 from trainer import parallel, pricing
 from trainer.checkpoint.dcp import Checkpointer, describe_error
@@ -79,7 +80,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
 def data_cache_dir(cfg: TrainConfig) -> Path:
     if cfg.data.cache_dir:
         return resolve_path(cfg.data.cache_dir)
-    return Path(os.environ.get("AERIE_DATA_CACHE") or Path.home() / ".cache" / "aerie" / "data")
+    return Path(os.environ.get(env.DATA_CACHE) or Path.home() / ".cache" / "aerie" / "data")
 
 
 def prepare_stdlib_corpus(cfg: TrainConfig, world: parallel.World) -> tuple[str, Path]:
@@ -271,10 +272,10 @@ def fencing_of_attempt() -> dict[str, Any]:
     the checkpoint keys, and its commits go through the control plane's gate. Nothing outside Aerie."""
     from trainer.checkpoint.fence import CommitGate
 
-    number = os.environ.get("AERIE_ATTEMPT_NUMBER", "")
+    number = os.environ.get(env.ATTEMPT_NUMBER, "")
     return {
         "attempt": int(number) if number.isdigit() else None,
-        "attempt_id": os.environ.get("AERIE_ATTEMPT", ""),
+        "attempt_id": os.environ.get(env.ATTEMPT, ""),
         "gate": CommitGate.from_env(),
     }
 
@@ -282,7 +283,7 @@ def fencing_of_attempt() -> dict[str, Any]:
 # --- signals -------------------------------------------------------------------------------------
 
 
-STOP_GRACE_S = float(os.environ.get("AERIE_STOP_GRACE_S", "60"))
+STOP_GRACE_S = float(os.environ.get(env.STOP_GRACE_S, "60"))
 
 
 class StopRequest:
@@ -356,7 +357,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
 
     # Resume: weights, optimizer, schedule, RNG and the data position.
     step, consumed, tokens = 0, 0, 0
-    resume_from = os.environ.get("AERIE_RESUME_FROM")
+    resume_from = os.environ.get(env.RESUME_FROM)
     if resume_from:
         restore_started = time.time()
         extra, resumed_from = restore(checkpointer, resume_from, model, optimizer, scheduler)
@@ -471,7 +472,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
-        level=os.environ.get("AERIE_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=os.environ.get(env.LOG_LEVEL, "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args = parse_args(argv)
     cfg = load_config(args.config, args.set)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from aerie_contracts import FailureKind
 from orchestrator.spec import JobSpec
 
 AttemptState = Literal["Starting", "Running", "Completed", "Failed", "Stopped"]
@@ -112,7 +113,7 @@ def node_outcome(ml_root: Path, host: str) -> NodeStatus | None:
         return None
     code = int(outcome.get("exit_code", 1))
     reason = outcome.get("reason")
-    if reason and reason.get("kind") == "user.stop":
+    if reason and reason.get("kind") == FailureKind.USER_STOP:
         state: AttemptState = "Stopped"
     else:
         state = "Completed" if code == 0 else "Failed"
@@ -128,12 +129,12 @@ def first_reported_cause(result: PollResult, reported: dict[str, dict[str, Any]]
     knows only that a node's program failed (`exit.nonzero`): SageMaker's FailureReason quotes one
     instance, not necessarily the first to fail, and a peer's collateral failure (its collective
     broke because the real culprit died) must not take the blame. Same rule as `summarize_nodes`."""
-    if result.state != "Failed" or (result.reason or {}).get("kind") not in (None, "exit.nonzero"):
+    if result.state != "Failed" or (result.reason or {}).get("kind") not in (None, FailureKind.EXIT_NONZERO):
         return result
     failed = [
         e
         for e in reported.values()
-        if e.get("exit_code") and (e.get("reason") or {}).get("kind") not in (None, "user.stop")
+        if e.get("exit_code") and (e.get("reason") or {}).get("kind") not in (None, FailureKind.USER_STOP)
     ]
     if not failed:
         return result

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
+from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
 from orchestrator.backends import local_fence, netns, placement
@@ -105,7 +106,7 @@ class LocalBackend(Backend):
             if net:
                 # Inside its namespace the node reaches the control plane through the bridge
                 # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
-                env["AERIE_API"] = _via(request.api_url, net.bridge_ip)
+                env[aerie_env.API] = _via(request.api_url, net.bridge_ip)
                 env["GLOO_SOCKET_IFNAME"] = netns.NS_IFACE
                 argv = ["ip", "netns", "exec", net.node(host).ns, *argv]
             log = open(contract.ml_root / "logs" / "node.log", "ab", buffering=0)
@@ -161,7 +162,11 @@ class LocalBackend(Backend):
             host,
             "Failed",
             None,
-            {"kind": "node.lost", "host": host, "message": "agent process vanished without reporting an exit"},
+            {
+                "kind": FailureKind.NODE_LOST,
+                "host": host,
+                "message": "agent process vanished without reporting an exit",
+            },
             time.time(),
         )
 
@@ -259,7 +264,7 @@ def _is_rank_of(pid: int, ml_root: Path) -> bool:
     file alone could name a reused pid)."""
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("AERIE_ML_ROOT") == str(ml_root)
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(aerie_env.ML_ROOT) == str(ml_root)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import env as aerie_env
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends.base import LaunchRequest
 
@@ -52,18 +53,18 @@ def attempt_env(request: LaunchRequest, workdir: Path | str) -> dict[str, str]:
     cache = {CHANNEL_CACHE_ENV: os.environ[CHANNEL_CACHE_ENV]} if os.environ.get(CHANNEL_CACHE_ENV) else {}
     return {
         **cache,
-        "AERIE_API": request.api_url,
-        "AERIE_AGENT_TOKEN": request.agent_token,
-        "AERIE_ATTEMPT": request.attempt_id,
-        "AERIE_ATTEMPT_NUMBER": str(request.attempt_number),
-        "AERIE_JOB": request.job_id,
-        "AERIE_RESUME_FROM": request.resume_from or "",
-        "AERIE_CHECKPOINT_URI": checkpoint_uri(spec, request.job_id),
-        "AERIE_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps) if spec.checkpoint else "",
-        "AERIE_HEALTH": spec.health.model_dump_json(),
-        "AERIE_PROCS_PER_NODE": str(spec.resources.procs_per_node),
-        "AERIE_ENTRYPOINT": json.dumps(list(spec.entrypoint) + list(spec.args)),
-        "AERIE_WORKDIR": str(workdir),
+        aerie_env.API: request.api_url,
+        aerie_env.AGENT_TOKEN: request.agent_token,
+        aerie_env.ATTEMPT: request.attempt_id,
+        aerie_env.ATTEMPT_NUMBER: str(request.attempt_number),
+        aerie_env.JOB: request.job_id,
+        aerie_env.RESUME_FROM: request.resume_from or "",
+        aerie_env.CHECKPOINT_URI: checkpoint_uri(spec, request.job_id),
+        aerie_env.CHECKPOINT_EVERY: str(spec.checkpoint.every_steps) if spec.checkpoint else "",
+        aerie_env.HEALTH: spec.health.model_dump_json(),
+        aerie_env.PROCS_PER_NODE: str(spec.resources.procs_per_node),
+        aerie_env.ENTRYPOINT: json.dumps(list(spec.entrypoint) + list(spec.args)),
+        aerie_env.WORKDIR: str(workdir),
         "PYTHONUNBUFFERED": "1",
         "TRAINING_JOB_NAME": request.job_name,
     }
@@ -84,5 +85,5 @@ def node_env(
     env.update(contract.env())
     env.update(request.extra_env)
     env.update(attempt_env(request, workdir))
-    env.update({"AERIE_MASTER_ADDR": master_addr, "AERIE_MASTER_PORT": str(master_port)})
+    env.update({aerie_env.MASTER_ADDR: master_addr, aerie_env.MASTER_PORT: str(master_port)})
     return env

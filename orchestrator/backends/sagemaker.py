@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from aerie_contracts import env as aerie_env
+
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
 from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-exported for callers
     _epoch,
@@ -71,19 +73,19 @@ class SageMakerBackend(Backend):
         """Defaults from AERIE_SAGEMAKER_ROLE_ARN, _SUBNETS and _SECURITY_GROUPS (comma-separated)."""
         env = os.environ
         defaults: dict[str, Any] = {}
-        if env.get("AERIE_SAGEMAKER_ROLE_ARN"):
-            defaults["RoleArn"] = env["AERIE_SAGEMAKER_ROLE_ARN"]
-        if env.get("AERIE_SAGEMAKER_SUBNETS"):
+        if env.get(aerie_env.SAGEMAKER_ROLE_ARN):
+            defaults["RoleArn"] = env[aerie_env.SAGEMAKER_ROLE_ARN]
+        if env.get(aerie_env.SAGEMAKER_SUBNETS):
             defaults["VpcConfig"] = {
-                "Subnets": _csv(env["AERIE_SAGEMAKER_SUBNETS"]),
-                "SecurityGroupIds": _csv(env.get("AERIE_SAGEMAKER_SECURITY_GROUPS", "")),
+                "Subnets": _csv(env[aerie_env.SAGEMAKER_SUBNETS]),
+                "SecurityGroupIds": _csv(env.get(aerie_env.SAGEMAKER_SECURITY_GROUPS, "")),
             }
         return cls(region=_region(), defaults=defaults)
 
     @staticmethod
     def available() -> bool:
         """Configured when boto3 finds credentials and a region (AERIE_SAGEMAKER=0 turns it off)."""
-        if os.environ.get("AERIE_SAGEMAKER", "").lower() in {"0", "false", "no", "off"}:
+        if os.environ.get(aerie_env.SAGEMAKER, "").lower() in {"0", "false", "no", "off"}:
             return False
         return _region() is not None and _credentials() is not None
 
@@ -228,10 +230,10 @@ def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any]
     # No rendezvous address: each node reads it from resourceconfig.json (the first sorted host,
     # by name); the port is fixed (agent.identity's default) unless the spec names one.
     if options.get("master_port"):
-        aerie["AERIE_MASTER_PORT"] = str(options["master_port"])
+        aerie[aerie_env.MASTER_PORT] = str(options["master_port"])
     # Only the health fields the spec changed: the whole section nears SageMaker's 512-character cap
     # on one Environment value, and the agent fills the rest with the same defaults (tested).
-    aerie["AERIE_HEALTH"] = spec.health.model_dump_json(exclude_defaults=True)
+    aerie[aerie_env.HEALTH] = spec.health.model_dump_json(exclude_defaults=True)
     environment = {**body.get("Environment", {}), **request.extra_env, **aerie}
     too_long = sorted(k for k, v in environment.items() if len(v) > ENV_VALUE_MAX)
     if too_long:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import FailureKind
+from aerie_contracts import env as aerie_env
 from agent.contract import read_json, write_json
 from orchestrator.backends.base import (
     Backend,
@@ -109,9 +111,9 @@ class SlurmBackend(Backend):
         return cls(
             jobs_dir,
             SlurmOptions(
-                partition=env.get("AERIE_SLURM_PARTITION") or None, account=env.get("AERIE_SLURM_ACCOUNT") or None
+                partition=env.get(aerie_env.SLURM_PARTITION) or None, account=env.get(aerie_env.SLURM_ACCOUNT) or None
             ),
-            python=env.get("AERIE_SLURM_PYTHON") or None,
+            python=env.get(aerie_env.SLURM_PYTHON) or None,
         )
 
     @staticmethod
@@ -154,7 +156,7 @@ class SlurmBackend(Backend):
             script.write_text(render_script(request, options))
             # Slurm copies the submitting environment into the job: never the control plane's own
             # AERIE_* (database URL, tokens); the nodes get theirs from launch.json.
-            env = {**inherited_env(), "AERIE_SLURM_LAUNCH": str(launch_path), "AERIE_SLURM_PYTHON": self.python}
+            env = {**inherited_env(), aerie_env.SLURM_LAUNCH: str(launch_path), aerie_env.SLURM_PYTHON: self.python}
             try:
                 out = _run(["sbatch", "--parsable", "--export=ALL", str(script)], cwd=root, env=env)
             except SlurmError as exc:
@@ -423,7 +425,7 @@ def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_st
         "Failed",
         None,
         {
-            "kind": "node.lost",
+            "kind": FailureKind.NODE_LOST,
             "host": host,
             "message": f"agent ended without reporting an exit (Slurm job state {slurm_state})",
         },
@@ -434,14 +436,14 @@ def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_st
 def _slurm_reason(state: str, job: dict[str, Any] | None, root: Path) -> dict[str, Any]:
     detail = (job or {}).get("reason")
     kind = {
-        "NODE_FAIL": "node.lost",
-        "BOOT_FAIL": "node.lost",
-        "LOST": "node.lost",
+        "NODE_FAIL": FailureKind.NODE_LOST,
+        "BOOT_FAIL": FailureKind.NODE_LOST,
+        "LOST": FailureKind.NODE_LOST,
         "TIMEOUT": "timeout",
         "DEADLINE": "timeout",
-        "OUT_OF_MEMORY": "exit.oom",
-        "PREEMPTED": "node.preempted",
-    }.get(state, "launch.failed")
+        "OUT_OF_MEMORY": FailureKind.EXIT_OOM,
+        "PREEMPTED": FailureKind.NODE_PREEMPTED,
+    }.get(state, FailureKind.LAUNCH_FAILED)
     message = f"Slurm job ended {state}" + (f" ({detail})" if detail and detail != "None" else "")
     tail = _tail(root / f"slurm-{_job_id_of(root)}.out")
     if tail:

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aerie_contracts import env
+from aerie_contracts import FailureKind, env
 from aerie_contracts.failures import policy
 from aerie_contracts.states import AttemptState
 from orchestrator.goodput.trace import JobTrace
@@ -50,7 +50,7 @@ def expected_waste(interval_s: float, save_stall_s: float, mtbf_s: float) -> flo
 def infrastructure_failure(kind: str | None) -> bool:
     """A failure the fleet caused (retried, not the user's code or data): what MTBF counts."""
     p = policy(kind)
-    return p is not None and p.retry and not p.user_error and kind not in ("loss.nan", "loss.spike")
+    return p is not None and p.retry and not p.user_error and kind not in (FailureKind.LOSS_NAN, FailureKind.LOSS_SPIKE)
 
 
 def fleet_node_mtbf_s(s: Session, now: float) -> tuple[float | None, int, float]:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aerie_contracts import FailureKind
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import rank_losses, trainer_spec
 
@@ -30,7 +31,7 @@ TRAINER_FAULTS = [
 # buckets after its first iteration, so at world size > 2 a resumed run's first step adds the
 # ranks' gradients in another order than the uninterrupted run did (last-bit differences).
 HPS = {"parallelism": "fsdp2"}
-EXPECTED_REASONS = ["exit.nonzero", "silent.hang", "silent.hang", "loss.nan"]
+EXPECTED_REASONS = [FailureKind.EXIT_NONZERO, FailureKind.SILENT_HANG, FailureKind.SILENT_HANG, FailureKind.LOSS_NAN]
 
 
 @dataclass

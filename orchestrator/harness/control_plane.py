@@ -14,6 +14,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from aerie_contracts import DetailType
+from aerie_contracts import env as aerie_env
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -32,13 +35,13 @@ class ControlPlane:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
-            "AERIE_HOME": str(home),
-            "AERIE_API": self.url,
+            aerie_env.HOME: str(home),
+            aerie_env.API: self.url,
             "COLUMNS": "250",
-            "AERIE_RECONCILE_INTERVAL_S": "0.3",
+            aerie_env.RECONCILE_INTERVAL_S: "0.3",
             **(extra_env or {}),
         }
-        for var in ("AERIE_TOKEN", "AERIE_DATABASE_URL"):
+        for var in (aerie_env.TOKEN, aerie_env.DATABASE_URL):
             if var not in (extra_env or {}):
                 self.env.pop(var, None)
         self.proc: subprocess.Popen | None = None
@@ -107,7 +110,7 @@ class ControlPlane:
                 env = proc.info.get("environ") or {}
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            if str(env.get("AERIE_ML_ROOT", "")).startswith(str(self.home)):
+            if str(env.get(aerie_env.ML_ROOT, "")).startswith(str(self.home)):
                 try:
                     proc.kill()
                 except psutil.NoSuchProcess:
@@ -158,9 +161,9 @@ def event_story(events: list[dict]) -> list[str]:
     out = []
     for e in events:
         d = e["detail"]
-        if e["detail-type"] == "Aerie Job State Change":
+        if e["detail-type"] == DetailType.JOB_STATE_CHANGE:
             out.append(f"job {d['state']}")
-        elif e["detail-type"] == "Aerie Attempt State Change":
+        elif e["detail-type"] == DetailType.ATTEMPT_STATE_CHANGE:
             out.append(f"attempt {d['attempt']} {d['state']}")
         else:
             out.append(e["detail-type"])

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import env as aerie_env
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Tight enough that a hang is caught in seconds here; clean runs of the tiny model never trip them.
@@ -47,7 +49,7 @@ def trainer_spec(
         "env": dict(env or {}),
     }
     if faults:
-        spec["env"]["AERIE_FAULTS"] = json.dumps(faults)
+        spec["env"][aerie_env.FAULTS] = json.dumps(faults)
     if checkpoint_uri:
         spec["checkpoint"] = {"s3_uri": checkpoint_uri, "every_steps": every_steps, "keep_last": 3}
     path.write_text(json.dumps(spec))

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import delete, exists, func, or_, select, update
 from sqlalchemy.orm import Session, aliased, selectinload
 
+from aerie_contracts import DetailType
 from aerie_contracts.events import SEQ
 from aerie_contracts.states import ATTEMPT_ACTIVE, CheckpointState
 from orchestrator.store.models import (
@@ -35,10 +36,10 @@ from orchestrator.store.models import (
 )
 
 SOURCE = "aerie.orchestrator"
-JOB_STATE_CHANGE = "Aerie Job State Change"
-ATTEMPT_STATE_CHANGE = "Aerie Attempt State Change"
-CHECKPOINT_COMMITTED = "Aerie Checkpoint Committed"
-VERDICT_RAISED = "Aerie Verdict Raised"
+JOB_STATE_CHANGE = DetailType.JOB_STATE_CHANGE
+ATTEMPT_STATE_CHANGE = DetailType.ATTEMPT_STATE_CHANGE
+CHECKPOINT_COMMITTED = DetailType.CHECKPOINT_COMMITTED
+VERDICT_RAISED = DetailType.VERDICT_RAISED
 
 JOB_TERMINAL = {"Completed", "Failed", "Stopped"}
 ATTEMPT_TERMINAL = {"Completed", "Failed", "Stopped"}

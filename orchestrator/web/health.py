@@ -14,12 +14,14 @@ import time
 from collections import deque
 from typing import Any
 
+from aerie_contracts import env
+
 FIELDS = ("t", "util", "mem", "rx", "tx", "gap")  # gap: longest time between heartbeats since the last point
 
 
 class NodeHistory:
     def __init__(self, every_s: float | None = None, points: int = 360, max_nodes: int = 20_000):
-        self.every_s = float(os.environ.get("AERIE_WEB_HEALTH_EVERY_S", 10.0)) if every_s is None else every_s
+        self.every_s = float(os.environ.get(env.WEB_HEALTH_EVERY_S, 10.0)) if every_s is None else every_s
         self.points = points
         self.max_nodes = max_nodes
         # (attempt, host) -> [last heartbeat time, last point time, longest gap since, deque of points]

@@ -46,6 +46,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from aerie_contracts import env
+
 log = logging.getLogger(__name__)
 
 MODEL, OPTIM, TRAIN_STATE = "model", "optim", "train_state"
@@ -200,8 +202,8 @@ def load(uri: str, model, optimizer, scheduler, *, process_group: dist.ProcessGr
 
 def code_version() -> str:
     """What code wrote a checkpoint: $AERIE_CODE_VERSION, else the git commit of the checkout."""
-    if os.environ.get("AERIE_CODE_VERSION"):
-        return os.environ["AERIE_CODE_VERSION"]
+    if os.environ.get(env.CODE_VERSION):
+        return os.environ[env.CODE_VERSION]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

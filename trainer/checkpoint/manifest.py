@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aerie_contracts import checkpoints as layout
+from aerie_contracts import env
 from aerie_contracts.states import CheckpointState
 from trainer.checkpoint import s3io
 
@@ -514,7 +515,7 @@ def gc(
 def _failpoint(name: str) -> None:
     """Crash tests: die here when AERIE_FAILPOINT names this place (see orchestrator/failpoints.py;
     repeated because this module ships alone to AWS Lambda)."""
-    if os.environ.get("AERIE_FAILPOINT") == name:
+    if os.environ.get(env.FAILPOINT) == name:
         os.kill(os.getpid(), 9)
 
 

@@ -14,11 +14,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from aerie_contracts import env as aerie_env
 from agent.contract import FAST_FILE, S3_URI_SUFFIX, env_name
 
 
 def _input_config(env: Mapping[str, str]) -> dict:
-    path = Path(env.get("AERIE_ML_ROOT", "/opt/ml")) / "input" / "config" / "inputdataconfig.json"
+    path = Path(env.get(aerie_env.ML_ROOT, "/opt/ml")) / "input" / "config" / "inputdataconfig.json"
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -42,7 +43,7 @@ def resolve(channel: str, relative: str, env: Mapping[str, str] | None = None) -
     # On SageMaker itself only the files exist (no SM_* without its training toolkit).
     config = _input_config(env)
     if channel in config:
-        return str(Path(env.get("AERIE_ML_ROOT", "/opt/ml")) / "input" / "data" / channel / relative)
+        return str(Path(env.get(aerie_env.ML_ROOT, "/opt/ml")) / "input" / "data" / channel / relative)
     raise ValueError(
         f"data.channel {channel!r}: the job has no such input channel ({var} is not set; "
         f"inputdataconfig.json lists {sorted(config)})"

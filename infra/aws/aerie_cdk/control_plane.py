@@ -54,6 +54,8 @@ from aws_cdk import (
 )
 from constructs import Construct
 
+from aerie_contracts import env
+
 from .settings import Settings
 from .storage import CheckpointBucket
 from .training import training_log_group_arn
@@ -141,22 +143,22 @@ class ControlPlane(Construct):
                 container_name="controlplane",
                 log_driver=ecs.LogDrivers.aws_logs(stream_prefix="controlplane", log_group=log_group),
                 environment={
-                    "AERIE_DATABASE_URL": "postgresql+psycopg://",
+                    env.DATABASE_URL: "postgresql+psycopg://",
                     "PGHOST": self.database.db_instance_endpoint_address,
                     "PGPORT": self.database.db_instance_endpoint_port,
                     "PGDATABASE": DATABASE_NAME,
                     "PGSSLMODE": "require",
-                    "AERIE_EVENT_BUS": event_bus.event_bus_name,
-                    "AERIE_CHECKPOINT_BUCKET": checkpoints.bucket.bucket_name,
-                    "AERIE_CHECKPOINT_PREFIX": checkpoints.prefix,
-                    "AERIE_SAGEMAKER_ROLE_ARN": sagemaker_role.role_arn,
+                    env.EVENT_BUS: event_bus.event_bus_name,
+                    env.CHECKPOINT_BUCKET: checkpoints.bucket.bucket_name,
+                    env.CHECKPOINT_PREFIX: checkpoints.prefix,
+                    env.SAGEMAKER_ROLE_ARN: sagemaker_role.role_arn,
                     "AWS_REGION": stack.region,
                 },
                 secrets={
                     "PGUSER": ecs.Secret.from_secrets_manager(db_secret, "username"),
                     "PGPASSWORD": ecs.Secret.from_secrets_manager(db_secret, "password"),
-                    "AERIE_ADMIN_TOKEN": ecs.Secret.from_secrets_manager(secrets["admin_token"]),
-                    "AERIE_SERVICE_TOKEN": ecs.Secret.from_secrets_manager(secrets["service_token"]),
+                    env.ADMIN_TOKEN: ecs.Secret.from_secrets_manager(secrets["admin_token"]),
+                    env.SERVICE_TOKEN: ecs.Secret.from_secrets_manager(secrets["service_token"]),
                     "SLACK_SIGNING_SECRET": ecs.Secret.from_secrets_manager(secrets["slack_signing_secret"]),
                     "SLACK_BOT_TOKEN": ecs.Secret.from_secrets_manager(secrets["slack_bot_token"]),
                 },
@@ -165,7 +167,7 @@ class ControlPlane(Construct):
         self.url = settings.public_url or (
             ("https://" if certificate else "http://") + self.service.load_balancer.load_balancer_dns_name
         )
-        self.service.task_definition.default_container.add_environment("AERIE_PUBLIC_URL", self.url)  # type: ignore[union-attr]
+        self.service.task_definition.default_container.add_environment(env.PUBLIC_URL, self.url)  # type: ignore[union-attr]
 
         # Reachability: the world (or ingress_cidr) -> ALB -> tasks -> database, nothing else.
         listener_port = 443 if certificate else 80

@@ -51,6 +51,7 @@ from aws_cdk import (
 )
 from constructs import Construct
 
+from aerie_contracts import env
 from aerie_contracts import events as contract_events
 
 from .storage import CheckpointBucket
@@ -182,9 +183,9 @@ class Handlers(Construct):
         )
         log_group.grant_write(role)
         environment = {
-            "AERIE_API": api_url,
-            "AERIE_CHECKPOINT_BUCKET": checkpoints.bucket.bucket_name,
-            "AERIE_CHECKPOINT_PREFIX": checkpoints.prefix,
+            env.API: api_url,
+            env.CHECKPOINT_BUCKET: checkpoints.bucket.bucket_name,
+            env.CHECKPOINT_PREFIX: checkpoints.prefix,
         }
         for key in spec.secrets:
             secrets[key].grant_read(role)
