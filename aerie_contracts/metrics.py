@@ -15,6 +15,8 @@ What detection needs from each line (issue #19):
   `checkpoint_end` with `stall_s`, `upload_s` and `save_s` (= stall + upload) and `ok`.
   A writer that never sends `checkpoint_staged` (older trainers, third-party pick-up) has the
   whole save counted as its stall, as before.
+* `checkpoint_wait`: the loop blocks for the upload still in flight (before the next save, or at
+  the end of training) until that upload's `checkpoint_end`: no step runs, and that is no hang.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ SIZE_BYTES = "size_bytes"
 class MetricEvent(StrEnum):
     CHECKPOINT_BEGIN = "checkpoint_begin"
     CHECKPOINT_STAGED = "checkpoint_staged"
+    CHECKPOINT_WAIT = "checkpoint_wait"  # the loop blocks until the in-flight upload ends (its checkpoint_end)
     CHECKPOINT_END = "checkpoint_end"
     CHECKPOINT_COMMITTED = "checkpoint_committed"
     EVAL_BEGIN = "eval_begin"

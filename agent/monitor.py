@@ -14,11 +14,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from statistics import median
 
+from aerie_contracts.health import SUMMARY_SECTIONS
 from agent.detect import HealthConfig, Verdict, Window, detect_all, percentile, step_times
 from agent.probes.gpu import CpuAcceleratorProbe, NvmlProbe, RankProcesses, make_accelerator_probe
 from agent.probes.nic import NicProbe, interfaces_from_resourceconfig
 from agent.probes.progress import ProgressProbe
 from agent.ring import Ring
+from agent.sections import learned_summary
 
 ACCEL_SPAN_S = 90.0  # accelerator history handed to detectors (hang looks back 30 s, evidence 60 s)
 STEPS_PER_RANK = 200  # steps handed to detectors (p95 step time, spike baseline)
@@ -27,8 +29,9 @@ STEPS_PER_RANK = 200  # steps handed to detectors (p95 step time, spike baseline
 class Observations:
     """Ring buffers of one node's samples; ``add`` one tick, ``window`` for the detectors."""
 
-    def __init__(self, progress: ProgressProbe, cfg: HealthConfig):
+    def __init__(self, progress: ProgressProbe, cfg: HealthConfig, learned: dict[str, list[float]] | None = None):
         self.cfg = cfg
+        self.learned = dict(learned or {})  # section durations of the job's previous attempts
         maxlen = max(16, int(cfg.window_s / max(cfg.sample_s, 0.05)) + 1)
         self.maxlen = maxlen
         self.progress = progress
@@ -68,6 +71,10 @@ class Observations:
             open={str(r): dict(o) for r, o in self.progress.open.items() if o},
             pauses=[list(p) for p in self.progress.pauses],
             processes=list(self.processes),
+            uploads={str(r): t for r, t in self.progress.uploads.items()},
+            sections={k: list(v) for k, v in self.progress.durations.items()},
+            learned=self.learned,
+            first_step_t=self.progress.first_step_t,
         )
 
 
@@ -87,6 +94,7 @@ class Monitor:
         accelerator: str = "auto",
         sys_root: Path | str = "/sys",
         proc_root: Path | str = "/proc",
+        learned: dict[str, list[float]] | None = None,
     ):
         health = dict(health or {})
         health.setdefault("sample_s", sample_s)
@@ -108,7 +116,9 @@ class Monitor:
                 self.node_dir.parent / "input" / "config" / "resourceconfig.json"
             )
         self.nic = NicProbe(interfaces, sys_root=sys_root, proc_root=proc_root, maxlen=maxlen)
-        self.obs = Observations(ProgressProbe(Path(metrics_dir), maxlen=max(maxlen, STEPS_PER_RANK)), self.cfg)
+        self.obs = Observations(
+            ProgressProbe(Path(metrics_dir), maxlen=max(maxlen, STEPS_PER_RANK)), self.cfg, learned=learned
+        )
         self.last_sample: dict | None = None
         self.last_window: Window | None = None
         self._accel_latest: list[dict] = []
@@ -166,6 +176,9 @@ class Monitor:
             "processes": [{k: p[k] for k in ("rank", "pid", "state", "cpu")} for p in self.obs.processes],
             "in_checkpoint": prog.in_pause("checkpoint"),
             "in_eval": prog.in_pause("eval"),
+            "in_upload": bool(prog.uploads),
+            # The job's section history as this node knows it: the next attempt starts from it.
+            SUMMARY_SECTIONS: learned_summary(self.last_window) if self.last_window else dict(self.obs.learned),
         }
 
 
@@ -179,10 +192,13 @@ def load_trace(path: Path) -> tuple[dict, list[dict]]:
     return json.loads(lines[0]), [json.loads(ln) for ln in lines[1:] if ln.strip()]
 
 
-def replay(samples: Iterable[dict], health: dict, started_at: float) -> list[tuple[float, Verdict]]:
-    """Feed recorded ticks through the live code path; every verdict with the time it fired."""
+def replay(
+    samples: Iterable[dict], health: dict, started_at: float, learned: dict[str, list[float]] | None = None
+) -> list[tuple[float, Verdict]]:
+    """Feed recorded ticks through the live code path; every verdict with the time it fired.
+    `learned`: section durations of earlier attempts (what `AERIE_SECTIONS` hands the agent)."""
     cfg = HealthConfig.from_dict(health)
-    obs = Observations(ProgressProbe(Path("/nonexistent")), cfg)
+    obs = Observations(ProgressProbe(Path("/nonexistent")), cfg, learned=learned)
     out, seen = [], set()
     for sample in samples:
         obs.add(sample, ingest_records=True)

@@ -19,6 +19,7 @@ from orchestrator import failpoints, liveness
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
 from orchestrator.events import Dispatcher
 from orchestrator.leader import LeaderLock
+from orchestrator.learned import learned_env
 from orchestrator.settings import Settings
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
@@ -151,6 +152,8 @@ class Controller:
                     agent_token=token,
                     resume_from=attempt.resume_from,
                     exclude_nodes=tuple(attempt.exclude_nodes or ()),
+                    # What earlier attempts learned about section durations (learned timeouts).
+                    extra_env=learned_env(job, attempt.number),
                 )
             failpoints.hit("controller.before_launch")
             # Outside the transaction: launching can take a while and must not hold locks.

@@ -394,10 +394,15 @@ class Checkpointer:
         return self._pending is None or self._pending.done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the in-flight save (and its commit) finished; False on timeout."""
-        if self._pending is None:
+        """Block until the in-flight save (and its commit) finished; False on timeout. When it has
+        to block, says so first (`checkpoint_wait`): the agent then knows that no step runs
+        because the loop waits for the upload, whose own limit applies."""
+        pending = self._pending
+        if pending is None:
             return True
-        return self._pending.done.wait(timeout)
+        if not pending.done.is_set():
+            self.metrics.event(MetricEvent.CHECKPOINT_WAIT, pending.step, **{keys.URI: pending.uri})
+        return pending.done.wait(timeout)
 
     def load(self, uri: str, model, optimizer, scheduler) -> dict[str, Any]:
         return load(uri, model, optimizer, scheduler, process_group=self.group)
