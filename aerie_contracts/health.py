@@ -45,6 +45,12 @@ class Section(StrEnum):
 # plane can hand them to the job's next attempt (`AERIE_SECTIONS`, same shape).
 SUMMARY_SECTIONS = "sections"
 LEARNED_SAMPLES = 32  # durations kept per section (the newest), per node and across attempts
+# ... and each rank's recent compute/wait time per step (the control plane's straggler detector):
+# `ranks: {rank: {compute_p50, wait_p50, n}}`, and the node's slowest rank's `compute_p50`.
+SUMMARY_RANKS = "ranks"
+SUMMARY_COMPUTE_P50 = "compute_p50"
+SUMMARY_WAIT_P50 = "wait_p50"
+SUMMARY_SLOWEST_RANK = "slowest_rank"
 
 
 def merge_learned(
@@ -117,6 +123,17 @@ class HealthSettings:
     accelerator: Literal["auto", "nvml", "cpu"] = _f("auto", "which utilisation probe: NVML, the ranks' CPU, or auto")
     gpus: Literal["owned", "all"] = _f(
         "owned", "GPUs the probe watches: those the ranks own (NVML process list, visible devices), or every GPU"
+    )
+    # Stragglers (orchestrator/straggler.py): judged by the control plane across nodes.
+    straggler: Literal["report", "restart"] = _f(
+        "report", "on node.straggler: report (a verdict and an event; the job runs on) or restart without the node"
+    )
+    straggler_z: float = _f(3.0, "robust z-score (against its peers' median/MAD) of a straggler's compute time", gt=0)
+    straggler_rel: float = _f(0.2, "the MAD is floored at this fraction of the peers' median (2 nodes have none)", gt=0)
+    straggler_min_s: float = _f(0.05, "... and a straggler computes at least this much longer per step", ge=0)
+    straggler_persist_s: float = _f(30.0, "how long a node must stay an outlier before the verdict", ge=0)
+    straggler_nic_ratio: float = _f(
+        0.5, "with 3 nodes or more: a NIC rate below this fraction of the peers' median is an outlier", gt=0, lt=1
     )
     enabled: bool = _f(True, "run the detectors at all")
 

@@ -14,7 +14,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from statistics import median
 
-from aerie_contracts.health import SUMMARY_SECTIONS
+from aerie_contracts.health import (
+    SUMMARY_COMPUTE_P50,
+    SUMMARY_RANKS,
+    SUMMARY_SECTIONS,
+    SUMMARY_SLOWEST_RANK,
+)
 from agent.detect import HealthConfig, Verdict, Window, detect_all, percentile, step_times
 from agent.probes.gpu import CpuAcceleratorProbe, NvmlProbe, RankProcesses, make_accelerator_probe
 from agent.probes.nic import NicProbe, interfaces_from_resourceconfig
@@ -163,6 +168,10 @@ class Monitor:
     def summary(self) -> dict:
         prog = self.obs.progress
         times = step_times(self.last_window) if self.last_window else []
+        ranks = prog.rank_timing()
+        # The node's slowest rank: ranks wait for each other, so the one that computes longest
+        # (waits least) is what its peers wait for; the control plane compares nodes by it.
+        slowest = max(ranks, key=lambda r: ranks[r][SUMMARY_COMPUTE_P50], default=None)
         return {
             "host": self.host,
             "accelerator_kind": self.accel.kind,
@@ -177,6 +186,9 @@ class Monitor:
             "in_checkpoint": prog.in_pause("checkpoint"),
             "in_eval": prog.in_pause("eval"),
             "in_upload": bool(prog.uploads),
+            SUMMARY_RANKS: ranks,
+            SUMMARY_COMPUTE_P50: ranks[slowest][SUMMARY_COMPUTE_P50] if slowest is not None else None,
+            SUMMARY_SLOWEST_RANK: slowest,
             # The job's section history as this node knows it: the next attempt starts from it.
             SUMMARY_SECTIONS: learned_summary(self.last_window) if self.last_window else dict(self.obs.learned),
         }

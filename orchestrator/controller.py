@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 
-from aerie_contracts.failures import FailureKind
+from aerie_contracts.failures import FailureKind, reason
 from aerie_contracts.health import HealthSettings
 from aerie_contracts.states import AttemptState
 from orchestrator import failpoints, liveness
@@ -25,6 +25,7 @@ from orchestrator.spec import JobSpec
 from orchestrator.store import repo
 from orchestrator.store.db import Database
 from orchestrator.store.models import Attempt, Job
+from orchestrator.straggler import StragglerTracker
 
 log = logging.getLogger("aerie.controller")
 
@@ -58,6 +59,7 @@ class Controller:
         # Per running attempt: when this controller first saw its machines allocated (the clock
         # of `health.first_heartbeat_s`).
         self._booted_at: dict[str, float] = {}
+        self.stragglers = StragglerTracker()  # node.straggler: who has been an outlier since when
 
     # --- loop -----------------------------------------------------------------------------
 
@@ -191,6 +193,7 @@ class Controller:
             self._record_poll(attempt_id, result)
             if result.terminal:
                 self._booted_at.pop(attempt_id, None)
+                self.stragglers.forget(attempt_id)
             if result.state == AttemptState.FAILED:
                 backend.stop(handle)  # the surviving nodes would only wait for their dead peer
 
@@ -221,10 +224,24 @@ class Controller:
                     health.first_heartbeat_s,
                 )
             if lost is None:
-                return result
+                return self._check_stragglers(s, attempt, health, result, now)
             if lost.host:
                 repo.record_verdict(s, attempt, lost.host, FailureKind.NODE_LOST, lost.reason["message"], lost.evidence)
             return PollResult(AttemptState.FAILED, result.nodes, lost.reason)
+
+    def _check_stragglers(
+        self, s, attempt: Attempt, health: HealthSettings, result: PollResult, now: float
+    ) -> PollResult:
+        """`node.straggler` (orchestrator/straggler.py): a verdict and an event (`report`), or the
+        attempt ends and chaining leaves the node out (`restart`: the failure names it)."""
+        summaries = {n.host: n.summary for n in attempt.nodes if isinstance(n.summary, dict)}
+        for found in self.stragglers.observe(attempt.id, summaries, health, now):
+            log.warning("attempt %s: %s", attempt.id, found.message)
+            repo.record_verdict(s, attempt, found.host, found.kind, found.message, found.evidence)
+            if health.straggler == "restart":
+                why = reason(FailureKind.NODE_STRAGGLER, found.message, host=found.host, evidence=found.evidence)
+                return PollResult(AttemptState.FAILED, result.nodes, why)
+        return result
 
     def _fence_lost(self, backend: Backend, handle: dict, result: PollResult) -> None:
         """A lost node may only be paused or cut off: kill what the backend can reach of it now,

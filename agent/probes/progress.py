@@ -21,11 +21,13 @@ import os
 import re
 from collections import deque
 from pathlib import Path
+from statistics import median
 
 from aerie_contracts import metrics as keys
-from aerie_contracts.health import LEARNED_SAMPLES, Section
+from aerie_contracts.health import LEARNED_SAMPLES, SUMMARY_COMPUTE_P50, SUMMARY_WAIT_P50, Section
 from aerie_contracts.metrics import MetricEvent
 
+TIMING_STEPS = 10  # steps per rank whose compute/wait medians the heartbeat reports
 _RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
 # Pause names in `open` (a window's evidence shows them): a checkpoint's stall, an eval, and the
 # loop blocked on an in-flight upload (`checkpoint_wait`, bounded by the upload's own limit).
@@ -73,6 +75,7 @@ class ProgressProbe:
         self.uploads: dict[int, float] = {}  # rank -> when its open upload started
         self.durations: dict[str, deque[float]] = {}  # section -> newest closed durations
         self.first_step_t: float | None = None
+        self.timing: dict[int, deque[tuple[float, float]]] = {}  # rank -> recent (compute_s, wait_s)
 
     def _discover(self) -> None:
         try:
@@ -121,6 +124,9 @@ class ProgressProbe:
             self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, rec[keys.STEP], loss, step_s])
             if self.first_step_t is None or t < self.first_step_t:
                 self.first_step_t = t
+            compute, wait = rec.get(keys.COMPUTE_S), rec.get(keys.WAIT_S)
+            if isinstance(compute, (int, float)) and isinstance(wait, (int, float)):
+                self.timing.setdefault(rank, deque(maxlen=TIMING_STEPS)).append((float(compute), float(wait)))
 
     def _event(self, rank: int, t: float, event: str) -> None:
         opened = self.open.setdefault(rank, {})
@@ -171,6 +177,18 @@ class ProgressProbe:
                 loss = self.steps[rank][-1][2]
                 return loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None
         return None
+
+    def rank_timing(self) -> dict[str, dict[str, float]]:
+        """Per rank, the median compute and wait time of its last `TIMING_STEPS` steps."""
+        out = {}
+        for rank, rows in sorted(self.timing.items()):
+            if rows:
+                out[str(rank)] = {
+                    SUMMARY_COMPUTE_P50: round(median(c for c, _w in rows), 4),
+                    SUMMARY_WAIT_P50: round(median(w for _c, w in rows), 4),
+                    "n": len(rows),
+                }
+        return out
 
     def in_pause(self, what: str) -> bool:
         return any(what in o for o in self.open.values())

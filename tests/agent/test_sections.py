@@ -223,3 +223,20 @@ def test_setup_limit_learns_upwards_only():
     w, cfg = window_after(samples, learned={Section.SETUP.value: [100.0]})
     assert section_limit(w, cfg, Section.SETUP)[0] == 500.0
     assert detect_all(w, cfg) == []
+
+
+# ----------------------------------------------------------------------------- stragglers' input
+
+
+def test_the_probe_reports_each_ranks_compute_and_wait_medians():
+    """What the heartbeat's `ranks` carries for the control plane's straggler detector: rank 1
+    sleeps 0.3 s a step, so it computes longest and waits least."""
+    probe = ProgressProbe(__import__("pathlib").Path("/nonexistent"))
+    for step in range(1, 16):
+        for rank, compute in ((0, 0.05), (1, 0.35)):
+            probe.ingest(
+                {"t": step, "rank": rank, "step": step, "loss": 3.0, "step_s": 0.4, "event": None}
+                | {"compute_s": compute, "wait_s": 0.4 - compute}
+            )
+    timing = probe.rank_timing()
+    assert timing["1"]["compute_p50"] == 0.35 and timing["0"]["wait_p50"] == 0.35 and timing["0"]["n"] == 10
