@@ -10,6 +10,9 @@ What detection needs from each line (issue #19):
 * a step: `step_s` (wall time of the step) split into `compute_s` (this rank's own work) and
   `wait_s` (time blocked in collectives waiting for peers). Ranks run in lockstep, so `step_s` is
   the same on every rank of a job; `compute_s` is not: the rank that waits least is the slow one.
+* a step also carries `local_loss` (this rank's loss before the combine: a NaN that one rank
+  produced is non-finite there first) and `consumed_samples` (the step read the data order's
+  samples `[consumed_samples - global batch, consumed_samples)`): NaN attribution by replay.
 * a save: `checkpoint_begin` (the training loop stops), `checkpoint_staged` with `stall_s` (the
   synchronous part is over: the state is copied and the upload runs beside the steps), then
   `checkpoint_end` with `stall_s`, `upload_s` and `save_s` (= stall + upload) and `ok`.
@@ -39,6 +42,8 @@ STEP_KEYS = (LOSS, GRAD_NORM, LR, TOKENS, STEP_S)  # null on event lines
 # --- optional keys of a step line -------------------------------------------------------------
 COMPUTE_S = "compute_s"  # step_s minus the time blocked in collectives
 WAIT_S = "wait_s"  # time blocked in collectives (gradient all-reduce, the loss gather)
+LOCAL_LOSS = "local_loss"  # this rank's own loss, before the ranks' losses are combined
+CONSUMED_SAMPLES = "consumed_samples"  # samples of the data order consumed after this step
 
 # --- optional keys of checkpoint event lines -------------------------------------------------
 URI = "uri"

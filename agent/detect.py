@@ -285,10 +285,25 @@ def detect_loss_nan(w: Window, cfg: HealthConfig) -> Verdict | None:
                         "step": step,
                         "loss": str(loss),
                         "t": t,
+                        **_nan_origin(w, step),
                         "window": {"steps": {rank: series[-20:]}, "now": w.now},
                     },
                 )
     return None
+
+
+def _nan_origin(w: Window, step: int) -> dict:
+    """Which of this node's ranks produced the NaN: those whose own loss (before the ranks'
+    losses were combined) was non-finite at that step; and which samples the step read. Chaining
+    replays the step to tell the data's NaN from a faulty device's (lambdas/nan_replay.py)."""
+    first = {r: rec for r, rec in w.nan_records.items() if rec.get("step") == step}
+    origin = sorted(
+        r for r, rec in first.items() if not _finite(rec.get("local_loss")) and rec.get("local_loss") is not None
+    )
+    consumed = next(
+        (rec.get("consumed_samples") for rec in first.values() if rec.get("consumed_samples") is not None), None
+    )
+    return {"origin_ranks": origin, "consumed_samples": consumed}
 
 
 def _robust_z(values: list[float], x: float) -> float:

@@ -80,6 +80,7 @@ class Observations:
             sections={k: list(v) for k, v in self.progress.durations.items()},
             learned=self.learned,
             first_step_t=self.progress.first_step_t,
+            nan_records={str(r): dict(v) for r, v in self.progress.first_nan.items()},
         )
 
 

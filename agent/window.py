@@ -57,6 +57,7 @@ class Window:
     sections: dict[str, list[float]] = field(default_factory=dict)  # section -> durations (this attempt)
     learned: dict[str, list[float]] = field(default_factory=dict)  # section -> durations (before it)
     first_step_t: float | None = None
+    nan_records: dict[str, dict] = field(default_factory=dict)  # rank -> its first non-finite step line
 
     def to_dict(self) -> dict:
         return asdict(self)

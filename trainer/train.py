@@ -419,7 +419,12 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
                 tokens_per_s=tokens_per_s,
                 mfu=flops_tok * tokens_per_s / peak,
                 tokens_per_dollar=pricing.tokens_per_dollar(tokens_per_s, price, world.num_nodes),
-                **{keys.COMPUTE_S: compute_s, keys.WAIT_S: wait_s},
+                **{
+                    keys.COMPUTE_S: compute_s,
+                    keys.WAIT_S: wait_s,
+                    keys.LOCAL_LOSS: gathered[world.rank][0].item(),
+                    keys.CONSUMED_SAMPLES: consumed,
+                },
             )
         if world.rank == 0 and cfg.print_every and (step % cfg.print_every == 0 or step == cfg.steps):
             print(

@@ -35,6 +35,10 @@ CHECKPOINT, EVAL, UPLOAD_WAIT = "checkpoint", "eval", "upload_wait"
 _PAUSE_SECTION = {CHECKPOINT: Section.CHECKPOINT_STALL, EVAL: Section.EVAL}
 
 
+def _non_finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isfinite(x)
+
+
 class _Tail:
     __slots__ = ("offset", "partial", "path")
 
@@ -76,6 +80,7 @@ class ProgressProbe:
         self.durations: dict[str, deque[float]] = {}  # section -> newest closed durations
         self.first_step_t: float | None = None
         self.timing: dict[int, deque[tuple[float, float]]] = {}  # rank -> recent (compute_s, wait_s)
+        self.first_nan: dict[int, dict] = {}  # rank -> its first step with a non-finite loss
 
     def _discover(self) -> None:
         try:
@@ -124,6 +129,10 @@ class ProgressProbe:
             self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, rec[keys.STEP], loss, step_s])
             if self.first_step_t is None or t < self.first_step_t:
                 self.first_step_t = t
+            if rank not in self.first_nan and _non_finite(loss):
+                self.first_nan[rank] = {
+                    k: rec.get(k) for k in (keys.STEP, keys.LOSS, keys.LOCAL_LOSS, keys.CONSUMED_SAMPLES)
+                }
             compute, wait = rec.get(keys.COMPUTE_S), rec.get(keys.WAIT_S)
             if isinstance(compute, (int, float)) and isinstance(wait, (int, float)):
                 self.timing.setdefault(rank, deque(maxlen=TIMING_STEPS)).append((float(compute), float(wait)))

@@ -240,3 +240,6 @@ def test_the_probe_reports_each_ranks_compute_and_wait_medians():
             )
     timing = probe.rank_timing()
     assert timing["1"]["compute_p50"] == 0.35 and timing["0"]["wait_p50"] == 0.35 and timing["0"]["n"] == 10
+    probe.ingest({"t": 16, "rank": 1, "step": 16, "loss": float("nan"), "local_loss": float("nan"), "event": None})
+    probe.ingest({"t": 17, "rank": 1, "step": 17, "loss": float("nan"), "local_loss": float("nan"), "event": None})
+    assert probe.first_nan[1]["step"] == 16 and 0 not in probe.first_nan
