@@ -14,7 +14,7 @@ restores a checkpoint, so a fresh attempt's setup is no guide to its lower bound
 from __future__ import annotations
 
 from aerie_contracts.failures import FailureKind
-from aerie_contracts.health import HealthSettings, Section
+from aerie_contracts.health import LEARNED_SAMPLES, HealthSettings, Section
 from agent.probes.progress import CHECKPOINT
 from agent.window import Verdict, Window, percentile, step_times, window_evidence
 
@@ -49,8 +49,6 @@ def section_limit(w: Window, cfg: HealthSettings, section: Section) -> tuple[flo
 def learned_summary(w: Window) -> dict[str, list[float]]:
     """What a heartbeat reports and the next attempt starts with: per section, the durations of
     the job's history as this node knows it (learned + own, newest last)."""
-    from aerie_contracts.health import LEARNED_SAMPLES
-
     out = {}
     for section in Section:
         values = samples(w, section)[-LEARNED_SAMPLES:]

@@ -28,7 +28,17 @@ def learned_sections(job: Job, before: int) -> dict[str, list[float]]:
     return merge_learned(sources)
 
 
+MAX_CHARS = 500  # SageMaker caps one Environment value at 512 characters (a launch over it fails)
+
+
 def learned_env(job: Job, before: int) -> dict[str, str]:
-    """`{"AERIE_SECTIONS": ...}` for the attempt numbered `before`, or {} when nothing was learned."""
+    """`{"AERIE_SECTIONS": ...}` for the attempt numbered `before`, or {} when nothing was learned.
+    Fewer quantiles per section until the value fits (the max, kept last, matters most for a p95)."""
     learned = learned_sections(job, before)
-    return {SECTIONS: json.dumps(compact_learned(learned), separators=(",", ":"))} if learned else {}
+    if not learned:
+        return {}
+    for points in (9, 7, 5, 3, 2):
+        text = json.dumps(compact_learned(learned, points), separators=(",", ":"))
+        if len(text) <= MAX_CHARS:
+            return {SECTIONS: text}
+    return {}  # cannot happen with five sections of two numbers each; never fail a launch over it

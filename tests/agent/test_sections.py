@@ -6,6 +6,7 @@ attempt to the next (heartbeat summary -> control plane -> `AERIE_SECTIONS` -> a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 from aerie_contracts.env import SECTIONS
@@ -78,7 +79,7 @@ def kinds(fired) -> list[str]:
 
 def window_after(samples: list[dict], health: dict | None = None, learned: dict | None = None):
     cfg = HealthConfig.from_dict(health or {})
-    obs = Observations(ProgressProbe(__import__("pathlib").Path("/nonexistent")), cfg, learned=learned)
+    obs = Observations(ProgressProbe(Path("/nonexistent")), cfg, learned=learned)
     for sample in samples:
         obs.add(sample, ingest_records=True)
     return obs.window(samples[-1]["now"], 0.0), cfg
@@ -146,6 +147,13 @@ def test_learned_sections_travel_from_heartbeats_through_the_control_plane_to_th
     assert AgentConfig.from_env({**base, **env}).learned[Section.CHECKPOINT_STALL.value] == [40.0, 40.0]
     assert AgentConfig.from_env({**base, SECTIONS: "{not json"}).learned == {}
     assert AgentConfig.from_env({**base, SECTIONS: '{"step": ["x", -1, 2]}'}).learned == {"step": [2.0]}
+
+
+def test_the_learned_environment_value_always_fits_sagemakers_cap():
+    worst = {s.value: [1234.5678 + i / 7 for i in range(40)] for s in Section}
+    job = SimpleNamespace(attempts=[SimpleNamespace(number=1, nodes=[SimpleNamespace(summary={"sections": worst})])])
+    text = learned_env(job, before=2)[SECTIONS]
+    assert len(text) <= 500 and set(json.loads(text)) == {s.value for s in Section}
 
 
 def test_compact_learned_keeps_the_tail():
@@ -231,7 +239,7 @@ def test_setup_limit_learns_upwards_only():
 def test_the_probe_reports_each_ranks_compute_and_wait_medians():
     """What the heartbeat's `ranks` carries for the control plane's straggler detector: rank 1
     sleeps 0.3 s a step, so it computes longest and waits least."""
-    probe = ProgressProbe(__import__("pathlib").Path("/nonexistent"))
+    probe = ProgressProbe(Path("/nonexistent"))
     for step in range(1, 16):
         for rank, compute in ((0, 0.05), (1, 0.35)):
             probe.ingest(
