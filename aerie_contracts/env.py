@@ -77,6 +77,12 @@ MASTER_PORT = _var(
     "agent (agent.identity)",
 )
 HEALTH = _var("AERIE_HEALTH", "JSON of the spec's health section (aerie_contracts.health)", "backend", "agent")
+SECTIONS = _var(
+    "AERIE_SECTIONS",
+    "JSON {section: [recent durations, s]} the job's previous attempts learned (aerie_contracts.health.Section)",
+    "controller (through every backend)",
+    "agent",
+)
 # --- the attempt ------------------------------------------------------------------------------
 API = _var("AERIE_API", "the control plane's URL", "backend, operator", "agent, lambdas, cli")
 AGENT_TOKEN = _var("AERIE_AGENT_TOKEN", "bearer token valid only for this attempt's agents", "backend", "agent")

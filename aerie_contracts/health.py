@@ -9,9 +9,67 @@ meaning (`doc`); nested sections are dataclasses of their own.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from aerie_contracts._strenum import StrEnum
+
+
+def compact_learned(learned: Mapping[str, Sequence[float]], points: int = 9) -> dict[str, list[float]]:
+    """Each section's durations as `points` evenly spaced quantiles (min .. max), 4 significant
+    digits: what `AERIE_SECTIONS` carries (SageMaker caps an environment value at 512 characters),
+    and close enough for a p95 (the agent pools them with what it observes itself)."""
+    out: dict[str, list[float]] = {}
+    for name, values in merge_learned([learned]).items():
+        s = sorted(values)
+        if len(s) > points:
+            s = [s[round(i * (len(s) - 1) / (points - 1))] for i in range(points)]
+        out[name] = [float(f"{v:.4g}") for v in s]
+    return out
+
+
+class Section(StrEnum):
+    """The parts of a run that get a timeout of their own, learned from the job's history."""
+
+    SETUP = "setup"  # the node's launch -> the first step
+    STEP = "step"  # one training step
+    CHECKPOINT_STALL = "checkpoint_stall"  # the synchronous part of a save (no step runs)
+    CHECKPOINT_UPLOAD = "checkpoint_upload"  # the asynchronous part (steps run beside it)
+    EVAL = "eval"  # an in-loop evaluation (no step runs)
+
+
+# A heartbeat's summary carries the node's recent section durations under this key, so the control
+# plane can hand them to the job's next attempt (`AERIE_SECTIONS`, same shape).
+SUMMARY_SECTIONS = "sections"
+LEARNED_SAMPLES = 32  # durations kept per section (the newest), per node and across attempts
+# ... and each rank's recent compute/wait time per step (the control plane's straggler detector):
+# `ranks: {rank: {compute_p50, wait_p50, n}}`, and the node's slowest rank's `compute_p50`.
+SUMMARY_RANKS = "ranks"
+SUMMARY_COMPUTE_P50 = "compute_p50"
+SUMMARY_WAIT_P50 = "wait_p50"
+SUMMARY_SLOWEST_RANK = "slowest_rank"
+
+
+def merge_learned(
+    sources: Iterable[Mapping[str, Sequence[float]]], keep: int = LEARNED_SAMPLES
+) -> dict[str, list[float]]:
+    """Section -> the newest `keep` durations of all `sources`, given oldest first (unknown sections
+    and non-numbers are dropped: an older or newer agent's heartbeat must not break a launch)."""
+    out: dict[str, list[float]] = {}
+    for source in sources:
+        for name, values in (source or {}).items():
+            if name not in Section.values() or not isinstance(values, (list, tuple)):
+                continue
+            good = [
+                float(v)
+                for v in values
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            ]
+            out[name] = (out.get(name, []) + good)[-keep:]
+    return {k: v for k, v in out.items() if v}
 
 
 def _f(default: Any, doc: str, **bounds: float) -> Any:
@@ -26,7 +84,17 @@ class HealthSettings:
     hang_factor: float = _f(5.0, "... nor sooner than this many p95 step times", gt=0)
     startup_grace_s: float = _f(60.0, "no silent.* verdict this soon after the node started", ge=0)
     first_step_timeout_s: float = _f(300.0, "a job that never completes step 1 hangs after this", gt=0)
-    pause_max_s: float = _f(1800.0, "a checkpoint/eval open longer than this is stuck, not paused", gt=0)
+    pause_max_s: float = _f(
+        1800.0, "a checkpoint stall, upload or eval with no learned history is stuck after this", gt=0
+    )
+    # Learned section timeouts: max(floor, section_factor x the section's p95 over this job's
+    # history, previous attempts included). Setup's floor is first_step_timeout_s (a restarted
+    # attempt also restores a checkpoint, so its setup is longer than a fresh one's: learning only
+    # ever raises that limit); the step's are hang_floor_s and hang_factor.
+    section_factor: float = _f(5.0, "a stall, upload, eval or setup may last this many times its learned p95", gt=0)
+    stall_floor_s: float = _f(60.0, "a checkpoint's synchronous part is never stuck sooner than this", gt=0)
+    upload_floor_s: float = _f(120.0, "a checkpoint's asynchronous upload is never stuck sooner than this", gt=0)
+    eval_floor_s: float = _f(60.0, "an in-loop eval is never stuck sooner than this", gt=0)
     heartbeat_s: float = _f(5.0, "how often the agent reports to the control plane", gt=0)
     # 120 s: an agent sends its first heartbeat as soon as its ranks are started (about a second
     # here, seconds in a container); two minutes leave room for a cold Python start on a shared
@@ -55,6 +123,17 @@ class HealthSettings:
     accelerator: Literal["auto", "nvml", "cpu"] = _f("auto", "which utilisation probe: NVML, the ranks' CPU, or auto")
     gpus: Literal["owned", "all"] = _f(
         "owned", "GPUs the probe watches: those the ranks own (NVML process list, visible devices), or every GPU"
+    )
+    # Stragglers (orchestrator/straggler.py): judged by the control plane across nodes.
+    straggler: Literal["report", "restart"] = _f(
+        "report", "on node.straggler: report (a verdict and an event; the job runs on) or restart without the node"
+    )
+    straggler_z: float = _f(3.0, "robust z-score (against its peers' median/MAD) of a straggler's compute time", gt=0)
+    straggler_rel: float = _f(0.2, "the MAD is floored at this fraction of the peers' median (2 nodes have none)", gt=0)
+    straggler_min_s: float = _f(0.05, "... and a straggler computes at least this much longer per step", ge=0)
+    straggler_persist_s: float = _f(30.0, "how long a node must stay an outlier before the verdict", ge=0)
+    straggler_nic_ratio: float = _f(
+        0.5, "with 3 nodes or more: a NIC rate below this fraction of the peers' median is an outlier", gt=0, lt=1
     )
     enabled: bool = _f(True, "run the detectors at all")
 

@@ -17,16 +17,37 @@ Verdicts are kept disjoint on purpose, so that a fault gets one name:
   still crawl); a collapse explained by a stopped or busy-spinning rank is left to the hang.
 * ``loss.nan`` / ``loss.spike``: non-finite loss; a robust (median/MAD) z-score held for
   ``spike_steps`` steps.
+* ``checkpoint.stalled``: a save's synchronous part or its asynchronous upload open past its
+  section's learned limit (agent/sections.py). An upload is not a pause: the step-hang detector
+  keeps running beside it, so a rank that hangs mid-upload is caught at the step limit.
+
+Every limit is a section's (agent/sections.py): learned from this job's history, previous
+attempts included.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
 from statistics import median
-from typing import Any
 
-from aerie_contracts.health import HealthSettings
+from aerie_contracts.health import HealthSettings, Section
+from agent.probes.progress import CHECKPOINT, EVAL, UPLOAD_WAIT
+from agent.sections import detect_checkpoint_stalled, section_limit
+from agent.window import (
+    Verdict,
+    Window,
+    jsonable,
+    percentile,
+    step_times,
+)
+from agent.window import as_loss as _as_loss
+from agent.window import finite as _finite
+from agent.window import last_pause_end as _last_pause_end
+from agent.window import last_step_ts as _last_step_ts
+from agent.window import since as _since
+from agent.window import window_evidence as _window_evidence
+
+__all__ = ["DETECTORS", "HealthConfig", "Verdict", "Window", "detect_all", "jsonable", "percentile", "step_times"]
 
 # ----------------------------------------------------------------------------- config
 
@@ -35,109 +56,25 @@ from aerie_contracts.health import HealthSettings
 HealthConfig = HealthSettings
 
 
-# ----------------------------------------------------------------------------- data
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str
-    message: str
-    evidence: dict  # strict JSON (no NaN); always holds the "window" the verdict was taken on
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "evidence", jsonable(self.evidence))
-
-
-def jsonable(x: Any) -> Any:
-    """Strict JSON: NaN/inf become strings (PostgreSQL's jsonb and ``allow_nan=False`` reject them)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    return x
-
-
-@dataclass
-class Window:
-    """What the probes saw, JSON-shaped (string keys) so traces store and replay it as is.
-
-    ``steps`` holds training steps only, ``[t, step, loss, step_s]`` per rank; ``pauses`` the
-    closed checkpoint/eval intervals ``[t_begin, t_end]``; ``open`` the ones still running.
-    """
-
-    now: float
-    started_at: float
-    accel: dict[str, list[list[float]]] = field(default_factory=dict)  # index -> [[t, util %]]
-    nics: dict[str, list[list[float]]] = field(default_factory=dict)  # iface -> [[t, bytes/s]]
-    nic_state: dict[str, str] = field(default_factory=dict)  # iface -> operstate
-    retrans: list[list[float]] = field(default_factory=list)  # [[t, TCP RetransSegs total]]
-    steps: dict[str, list[list]] = field(default_factory=dict)  # rank -> [[t, step, loss, step_s]]
-    open: dict[str, dict[str, float]] = field(default_factory=dict)  # rank -> {"checkpoint": t0}
-    pauses: list[list[float]] = field(default_factory=list)
-    processes: list[dict] = field(default_factory=list)  # [{"rank", "pid", "state", "cpu"}]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Window:
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-
-
 # ----------------------------------------------------------------------------- helpers
 
 
-def _since(series: list, t0: float) -> list:
-    return [s for s in series if s[0] >= t0]
+_PAUSE_SECTIONS = {
+    CHECKPOINT: Section.CHECKPOINT_STALL,
+    EVAL: Section.EVAL,
+    UPLOAD_WAIT: Section.CHECKPOINT_UPLOAD,  # the loop blocked on an upload: the upload's limit
+}
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _as_loss(x: Any) -> float | None:
-    """Losses arrive as numbers, ``NaN`` tokens, or strings like ``"nan"``; ``None`` = not logged."""
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def step_times(w: Window) -> list[float]:
-    """Step durations: ``step_s`` when the trainer logs it, else gaps between consecutive steps
-    that do not straddle a checkpoint/eval pause."""
-    out: list[float] = []
-    for series in w.steps.values():
-        prev_t = None
-        for t, _step, _loss, step_s in series:
-            if _finite(step_s) and step_s >= 0:
-                out.append(float(step_s))
-            elif prev_t is not None and not any(prev_t <= b and e <= t for b, e in w.pauses):
-                out.append(t - prev_t)
-            prev_t = t
-    return out
+def _pause_limits(w: Window, cfg: HealthConfig) -> dict[str, float]:
+    return {what: section_limit(w, cfg, section)[0] for what, section in _PAUSE_SECTIONS.items()}
 
 
 def _in_pause(w: Window, cfg: HealthConfig) -> bool:
-    """Inside a checkpoint/eval window (of any rank) that has not run past ``pause_max_s``."""
-    return any(w.now - t0 < cfg.pause_max_s for opened in w.open.values() for t0 in opened.values())
-
-
-def _last_pause_end(w: Window) -> float:
-    return max((e for _b, e in w.pauses), default=-math.inf)
+    """Inside a checkpoint stall or an eval (of any rank) that has not run past its learned limit.
+    An asynchronous upload is not a pause: steps run beside it, so step-hang detection goes on."""
+    limits = _pause_limits(w, cfg)
+    return any(w.now - t0 <= limits.get(what, cfg.pause_max_s) for o in w.open.values() for what, t0 in o.items())
 
 
 def _in_grace(w: Window, cfg: HealthConfig) -> bool:
@@ -161,30 +98,9 @@ def _nic_rates(w: Window, t0: float) -> dict[str, float]:
     return {name: median([b for _t, b in _since(s, t0)]) for name, s in w.nics.items() if _since(s, t0)}
 
 
-def _window_evidence(w: Window, seconds: float) -> dict:
-    """The slice of the window a verdict was taken on (bounded, so evidence stays small)."""
-    t0 = w.now - seconds
-    return {
-        "now": w.now,
-        "started_at": w.started_at,
-        "accel": {k: _since(v, t0) for k, v in w.accel.items()},
-        "nics": {k: _since(v, t0) for k, v in w.nics.items()},
-        "nic_state": dict(w.nic_state),
-        "retrans": _since(w.retrans, t0),
-        "steps": {k: v[-20:] for k, v in w.steps.items()},
-        "open": dict(w.open),
-        "pauses": w.pauses[-5:],
-        "processes": list(w.processes),
-    }
-
-
-def _last_step_ts(w: Window) -> dict[str, float]:
-    return {r: s[-1][0] for r, s in w.steps.items() if s}
-
-
 def hang_threshold(w: Window, cfg: HealthConfig) -> tuple[float, float | None]:
-    p95 = percentile(step_times(w), 95)
-    return max(cfg.hang_floor_s, cfg.hang_factor * p95 if p95 is not None else 0.0), p95
+    """The step section's limit: max(hang_floor_s, hang_factor x p95 step time, learned included)."""
+    return section_limit(w, cfg, Section.STEP)
 
 
 # ----------------------------------------------------------------------------- detectors
@@ -195,7 +111,8 @@ def detect_hang(w: Window, cfg: HealthConfig) -> Verdict | None:
         return None
     last = _last_step_ts(w)
     if not last:  # before the first step: start-up (compile, rendezvous, data) is allowed longer
-        since, limit, p95 = w.started_at, cfg.first_step_timeout_s, None
+        since = w.started_at
+        limit, p95 = section_limit(w, cfg, Section.SETUP)
     else:
         limit, p95 = hang_threshold(w, cfg)
         since = min(last.values())  # the stalest rank: collectives wait for the slowest
@@ -225,7 +142,8 @@ def detect_hang(w: Window, cfg: HealthConfig) -> Verdict | None:
         why += f"; stopped/gone: ranks {[p.get('rank') for p in stopped]}"
     stuck = sorted({what for opened in w.open.values() for what in opened})
     if stuck:
-        why += f"; {'/'.join(stuck)} open for over {cfg.pause_max_s:.0f}s"
+        limits = _pause_limits(w, cfg)
+        why += "; " + ", ".join(f"{what} open for over {limits.get(what, cfg.pause_max_s):.0f}s" for what in stuck)
     return Verdict(
         "silent.hang",
         f"no step for {stalled:.0f}s (limit {limit:.0f}s, last step {last_step}); {why}",
@@ -367,10 +285,25 @@ def detect_loss_nan(w: Window, cfg: HealthConfig) -> Verdict | None:
                         "step": step,
                         "loss": str(loss),
                         "t": t,
+                        **_nan_origin(w, step),
                         "window": {"steps": {rank: series[-20:]}, "now": w.now},
                     },
                 )
     return None
+
+
+def _nan_origin(w: Window, step: int) -> dict:
+    """Which of this node's ranks produced the NaN: those whose own loss (before the ranks'
+    losses were combined) was non-finite at that step; and which samples the step read. Chaining
+    replays the step to tell the data's NaN from a faulty device's (lambdas/nan_replay.py)."""
+    first = {r: rec for r, rec in w.nan_records.items() if rec.get("step") == step}
+    origin = sorted(
+        r for r, rec in first.items() if not _finite(rec.get("local_loss")) and rec.get("local_loss") is not None
+    )
+    consumed = next(
+        (rec.get("consumed_samples") for rec in first.values() if rec.get("consumed_samples") is not None), None
+    )
+    return {"origin_ranks": origin, "consumed_samples": consumed}
 
 
 def _robust_z(values: list[float], x: float) -> float:
@@ -407,7 +340,14 @@ def detect_loss_spike(w: Window, cfg: HealthConfig) -> Verdict | None:
     return None
 
 
-DETECTORS = (detect_loss_nan, detect_loss_spike, detect_nic_stall, detect_gpu_idle, detect_hang)
+DETECTORS = (
+    detect_loss_nan,
+    detect_loss_spike,
+    detect_nic_stall,
+    detect_gpu_idle,
+    detect_checkpoint_stalled,
+    detect_hang,
+)
 
 
 def detect_all(window: Window | dict, cfg: HealthConfig) -> list[Verdict]:

@@ -14,11 +14,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from statistics import median
 
+from aerie_contracts.health import (
+    SUMMARY_COMPUTE_P50,
+    SUMMARY_RANKS,
+    SUMMARY_SECTIONS,
+    SUMMARY_SLOWEST_RANK,
+)
 from agent.detect import HealthConfig, Verdict, Window, detect_all, percentile, step_times
 from agent.probes.gpu import CpuAcceleratorProbe, NvmlProbe, RankProcesses, make_accelerator_probe
 from agent.probes.nic import NicProbe, interfaces_from_resourceconfig
 from agent.probes.progress import ProgressProbe
 from agent.ring import Ring
+from agent.sections import learned_summary
 
 ACCEL_SPAN_S = 90.0  # accelerator history handed to detectors (hang looks back 30 s, evidence 60 s)
 STEPS_PER_RANK = 200  # steps handed to detectors (p95 step time, spike baseline)
@@ -27,8 +34,9 @@ STEPS_PER_RANK = 200  # steps handed to detectors (p95 step time, spike baseline
 class Observations:
     """Ring buffers of one node's samples; ``add`` one tick, ``window`` for the detectors."""
 
-    def __init__(self, progress: ProgressProbe, cfg: HealthConfig):
+    def __init__(self, progress: ProgressProbe, cfg: HealthConfig, learned: dict[str, list[float]] | None = None):
         self.cfg = cfg
+        self.learned = dict(learned or {})  # section durations of the job's previous attempts
         maxlen = max(16, int(cfg.window_s / max(cfg.sample_s, 0.05)) + 1)
         self.maxlen = maxlen
         self.progress = progress
@@ -68,6 +76,11 @@ class Observations:
             open={str(r): dict(o) for r, o in self.progress.open.items() if o},
             pauses=[list(p) for p in self.progress.pauses],
             processes=list(self.processes),
+            uploads={str(r): t for r, t in self.progress.uploads.items()},
+            sections={k: list(v) for k, v in self.progress.durations.items()},
+            learned=self.learned,
+            first_step_t=self.progress.first_step_t,
+            nan_records={str(r): dict(v) for r, v in self.progress.first_nan.items()},
         )
 
 
@@ -87,6 +100,7 @@ class Monitor:
         accelerator: str = "auto",
         sys_root: Path | str = "/sys",
         proc_root: Path | str = "/proc",
+        learned: dict[str, list[float]] | None = None,
     ):
         health = dict(health or {})
         health.setdefault("sample_s", sample_s)
@@ -108,7 +122,9 @@ class Monitor:
                 self.node_dir.parent / "input" / "config" / "resourceconfig.json"
             )
         self.nic = NicProbe(interfaces, sys_root=sys_root, proc_root=proc_root, maxlen=maxlen)
-        self.obs = Observations(ProgressProbe(Path(metrics_dir), maxlen=max(maxlen, STEPS_PER_RANK)), self.cfg)
+        self.obs = Observations(
+            ProgressProbe(Path(metrics_dir), maxlen=max(maxlen, STEPS_PER_RANK)), self.cfg, learned=learned
+        )
         self.last_sample: dict | None = None
         self.last_window: Window | None = None
         self._accel_latest: list[dict] = []
@@ -153,6 +169,10 @@ class Monitor:
     def summary(self) -> dict:
         prog = self.obs.progress
         times = step_times(self.last_window) if self.last_window else []
+        ranks = prog.rank_timing()
+        # The node's slowest rank: ranks wait for each other, so the one that computes longest
+        # (waits least) is what its peers wait for; the control plane compares nodes by it.
+        slowest = max(ranks, key=lambda r: ranks[r][SUMMARY_COMPUTE_P50], default=None)
         return {
             "host": self.host,
             "accelerator_kind": self.accel.kind,
@@ -166,6 +186,12 @@ class Monitor:
             "processes": [{k: p[k] for k in ("rank", "pid", "state", "cpu")} for p in self.obs.processes],
             "in_checkpoint": prog.in_pause("checkpoint"),
             "in_eval": prog.in_pause("eval"),
+            "in_upload": bool(prog.uploads),
+            SUMMARY_RANKS: ranks,
+            SUMMARY_COMPUTE_P50: ranks[slowest][SUMMARY_COMPUTE_P50] if slowest is not None else None,
+            SUMMARY_SLOWEST_RANK: slowest,
+            # The job's section history as this node knows it: the next attempt starts from it.
+            SUMMARY_SECTIONS: learned_summary(self.last_window) if self.last_window else dict(self.obs.learned),
         }
 
 
@@ -179,10 +205,13 @@ def load_trace(path: Path) -> tuple[dict, list[dict]]:
     return json.loads(lines[0]), [json.loads(ln) for ln in lines[1:] if ln.strip()]
 
 
-def replay(samples: Iterable[dict], health: dict, started_at: float) -> list[tuple[float, Verdict]]:
-    """Feed recorded ticks through the live code path; every verdict with the time it fired."""
+def replay(
+    samples: Iterable[dict], health: dict, started_at: float, learned: dict[str, list[float]] | None = None
+) -> list[tuple[float, Verdict]]:
+    """Feed recorded ticks through the live code path; every verdict with the time it fired.
+    `learned`: section durations of earlier attempts (what `AERIE_SECTIONS` hands the agent)."""
     cfg = HealthConfig.from_dict(health)
-    obs = Observations(ProgressProbe(Path("/nonexistent")), cfg)
+    obs = Observations(ProgressProbe(Path("/nonexistent")), cfg, learned=learned)
     out, seen = [], set()
     for sample in samples:
         obs.add(sample, ingest_records=True)

@@ -25,8 +25,10 @@ from typing import Any
 
 import psutil
 
+from aerie_contracts.env import SECTIONS
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.goodput import RESTORED_EVENT, SUMMARY_RESTORE_S
+from aerie_contracts.health import merge_learned
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
 from agent.identity import IdentityError, NodeIdentity, ml_root, resolve_identity
 
@@ -59,6 +61,7 @@ class AgentConfig:
     token: str = ""
     attempt: str = ""
     health: dict[str, Any] = field(default_factory=dict)
+    learned: dict[str, list[float]] = field(default_factory=dict)  # AERIE_SECTIONS
     interfaces: tuple[str, ...] = ()
     identity: NodeIdentity | None = None  # where hosts/host/master came from (None: given directly)
 
@@ -91,6 +94,7 @@ class AgentConfig:
             token=env.get("AERIE_AGENT_TOKEN", ""),
             attempt=env.get("AERIE_ATTEMPT", ""),
             health=json.loads(env.get("AERIE_HEALTH") or "{}"),
+            learned=_learned_sections(env.get(SECTIONS)),
             interfaces=tuple(i.strip() for i in ident.network_interface.split(",") if i.strip()),
             identity=ident,
         )
@@ -442,7 +446,17 @@ def _make_monitor(cfg: AgentConfig) -> Any:
         host=cfg.host,
         sample_s=float(cfg.health.get("sample_s", 1.0)),
         started_at=time.time(),
+        learned=cfg.learned,
     )
+
+
+def _learned_sections(text: str | None) -> dict[str, list[float]]:
+    """`AERIE_SECTIONS`, validated: a malformed value costs the learned limits, never the node."""
+    try:
+        return merge_learned([json.loads(text)]) if text else {}
+    except (ValueError, TypeError, AttributeError):
+        log.warning("ignoring malformed %s: %.200s", SECTIONS, text)
+        return {}
 
 
 def _become_subreaper() -> None:

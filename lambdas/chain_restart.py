@@ -3,7 +3,8 @@
 Triggered by "Aerie Attempt State Change" events with state Failed (and by SageMaker's own
 "SageMaker Training Job State Change" events, mapped onto the same shape). Decides, in order:
   1. stale or irrelevant event (not the latest attempt, job already over) -> nothing;
-  2. the user's fault (`user.error`, an exit code the spec marks non-retryable) -> job Failed;
+  2. the user's fault (`user.error`, an exit code the spec marks non-retryable, a `loss.nan` that
+     recurs at the same step after a resume: `lambdas/nan_replay.py`) -> job Failed;
   3. retry budget (`retry.max_restarts`) spent -> job Failed with the last failure's reason;
   4. otherwise -> attempt N+1, resuming from `last_good` of the job's checkpoint prefix and
      excluding every node blamed `retry.exclude_after_blames` times (blames not yet cleared).
@@ -24,6 +25,7 @@ from typing import Any
 
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind, policy
+from lambdas import nan_replay
 from lambdas.api import Api, ApiError
 from lambdas.blame import blame_attempt
 
@@ -58,6 +60,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     blames, blame_why = blame_attempt(job, failed)
     recorded = api.call("POST", f"/v1/jobs/{job['id']}/attempts/{number}/blames", {"blames": blames})
+
+    # A NaN replayed at the same step after a deterministic resume: the data's or the model's.
+    replayed = nan_replay.recurred(job, failed)
+    if replayed is not None:
+        return _fail(api, job, replayed)
 
     verdict = classify(reason, spec)
     if verdict != "retry":

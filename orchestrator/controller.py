@@ -12,18 +12,21 @@ import logging
 import threading
 import time
 
-from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason
+from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason
 from aerie_contracts.health import HealthSettings
 from aerie_contracts.states import ATTEMPT_ACTIVE, AttemptState, JobState
+from lambdas import nan_replay
 from orchestrator import failpoints, liveness
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
 from orchestrator.events import Dispatcher
 from orchestrator.leader import LeaderLock
+from orchestrator.learned import learned_env
 from orchestrator.settings import Settings
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
 from orchestrator.store.db import Database
 from orchestrator.store.models import Attempt, Job
+from orchestrator.straggler import StragglerTracker
 
 log = logging.getLogger("aerie.controller")
 
@@ -62,6 +65,8 @@ class Controller:
         # Per running attempt: when this controller first saw its machines allocated (the clock
         # of `health.first_heartbeat_s`).
         self._booted_at: dict[str, float] = {}
+        self.stragglers = StragglerTracker()  # node.straggler: who has been an outlier since when
+        self._replay_judged: set[str] = set()  # attempts whose NaN replay was decided
 
     # --- loop -----------------------------------------------------------------------------
 
@@ -156,6 +161,8 @@ class Controller:
                     agent_token=token,
                     resume_from=attempt.resume_from,
                     exclude_nodes=tuple(attempt.exclude_nodes or ()),
+                    # What earlier attempts learned about section durations (learned timeouts).
+                    extra_env=learned_env(job, attempt.number),
                 )
             failpoints.hit("controller.before_launch")
             # Outside the transaction: launching can take a while and must not hold locks.
@@ -196,6 +203,7 @@ class Controller:
             self._record_poll(attempt_id, result)
             if result.terminal:
                 self._booted_at.pop(attempt_id, None)
+                self.stragglers.forget(attempt_id)
             if result.state == AttemptState.FAILED:
                 backend.stop(handle)  # the surviving nodes would only wait for their dead peer
 
@@ -226,10 +234,50 @@ class Controller:
                     health.first_heartbeat_s,
                 )
             if lost is None:
-                return result
+                self._check_nan_replay(s, attempt)
+                return self._check_stragglers(s, attempt, health, result, now)
             if lost.host:
                 repo.record_verdict(s, attempt, lost.host, FailureKind.NODE_LOST, lost.reason["message"], lost.evidence)
             return PollResult(AttemptState.FAILED, result.nodes, lost.reason)
+
+    def _check_stragglers(
+        self, s, attempt: Attempt, health: HealthSettings, result: PollResult, now: float
+    ) -> PollResult:
+        """`node.straggler` (orchestrator/straggler.py): a verdict and an event (`report`), or the
+        attempt ends and chaining leaves the node out (`restart`: the failure names it)."""
+        summaries = {n.host: n.summary for n in attempt.nodes if isinstance(n.summary, dict)}
+        for found in self.stragglers.observe(attempt.id, summaries, health, now):
+            log.warning("attempt %s: %s", attempt.id, found.message)
+            repo.record_verdict(s, attempt, found.host, found.kind, found.message, found.evidence)
+            if health.straggler == "restart":
+                why = reason(FailureKind.NODE_STRAGGLER, found.message, host=found.host, evidence=found.evidence)
+                return PollResult(AttemptState.FAILED, result.nodes, why)
+        return result
+
+    def _check_nan_replay(self, s, attempt: Attempt) -> None:
+        """An attempt that replays a `loss.nan` (lambdas/nan_replay.py): once all its nodes are past
+        the NaN's step with a finite loss, the first NaN was not reproducible: `sdc.suspect` on the
+        failed attempt, blaming the node whose rank produced it. Decided once per attempt."""
+        cause = attempt.cause or {}
+        if attempt.id in self._replay_judged or (cause.get("reason") or {}).get("kind") != FailureKind.LOSS_NAN:
+            return
+        failed = next((a for a in attempt.job.attempts if a.number == cause.get("failed_attempt")), None)
+        rows = repo.verdicts_of(s, [failed.id]) if failed is not None else []
+        verdicts = [{"attempt_id": v.attempt_id, "kind": v.kind, "host": v.host, "evidence": v.evidence} for v in rows]
+        nan = nan_replay.first_nan(verdicts, failed.id) if failed is not None else None
+        if nan is None or any(v["kind"] == FailureKind.SDC_SUSPECT for v in verdicts):
+            self._replay_judged.add(attempt.id)
+            return
+        summaries = {n.host: n.summary for n in attempt.nodes if isinstance(n.summary, dict)}
+        found = nan_replay.sdc_suspect(nan, attempt.number, summaries)
+        if found is None or failed is None:
+            return
+        verdict, blame = found
+        log.warning("job %s: %s", attempt.job_id, verdict["message"])
+        repo.record_verdict(s, failed, verdict["host"], verdict["kind"], verdict["message"], verdict["evidence"])
+        if blame is not None:
+            repo.record_blames(s, failed, [dict(blame)])
+        self._replay_judged.add(attempt.id)
 
     def _fence_lost(self, backend: Backend, handle: dict, result: PollResult) -> None:
         """A lost node may only be paused or cut off: kill what the backend can reach of it now,

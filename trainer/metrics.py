@@ -1,9 +1,10 @@
 """The trainer's metrics: the JSONL stream the agent reads, and TensorBoard scalars for people.
 
-JSONL (the contract in docs/architecture.md): one object per line, appended and flushed at once,
-to `$AERIE_METRICS_PATH/rank-<RANK:05d>.jsonl`, keys `t, rank, step, loss, grad_norm, lr, tokens,
-step_s, event` always present (null where they do not apply), plus extras (`mfu`, `tokens_per_s`,
-`tokens_per_dollar`, `uri`, ...). A non-finite loss is written as `NaN`/`Infinity` (what Python's
+JSONL (the contract in docs/architecture.md, its names in `aerie_contracts.metrics`): one object
+per line, appended and flushed at once, to `$AERIE_METRICS_PATH/rank-<RANK:05d>.jsonl`, keys `t,
+rank, step, loss, grad_norm, lr, tokens, step_s, event` always present (null where they do not
+apply), plus extras (`compute_s`, `wait_s`, `mfu`, `tokens_per_s`, `tokens_per_dollar`, `uri`,
+`stall_s`, `upload_s`, ...). A non-finite loss is written as `NaN`/`Infinity` (what Python's
 json reads back), so the agent's `loss.nan` detector sees it. Without `AERIE_METRICS_PATH` the
 stream goes to `<output>/metrics/`, where `<output>` is `SM_OUTPUT_DATA_DIR`, else
 `$AERIE_ML_ROOT/output`, else `./output`.
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env
+from aerie_contracts import metrics as keys
+from aerie_contracts.metrics import STEP_KEYS
 
-STEP_KEYS = ("loss", "grad_norm", "lr", "tokens", "step_s")
 TENSORBOARD_SCALARS = ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar", "eval_loss")
 
 
@@ -80,25 +82,26 @@ class MetricsWriter:
     ) -> None:
         """A training step's line (event null) and, on rank 0, its TensorBoard points."""
         record = {
-            "t": time.time(),
-            "rank": self.rank,
-            "step": step,
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "tokens": tokens,
-            "step_s": step_s,
-            "event": None,
+            keys.T: time.time(),
+            keys.RANK: self.rank,
+            keys.STEP: step,
+            keys.LOSS: loss,
+            keys.GRAD_NORM: grad_norm,
+            keys.LR: lr,
+            keys.TOKENS: tokens,
+            keys.STEP_S: step_s,
+            keys.EVENT: None,
         }
         record.update(extra)
         self._write(record)
         self.scalars(step, loss=loss, grad_norm=grad_norm, lr=lr, **extra)
 
     def event(self, event: str, step: int, **fields: Any) -> None:
-        """An event line: checkpoint_begin/end/committed (with `uri`), eval_begin/eval_end."""
-        record: dict[str, Any] = {"t": time.time(), "rank": self.rank, "step": step}
+        """An event line (`aerie_contracts.metrics.MetricEvent`): checkpoint_begin/staged/end/committed
+        (with `uri`), eval_begin/eval_end."""
+        record: dict[str, Any] = {keys.T: time.time(), keys.RANK: self.rank, keys.STEP: step}
         record.update({key: None for key in STEP_KEYS})
-        record["event"] = event
+        record[keys.EVENT] = str(event)
         record.update(fields)
         self._write(record)
 

@@ -119,7 +119,10 @@ def parallelize(
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [world.device.index] if world.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        # No buffer broadcast: the only buffers (RoPE tables) are computed identically on every
+        # rank and never change, and the broadcast would be a blocking collective at the start of
+        # every micro-batch's forward (a wait that trainer.step_clock could not attribute).
+        return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
     raise ValueError(f"unknown parallelism {parallelism!r}")
 
 

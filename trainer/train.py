@@ -34,12 +34,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from aerie_contracts import env
+from aerie_contracts import metrics as keys
 from aerie_contracts.goodput import RESTORED_EVENT
 from trainer import parallel, pricing
 from trainer.checkpoint.dcp import Checkpointer, describe_error
 from trainer.config import TrainConfig, load_config, resolve_path
 from trainer.faults import FaultInjector
 from trainer.metrics import MetricsWriter
+from trainer.step_clock import StepClock
 
 log = logging.getLogger("trainer.train")
 
@@ -337,6 +339,8 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     torch.manual_seed(cfg.seed)
     model = build_model(model_cfg).to(world.device)
     model = parallel.parallelize(model, world, cfg.parallelism, cfg.activation_checkpointing, cfg.compile)
+    clock = StepClock()  # compute vs collective wait per step: what straggler detection compares
+    model = clock.attach(model)
     optimizer, scheduler = build_optimizer(model, cfg)
 
     checkpointer = Checkpointer(
@@ -384,6 +388,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     model.train()
     while step < cfg.steps:
         t0 = time.perf_counter()
+        clock.begin()
         faults.before_step(step + 1)
         lr = scheduler.get_last_lr()[0]
         loss_sum, grad_norm = train_step(
@@ -400,10 +405,12 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         halt = stop.signum > 0 or checkpointer.superseded is not None
         summary = torch.stack([loss_sum, torch.tensor(float(halt), device=world.device)])
         gathered = [torch.empty_like(summary) for _ in range(world.world_size)]
-        dist.all_gather(gathered, summary)
+        with clock.collective():
+            dist.all_gather(gathered, summary)
         loss_value = sum(g[0].item() for g in gathered) / world.world_size
         stopping = any(g[1].item() > 0 for g in gathered)
         step_s = time.perf_counter() - t0
+        compute_s, wait_s = clock.split(step_s)
 
         if step % cfg.log_every == 0 or step == cfg.steps or stopping:
             tokens_per_s = tokens_per_step / step_s
@@ -417,6 +424,12 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
                 tokens_per_s=tokens_per_s,
                 mfu=flops_tok * tokens_per_s / peak,
                 tokens_per_dollar=pricing.tokens_per_dollar(tokens_per_s, price, world.num_nodes),
+                **{
+                    keys.COMPUTE_S: compute_s,
+                    keys.WAIT_S: wait_s,
+                    keys.LOCAL_LOSS: gathered[world.rank][0].item(),
+                    keys.CONSUMED_SAMPLES: consumed,
+                },
             )
         if world.rank == 0 and cfg.print_every and (step % cfg.print_every == 0 or step == cfg.steps):
             print(

@@ -3,6 +3,14 @@
 Each file's byte offset is remembered, so a tick reads only what was appended since the last
 one; a partial last line (the trainer is mid-write) stays buffered until its newline arrives;
 files that appear later (ranks start at different times) are picked up on the next poll.
+
+Sections (`aerie_contracts.health.Section`): `checkpoint_begin` opens a checkpoint *stall* (a pause:
+no step runs); `checkpoint_staged` closes it and opens the *upload*, which runs beside the steps
+and is not a pause; `checkpoint_end` closes whichever is open (a writer without `staged` has its
+whole save as a stall); `checkpoint_wait` (the loop blocks on the in-flight upload) opens an
+`upload_wait` pause that the upload's end closes. `eval_begin`/`eval_end` bound an eval pause.
+Each closed section's duration is kept (`durations`), so the agent learns its timeouts and
+reports them in heartbeats.
 """
 
 from __future__ import annotations
@@ -13,14 +21,22 @@ import os
 import re
 from collections import deque
 from pathlib import Path
+from statistics import median
 
+from aerie_contracts import metrics as keys
+from aerie_contracts.health import LEARNED_SAMPLES, SUMMARY_COMPUTE_P50, SUMMARY_WAIT_P50, Section
+from aerie_contracts.metrics import MetricEvent
+
+TIMING_STEPS = 10  # steps per rank whose compute/wait medians the heartbeat reports
 _RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
-_PAUSES = {
-    "checkpoint_begin": ("checkpoint", True),
-    "checkpoint_end": ("checkpoint", False),
-    "eval_begin": ("eval", True),
-    "eval_end": ("eval", False),
-}
+# Pause names in `open` (a window's evidence shows them): a checkpoint's stall, an eval, and the
+# loop blocked on an in-flight upload (`checkpoint_wait`, bounded by the upload's own limit).
+CHECKPOINT, EVAL, UPLOAD_WAIT = "checkpoint", "eval", "upload_wait"
+_PAUSE_SECTION = {CHECKPOINT: Section.CHECKPOINT_STALL, EVAL: Section.EVAL}
+
+
+def _non_finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isfinite(x)
 
 
 class _Tail:
@@ -60,6 +76,11 @@ class ProgressProbe:
         self.pauses: deque[list[float]] = deque(maxlen=50)
         self.last_record: dict[int, dict] = {}
         self.bad_lines = 0
+        self.uploads: dict[int, float] = {}  # rank -> when its open upload started
+        self.durations: dict[str, deque[float]] = {}  # section -> newest closed durations
+        self.first_step_t: float | None = None
+        self.timing: dict[int, deque[tuple[float, float]]] = {}  # rank -> recent (compute_s, wait_s)
+        self.first_nan: dict[int, dict] = {}  # rank -> its first step with a non-finite loss
 
     def _discover(self) -> None:
         try:
@@ -90,27 +111,60 @@ class ProgressProbe:
 
     def ingest(self, rec: dict) -> None:
         """Fold one metrics record in (also used to replay recorded traces)."""
-        rank = int(rec.get("rank", 0))
-        t = float(rec.get("t", 0.0))
-        event = rec.get("event")
+        rank = int(rec.get(keys.RANK, 0))
+        t = float(rec.get(keys.T, 0.0))
+        event = rec.get(keys.EVENT)
         self.last_record[rank] = rec
-        if event in _PAUSES:
-            what, begins = _PAUSES[event]
-            opened = self.open.setdefault(rank, {})
-            if begins:
-                opened[what] = t
-            elif what in opened:
-                self.pauses.append([opened.pop(what), t])
+        if event is not None:
+            self._event(rank, t, str(event))
             return
-        if event is None and rec.get("step") is not None:
-            loss = rec.get("loss")
+        if rec.get(keys.STEP) is not None:
+            loss = rec.get(keys.LOSS)
             if isinstance(loss, str):  # "nan", "inf" written by hand-rolled loggers
                 try:
                     loss = float(loss)
                 except ValueError:
                     loss = None
-            step_s = rec.get("step_s")
-            self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, rec["step"], loss, step_s])
+            step_s = rec.get(keys.STEP_S)
+            self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, rec[keys.STEP], loss, step_s])
+            if self.first_step_t is None or t < self.first_step_t:
+                self.first_step_t = t
+            if rank not in self.first_nan and _non_finite(loss):
+                self.first_nan[rank] = {
+                    k: rec.get(k) for k in (keys.STEP, keys.LOSS, keys.LOCAL_LOSS, keys.CONSUMED_SAMPLES)
+                }
+            compute, wait = rec.get(keys.COMPUTE_S), rec.get(keys.WAIT_S)
+            if isinstance(compute, (int, float)) and isinstance(wait, (int, float)):
+                self.timing.setdefault(rank, deque(maxlen=TIMING_STEPS)).append((float(compute), float(wait)))
+
+    def _event(self, rank: int, t: float, event: str) -> None:
+        opened = self.open.setdefault(rank, {})
+        if event in (MetricEvent.CHECKPOINT_BEGIN, MetricEvent.EVAL_BEGIN):
+            opened[CHECKPOINT if event == MetricEvent.CHECKPOINT_BEGIN else EVAL] = t
+        elif event == MetricEvent.EVAL_END:
+            self._close_pause(opened, EVAL, t)
+        elif event == MetricEvent.CHECKPOINT_STAGED:
+            self._close_pause(opened, CHECKPOINT, t)
+            self.uploads[rank] = t
+        elif event == MetricEvent.CHECKPOINT_WAIT:
+            if rank in self.uploads:  # else the upload already ended (its line came first)
+                opened[UPLOAD_WAIT] = t
+        elif event == MetricEvent.CHECKPOINT_END:
+            if rank in self.uploads:
+                self._learn(Section.CHECKPOINT_UPLOAD, t - self.uploads.pop(rank))
+                if UPLOAD_WAIT in opened:  # a pause, but the upload's time: not learned as a stall
+                    self.pauses.append([opened.pop(UPLOAD_WAIT), t])
+            else:
+                self._close_pause(opened, CHECKPOINT, t)
+
+    def _close_pause(self, opened: dict[str, float], what: str, t: float) -> None:
+        if what in opened:
+            t0 = opened.pop(what)
+            self.pauses.append([t0, t])
+            self._learn(_PAUSE_SECTION[what], t - t0)
+
+    def _learn(self, section: Section, seconds: float) -> None:
+        self.durations.setdefault(section.value, deque(maxlen=LEARNED_SAMPLES)).append(max(0.0, seconds))
 
     # ------------------------------------------------------------------ views
 
@@ -132,6 +186,18 @@ class ProgressProbe:
                 loss = self.steps[rank][-1][2]
                 return loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None
         return None
+
+    def rank_timing(self) -> dict[str, dict[str, float]]:
+        """Per rank, the median compute and wait time of its last `TIMING_STEPS` steps."""
+        out = {}
+        for rank, rows in sorted(self.timing.items()):
+            if rows:
+                out[str(rank)] = {
+                    SUMMARY_COMPUTE_P50: round(median(c for c, _w in rows), 4),
+                    SUMMARY_WAIT_P50: round(median(w for _c, w in rows), 4),
+                    "n": len(rows),
+                }
+        return out
 
     def in_pause(self, what: str) -> bool:
         return any(what in o for o in self.open.values())

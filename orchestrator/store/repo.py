@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, aliased, selectinload
 
 from aerie_contracts import DetailType
 from aerie_contracts.events import SEQ
+from aerie_contracts.failures import FailureKind
 from aerie_contracts.states import ATTEMPT_ACTIVE, CheckpointState
 from orchestrator.store.models import (
     Attempt,
@@ -342,6 +343,15 @@ def record_checkpoint(s: Session, attempt: Attempt, step: int, uri: str, meta: d
         return None  # already known: reported twice, by two ranks or on a re-sent line
     if not hold_current_attempt(s, attempt):
         raise Superseded(f"attempt {attempt.id} is no longer its job's current attempt: {uri} is not recorded")
+    stalled = select(Verdict.id).where(
+        Verdict.attempt_id == attempt.id, Verdict.kind == FailureKind.CHECKPOINT_STALLED.value
+    )
+    if s.scalars(stalled).first() is not None:
+        # An agent gave up on this attempt's save (its upload ran past the learned limit): the
+        # save is abandoned, so a commit that arrives after all must not become good.
+        raise Superseded(
+            f"attempt {attempt.id} abandoned its checkpoint save (checkpoint.stalled): {uri} is not recorded"
+        )
     size = meta.get("size_bytes")
     ckpt = Checkpoint(
         job_id=attempt.job_id,

@@ -337,3 +337,17 @@ def test_window_round_trips_through_json():
     w = make_window(200.0, util=idle_one)
     w2 = Window.from_dict(json.loads(json.dumps(w.to_dict())))
     assert w2 == w and kinds(w2) == kinds(w)
+
+
+def test_loss_nan_names_the_ranks_that_produced_it_and_the_samples():
+    """Issue #19 (NaN attribution): every rank logs the combined, non-finite loss, but only the rank
+    whose own loss (`local_loss`, before the combine) was non-finite produced it."""
+    w = make_window(200.0, loss=lambda k: float("nan") if k >= 150 else 3.0)
+    w.nan_records = {
+        "0": {"step": 150, "loss": math.nan, "local_loss": 2.9, "consumed_samples": 2400},
+        "1": {"step": 150, "loss": math.nan, "local_loss": math.nan, "consumed_samples": 2400},
+    }
+    v = detect_loss_nan(w, CFG)
+    assert v.evidence["step"] == 150 and v.evidence["origin_ranks"] == ["1"]
+    assert v.evidence["consumed_samples"] == 2400
+    json.dumps(v.evidence, allow_nan=False)

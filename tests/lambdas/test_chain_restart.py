@@ -237,6 +237,29 @@ def test_nan_blames_no_node_and_excludes_nothing(api):
     assert chain_restart.handler(_event(job_id, 2, {"kind": "loss.nan"}), _ctx(api))["exclude_nodes"] == []
 
 
+def test_a_nan_that_recurs_at_the_same_step_after_resume_ends_the_job_as_a_user_error(api):
+    """Issue #19, acceptance 4: attempt 1's NaN at step 12 is replayed by attempt 2 (a
+    deterministic resume) and recurs at step 12: the data's or the model's, so no third attempt."""
+    nan = {"kind": "loss.nan", "host": "algo-2", "message": "nan at step 12"}
+    evidence = {"step": 12, "rank": "3", "origin_ranks": ["3"], "consumed_samples": 96}
+    job_id = _job(api, failed=nan)
+    with api.db.session() as s:
+        repo.record_verdict(s, repo.get_job(s, "default", job_id).attempts[0], "algo-2", "loss.nan", "nan", evidence)
+    assert chain_restart.handler(_event(job_id, reason=nan), _ctx(api))["action"] == "restart"
+    with api.db.session() as s:
+        second = repo.get_job(s, "default", job_id).attempts[-1]
+        repo.set_attempt_state(s, second, "Running")
+        repo.record_verdict(s, second, "algo-2", "loss.nan", "nan", evidence)
+        repo.set_attempt_state(s, second, "Failed", nan)
+    result = chain_restart.handler(_event(job_id, 2, nan), _ctx(api))
+    assert result["action"] == "fail"
+    job = httpx.get(f"{api.url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {api.admin}"}).json()
+    assert job["state"] == "Failed" and len(job["attempt_list"]) == 2
+    why = job["reason"]
+    assert why["kind"] == "user.error" and why["step"] == 12 and why["data_index"] == [88, 96]
+    assert "recurs at step 12" in why["message"] and "samples [88, 96)" in why["message"]
+
+
 def test_a_node_is_excluded_after_exclude_after_blames_blames_until_they_are_cleared(api):
     job_id = _recorded_failure(api, "sigstop_rank1", retry={"exclude_after_blames": 2})
     first = chain_restart.handler(_event(job_id, reason={"kind": "silent.hang"}), _ctx(api))

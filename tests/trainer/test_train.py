@@ -315,10 +315,23 @@ def test_metrics_stream_and_tensorboard_of_a_run(tmp_path, data_cache):
 
     config = write_config(tmp_path, data_cache, steps=6, eval_every=3, eval_iters=2)
     ckpt = tmp_path / "ckpt"
+    # Rank 1 is a straggler (0.3 s of sleep a step): both ranks' steps take as long (lockstep),
+    # but rank 0 spends the difference waiting in the gradient all-reduce.
+    slow = json.dumps([{"kind": "slow", "step": 2, "rank": 1, "seconds": 0.3}])
     rc, metrics = run_trainer(
-        tmp_path, config, 2, name="run", env={"AERIE_CHECKPOINT_URI": str(ckpt), "AERIE_CHECKPOINT_EVERY": "3"}
+        tmp_path,
+        config,
+        2,
+        name="run",
+        env={"AERIE_CHECKPOINT_URI": str(ckpt), "AERIE_CHECKPOINT_EVERY": "3", "AERIE_FAULTS": slow},
     )
     assert rc == 0
+    fast, slowest = (steps_of(read_metrics(metrics, rank)) for rank in (0, 1))
+    for step in range(3, 7):  # step 2 also waits once in DDP's bucket rebuild (a forward collective)
+        for r in (fast[step], slowest[step]):
+            assert r["compute_s"] + r["wait_s"] == pytest.approx(r["step_s"])
+        assert fast[step]["wait_s"] > slowest[step]["wait_s"] + 0.2
+        assert slowest[step]["compute_s"] > fast[step]["compute_s"] + 0.2
     for rank in (0, 1):
         records = read_metrics(metrics, rank)
         assert all(set(r) >= CONTRACT_KEYS and r["rank"] == rank for r in records)

@@ -13,10 +13,11 @@ Where: `file://...` or a plain path (FileSystemWriter/Reader), `s3://...` throug
 Asynchronous saves (`dcp.async_save`): the caller blocks only while the state is copied to CPU
 (pinned memory on GPU); shards are written by a background thread on a process group of its own
 (gloo), so they never interleave with the training loop's collectives. `Checkpointer` wraps this
-for the training loop: `checkpoint_begin` when a save starts, `checkpoint_end` when this rank's
-write finished (or failed, with `error`), and on rank 0 `manifest.commit(...)` then
-`checkpoint_committed` with the `uri`. DCP gathers every rank's write result at rank 0 before
-its future completes, so rank 0's completion means every rank finished writing. A failed save
+for the training loop: `checkpoint_begin` when a save starts, `checkpoint_staged` (with `stall_s`)
+when the synchronous copy is done and training resumes, `checkpoint_end` (with `stall_s`,
+`upload_s`, `save_s`) when this rank's write finished (or failed, with `error`), and on rank 0
+`manifest.commit(...)` then `checkpoint_committed` with the `uri`. DCP gathers every rank's write
+result at rank 0 before its future completes, so rank 0's completion means every rank finished writing. A failed save
 commits nothing (the manifest is the commit point); training goes on and the next interval tries
 again. Under Aerie each save goes to its attempt's own directory (`step_N/attempt_E/`) and the
 commit is fenced (`trainer.checkpoint.fence`): a superseded attempt's commit never counts, and
@@ -47,6 +48,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from aerie_contracts import env
+from aerie_contracts import metrics as keys
+from aerie_contracts.metrics import MetricEvent
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +242,7 @@ class _Pending:
     tokens: int
     metrics: dict[str, Any]
     started: float
+    stall_s: float | None = None  # the synchronous part, once it is over
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
     committed: bool = False
@@ -310,7 +314,7 @@ class Checkpointer:
             started=time.time(),
         )
         self._pending = pending
-        self.metrics.event("checkpoint_begin", step, uri=uri)
+        self.metrics.event(MetricEvent.CHECKPOINT_BEGIN, step, **{keys.URI: uri})
         try:
             future = save(
                 uri,
@@ -325,25 +329,27 @@ class Checkpointer:
         except (Exception, CheckpointException) as exc:  # staging or planning failed: report, keep training
             self._finish(pending, exc)
             return
+        # The training loop resumes now; the upload (if any) runs beside the next steps. The agent
+        # times the two parts as separate sections: a stall suspends step-hang detection, an
+        # upload does not.
+        pending.stall_s = time.time() - pending.started
+        self.metrics.event(MetricEvent.CHECKPOINT_STAGED, step, **{keys.URI: uri, keys.STALL_S: pending.stall_s})
         future.add_done_callback(lambda f: self._finish(pending, f.exception()))
 
     def _finish(self, pending: _Pending, error: BaseException | None) -> None:
         """Runs in the writer thread when this rank's part is done (or failed)."""
         try:
             seconds = time.time() - pending.started
+            stall = seconds if pending.stall_s is None else pending.stall_s
+            timing = {keys.URI: pending.uri, keys.SAVE_S: seconds, keys.STALL_S: stall, keys.UPLOAD_S: seconds - stall}
             if error is not None:
                 log.error("checkpoint %s failed (training continues): %s", pending.uri, describe_error(error))
                 self.metrics.event(
-                    "checkpoint_end",
-                    pending.step,
-                    uri=pending.uri,
-                    ok=False,
-                    error=describe_error(error)[:500],
-                    save_s=seconds,
+                    MetricEvent.CHECKPOINT_END, pending.step, ok=False, error=describe_error(error)[:500], **timing
                 )
                 return
             pending.ok = True
-            self.metrics.event("checkpoint_end", pending.step, uri=pending.uri, ok=True, save_s=seconds)
+            self.metrics.event(MetricEvent.CHECKPOINT_END, pending.step, ok=True, **timing)
             if self.rank == 0:
                 self._commit(pending)
         finally:
@@ -375,11 +381,13 @@ class Checkpointer:
         pending.committed = True
         self.last_committed = pending.uri
         self.metrics.event(
-            "checkpoint_committed",
+            MetricEvent.CHECKPOINT_COMMITTED,
             pending.step,
-            uri=pending.uri,
-            save_s=time.time() - pending.started,
-            size_bytes=written["total_bytes"],
+            **{
+                keys.URI: pending.uri,
+                keys.SAVE_S: time.time() - pending.started,
+                keys.SIZE_BYTES: written["total_bytes"],
+            },
         )
 
     def poll(self) -> bool:
@@ -387,10 +395,15 @@ class Checkpointer:
         return self._pending is None or self._pending.done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the in-flight save (and its commit) finished; False on timeout."""
-        if self._pending is None:
+        """Block until the in-flight save (and its commit) finished; False on timeout. When it has
+        to block, says so first (`checkpoint_wait`): the agent then knows that no step runs
+        because the loop waits for the upload, whose own limit applies."""
+        pending = self._pending
+        if pending is None:
             return True
-        return self._pending.done.wait(timeout)
+        if not pending.done.is_set():
+            self.metrics.event(MetricEvent.CHECKPOINT_WAIT, pending.step, **{keys.URI: pending.uri})
+        return pending.done.wait(timeout)
 
     def load(self, uri: str, model, optimizer, scheduler) -> dict[str, Any]:
         return load(uri, model, optimizer, scheduler, process_group=self.group)

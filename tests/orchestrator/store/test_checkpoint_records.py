@@ -97,6 +97,21 @@ def test_an_older_attempt_is_superseded_even_before_it_is_marked_ended(db):
         repo.record_checkpoint(s, repo.get_attempt(s, attempt_id), 10, "s3://b/j/step_00000010/attempt_0001", {})
 
 
+def test_a_save_abandoned_by_a_checkpoint_stalled_verdict_is_never_recorded(db):
+    """Issue #19: the agent gave up on the upload (checkpoint.stalled); if the commit arrives after
+    all, it does not become good (nor last_good)."""
+    attempt_id = _running_attempt(db)
+    uri = "s3://b/j/step_00000020/attempt_0001"
+    with db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        assert repo.record_checkpoint(s, attempt, 10, "s3://b/j/step_00000010/attempt_0001", {}) is not None
+        repo.record_verdict(s, attempt, "algo-1", "checkpoint.stalled", "upload open for 130s", {})
+    with pytest.raises(repo.Superseded, match="abandoned"), db.session() as s:
+        repo.record_checkpoint(s, repo.get_attempt(s, attempt_id), 20, uri, {})
+    with db.session() as s:
+        assert [c.step for c in repo.list_checkpoints(s, repo.get_attempt(s, attempt_id).job)] == [10]
+
+
 def test_a_record_only_moves_good_to_bad_to_deleted(db):
     attempt_id = _running_attempt(db)
     uris = [f"s3://b/j/step_{n:08d}/attempt_0001" for n in (10, 20, 30)]

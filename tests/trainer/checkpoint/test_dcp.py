@@ -206,11 +206,20 @@ def test_checkpointer_is_asynchronous_and_commits_a_manifest(tmp_path, run_state
     assert not cp.poll()
     assert cp.wait(timeout=30) and cp.poll()
     metrics.close()
-    assert events(metrics.path) == [
+    got = events(metrics.path)
+    assert ("checkpoint_wait", 10, None) in got  # wait() blocked on the upload, and said so first
+    assert [e for e in got if e[0] != "checkpoint_wait"] == [
         ("checkpoint_begin", 10, None),
+        ("checkpoint_staged", 10, None),
         ("checkpoint_end", 10, True),
         ("checkpoint_committed", 10, None),
     ]
+    # The two sections of a save, as the agent times them: the stall (the loop waited) and the
+    # upload beside the steps; the 1 s write is in the upload, not the stall.
+    records = {r["event"]: r for r in map(json.loads, metrics.path.read_text().splitlines())}
+    staged, end = records["checkpoint_staged"], records["checkpoint_end"]
+    assert staged["stall_s"] < 0.9 and end["stall_s"] == staged["stall_s"]
+    assert end["upload_s"] >= 1.0 and end["save_s"] == pytest.approx(end["stall_s"] + end["upload_s"])
     assert cp.last_committed == f"{base}/step_00000010"
     written = manifest.read_manifest(cp.last_committed)
     assert written["step"] == 10 and written["tokens"] == 800 and written["config_hash"] == "abc"
