@@ -26,8 +26,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-err = Console(stderr=True)
+
+
+class _FreshConsole:
+    """rich's Console, made anew at each use: the width (COLUMNS) and the stream are read when
+    printing, not when the module was imported (the CLI also runs in-process, under test runners
+    and in the demo)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(Console(**self._options), name)
+
+
+console = _FreshConsole()
+err = _FreshConsole(stderr=True)
 
 TERMINAL = {"Completed", "Failed", "Stopped"}
 
