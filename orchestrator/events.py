@@ -34,6 +34,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from aerie_contracts import DetailType
 from orchestrator import failpoints
 from orchestrator.eventbus import EventBridgePublisher
 from orchestrator.store import repo
@@ -335,8 +336,8 @@ def default_subscriptions() -> list[Subscription]:
     from lambdas import chain_restart, checkpoint_gc
 
     subs = [
-        Subscription("chain_restart", frozenset({repo.ATTEMPT_STATE_CHANGE}), chain_restart.handler),
-        Subscription("checkpoint_gc", frozenset({repo.CHECKPOINT_COMMITTED}), checkpoint_gc.handler),
+        Subscription("chain_restart", frozenset({DetailType.ATTEMPT_STATE_CHANGE}), chain_restart.handler),
+        Subscription("checkpoint_gc", frozenset({DetailType.CHECKPOINT_COMMITTED}), checkpoint_gc.handler),
     ]
     try:
         from lambdas import eval_dispatch
@@ -346,7 +347,7 @@ def default_subscriptions() -> list[Subscription]:
     subs.append(
         Subscription(
             "eval_dispatch",
-            frozenset({repo.CHECKPOINT_COMMITTED}),
+            frozenset({DetailType.CHECKPOINT_COMMITTED}),
             eval_dispatch.handler,
             slow=True,
             timeout_s=eval_dispatch.SAMPLER_TIMEOUT_S + eval_dispatch.LEASE_S + 60,

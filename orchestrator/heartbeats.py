@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import case, select
 
-from orchestrator.store import repo
+from aerie_contracts.states import ATTEMPT_TERMINAL
 from orchestrator.store.db import Database
 from orchestrator.store.models import Attempt, Job, Node, now
 
@@ -66,7 +66,7 @@ class HeartbeatBuffer:
                 return None
             info = AttemptInfo(
                 attempt.job.tenant,
-                attempt.state in repo.ATTEMPT_TERMINAL or attempt.job.stop_requested,
+                attempt.state in ATTEMPT_TERMINAL or attempt.job.stop_requested,
                 time.monotonic(),
             )
         self._info[attempt_id] = info
@@ -95,9 +95,7 @@ class HeartbeatBuffer:
                 .where(Attempt.id.in_(stale))
             ).all()
         fetched = time.monotonic()
-        found = {
-            r.id: AttemptInfo(r.tenant, r.state in repo.ATTEMPT_TERMINAL or r.stop_requested, fetched) for r in rows
-        }
+        found = {r.id: AttemptInfo(r.tenant, r.state in ATTEMPT_TERMINAL or r.stop_requested, fetched) for r in rows}
         for attempt_id in stale:
             if attempt_id in found:
                 self._info[attempt_id] = found[attempt_id]

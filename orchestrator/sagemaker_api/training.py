@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from aerie_contracts.states import JOB_TERMINAL
 from orchestrator import sagemaker_mapping as mapping
 from orchestrator.sagemaker_api.call import Call, registry
 from orchestrator.sagemaker_api.errors import (
@@ -202,7 +203,7 @@ def describe_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
 def stop_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
     record = _record(call, _name(body))
     job = record.job
-    if job.state in repo.JOB_TERMINAL:
+    if job.state in JOB_TERMINAL:
         raise validation(
             f"The request was rejected because the training job is in status {mapping.training_job_status(job)}."
         )

@@ -1,6 +1,6 @@
 """What the dashboard's pages show, assembled from the store (no HTTP here, so tests can call it).
 
-Everything is read through `store/repo.py` and scoped by the viewer's tenant by the caller.
+Everything is read through `store/repo/` and scoped by the viewer's tenant by the caller.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from aerie_contracts import DetailType
 from aerie_contracts.checkpoints import step_of_uri
+from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.read_model import attempts_out
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt, Event, Job
@@ -82,7 +84,7 @@ def job_panels(s: Session, job: Job, backend: Any, goodput_cache: dict | None = 
         checkpoints=len(checkpoints),
         last_checkpoint=checkpoints[-1] if checkpoints else None,
         logs=_log_tail(latest, backend),
-        running=job.state not in repo.JOB_TERMINAL,
+        running=job.state not in JOB_TERMINAL,
         goodput=goodput_panel(s, job, goodput_cache),
     )
 
@@ -186,7 +188,7 @@ def series(s: Session, job: Job, history: NodeHistory, cache: dict, max_points: 
         "resumes": metrics["resumes"],
         "verdicts": verdicts,
         "health": _health(history, [a.id for a in job.attempts]),
-        "running": job.state not in repo.JOB_TERMINAL,
+        "running": job.state not in JOB_TERMINAL,
     }
 
 
@@ -246,13 +248,13 @@ def _event_text(e: Event) -> str:
     d = e.detail or {}
     reason = d.get("reason") or {}
     why = f" ({reason.get('kind')})" if isinstance(reason, dict) and reason.get("kind") else ""
-    if e.detail_type == repo.JOB_STATE_CHANGE:
+    if e.detail_type == DetailType.JOB_STATE_CHANGE:
         return f"job {d.get('state')}{why}"
-    if e.detail_type == repo.ATTEMPT_STATE_CHANGE:
+    if e.detail_type == DetailType.ATTEMPT_STATE_CHANGE:
         return f"attempt {d.get('attempt')} {d.get('state')}{why}"
-    if e.detail_type == repo.CHECKPOINT_COMMITTED:
+    if e.detail_type == DetailType.CHECKPOINT_COMMITTED:
         return f"checkpoint step {d.get('step')} committed"
-    if e.detail_type == repo.VERDICT_RAISED:
+    if e.detail_type == DetailType.VERDICT_RAISED:
         return f"verdict {d.get('kind')} on {d.get('host')}: {d.get('message', '')}"
     return e.detail_type
 

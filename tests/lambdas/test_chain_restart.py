@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from aerie_contracts import DetailType
 from lambdas import chain_restart
 from orchestrator.events import Dispatcher, LambdaContext, Subscription
 from orchestrator.settings import Settings
@@ -154,7 +155,7 @@ def test_redelivered_out_of_order_through_the_dispatcher_yields_one_attempt_per_
     # And the dispatcher itself: pending events reach the handler, then are marked delivered.
     dispatcher = Dispatcher(
         api.db,
-        [Subscription("chain_restart", frozenset({repo.ATTEMPT_STATE_CHANGE}), chain_restart.handler)],
+        [Subscription("chain_restart", frozenset({DetailType.ATTEMPT_STATE_CHANGE}), chain_restart.handler)],
         api_url=api.url,
         token=api.service,
     )

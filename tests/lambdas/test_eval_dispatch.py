@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from aerie_contracts import DetailType
 from lambdas import eval_dispatch, slack_blocks
 from lambdas.cron import parse_cron
 from orchestrator.events import Dispatcher, LambdaContext, Subscription
@@ -122,7 +123,7 @@ def make_job(api, trained, steps=(2,), **eval_extra) -> tuple[str, list[dict]]:
         events = [
             repo.eventbridge(e)
             for e in repo.list_events(s, repo.get_job(s, "default", job_id))
-            if e.detail_type == repo.CHECKPOINT_COMMITTED
+            if e.detail_type == DetailType.CHECKPOINT_COMMITTED
         ]
     return job_id, events
 
@@ -157,7 +158,7 @@ def test_redelivered_events_post_nothing_twice(api, standin, trained, monkeypatc
     assert len(runs) == 1, "a redelivery must not sample again"
     dispatcher = Dispatcher(
         api.db,
-        [Subscription("eval_dispatch", frozenset({repo.CHECKPOINT_COMMITTED}), eval_dispatch.handler)],
+        [Subscription("eval_dispatch", frozenset({DetailType.CHECKPOINT_COMMITTED}), eval_dispatch.handler)],
         api_url=api.url,
         token=api.service,
     )
@@ -168,7 +169,7 @@ def test_redelivered_events_post_nothing_twice(api, standin, trained, monkeypatc
         statuses = {
             e.status
             for e in repo.list_events(s, repo.get_job(s, "default", job_id))
-            if e.detail_type == repo.CHECKPOINT_COMMITTED
+            if e.detail_type == DetailType.CHECKPOINT_COMMITTED
         }
     assert statuses == {"delivered"}
 
@@ -245,7 +246,7 @@ def test_no_eval_section_does_nothing(api, standin, trained):
         attempt = repo.create_attempt(s, job, 1)
         repo.record_checkpoint(s, attempt, 2, "/nowhere/step_00000002", {})
         event = next(
-            repo.eventbridge(e) for e in repo.list_events(s, job) if e.detail_type == repo.CHECKPOINT_COMMITTED
+            repo.eventbridge(e) for e in repo.list_events(s, job) if e.detail_type == DetailType.CHECKPOINT_COMMITTED
         )
     assert eval_dispatch.handler(event, _ctx(api))["action"] == "none"
     assert standin.calls == []

@@ -9,9 +9,11 @@ import time
 import pytest
 from sqlalchemy import select
 
+from aerie_contracts import DetailType
 from orchestrator.events import Dispatcher, Subscription
 from orchestrator.store import Database, repo
 from orchestrator.store.models import Event
+from tests.helpers.wait import wait_for
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def _job(db) -> str:
 def test_each_event_reaches_its_subscribers_once_on_success(db):
     _job(db)
     seen = []
-    d = Dispatcher(db, [Subscription("h", frozenset({repo.JOB_STATE_CHANGE}), lambda e, c: seen.append((e, c)))])
+    d = Dispatcher(db, [Subscription("h", frozenset({DetailType.JOB_STATE_CHANGE}), lambda e, c: seen.append((e, c)))])
     assert d.deliver_once() == 1
     assert d.deliver_once() == 0
     event, ctx = seen[0]
@@ -48,7 +50,7 @@ def test_failures_are_retried_with_backoff_then_dead_lettered(db):
 
     d = Dispatcher(
         db,
-        [Subscription("flaky", frozenset({repo.JOB_STATE_CHANGE}), flaky)],
+        [Subscription("flaky", frozenset({DetailType.JOB_STATE_CHANGE}), flaky)],
         max_deliveries=3,
         backoff_s=0.0,
         on_dead_letter=dead.append,
@@ -67,7 +69,7 @@ def test_backoff_delays_the_next_delivery(db):
         calls.append(1)
         raise RuntimeError("no")
 
-    d = Dispatcher(db, [Subscription("f", frozenset({repo.JOB_STATE_CHANGE}), fail)], backoff_s=60.0)
+    d = Dispatcher(db, [Subscription("f", frozenset({DetailType.JOB_STATE_CHANGE}), fail)], backoff_s=60.0)
     d.deliver_once()
     d.deliver_once()
     assert len(calls) == 1  # the retry is scheduled a minute later, not now
@@ -78,7 +80,7 @@ def test_undelivered_events_survive_a_restart(db, db_url):
     seen = []
     # A "crashed" dispatcher delivered nothing; a new one over the same store delivers everything.
     Dispatcher(
-        Database(db_url), [Subscription("h", frozenset({repo.JOB_STATE_CHANGE}), lambda e, c: seen.append(e))]
+        Database(db_url), [Subscription("h", frozenset({DetailType.JOB_STATE_CHANGE}), lambda e, c: seen.append(e))]
     ).deliver_once()
     assert len(seen) == 1
 
@@ -123,9 +125,13 @@ def test_a_slow_handler_never_holds_the_pass_nor_other_events(db):
     d = Dispatcher(
         db,
         [
-            Subscription("eval", frozenset({repo.CHECKPOINT_COMMITTED}), gate, slow=True),
-            Subscription("gc", frozenset({repo.CHECKPOINT_COMMITTED}), lambda e, c: fast.append(e["detail"]["seq"])),
-            Subscription("chain", frozenset({repo.JOB_STATE_CHANGE}), lambda e, c: chained.append(e["detail"]["seq"])),
+            Subscription("eval", frozenset({DetailType.CHECKPOINT_COMMITTED}), gate, slow=True),
+            Subscription(
+                "gc", frozenset({DetailType.CHECKPOINT_COMMITTED}), lambda e, c: fast.append(e["detail"]["seq"])
+            ),
+            Subscription(
+                "chain", frozenset({DetailType.JOB_STATE_CHANGE}), lambda e, c: chained.append(e["detail"]["seq"])
+            ),
         ],
     )
     t0 = time.monotonic()
@@ -135,14 +141,14 @@ def test_a_slow_handler_never_holds_the_pass_nor_other_events(db):
     d.deliver_once()
     assert time.monotonic() - t0 < 5 and d.in_flight == 1
     assert len(chained) == 2 and len(fast) == 1  # both job events delivered; gc ran once
-    [ckpt] = _rows(db, job_id, repo.CHECKPOINT_COMMITTED)
+    [ckpt] = _rows(db, job_id, DetailType.CHECKPOINT_COMMITTED)
     assert ckpt.status == "pending" and ckpt.deliveries == 0
     for _ in range(3):
         d.deliver_once()  # the in-flight event is not picked up again
     assert gate.calls == [ckpt.seq] and len(fast) == 1
     gate.open.set()
     assert d.wait_idle(10)
-    [ckpt] = _rows(db, job_id, repo.CHECKPOINT_COMMITTED)
+    [ckpt] = _rows(db, job_id, DetailType.CHECKPOINT_COMMITTED)
     assert ckpt.status == "delivered" and ckpt.deliveries == 1
 
 
@@ -156,19 +162,19 @@ def test_a_failed_slow_handler_is_retried_alone(db):
     d = Dispatcher(
         db,
         [
-            Subscription("eval", frozenset({repo.CHECKPOINT_COMMITTED}), gate, slow=True),
-            Subscription("gc", frozenset({repo.CHECKPOINT_COMMITTED}), lambda e, c: fast.append(1)),
+            Subscription("eval", frozenset({DetailType.CHECKPOINT_COMMITTED}), gate, slow=True),
+            Subscription("gc", frozenset({DetailType.CHECKPOINT_COMMITTED}), lambda e, c: fast.append(1)),
         ],
         backoff_s=0.0,
     )
     d.deliver_once()
     assert d.wait_idle(10)
-    [ckpt] = _rows(db, job_id, repo.CHECKPOINT_COMMITTED)
+    [ckpt] = _rows(db, job_id, DetailType.CHECKPOINT_COMMITTED)
     assert ckpt.status == "pending" and ckpt.deliveries == 1 and "sampler crashed" in ckpt.last_error
     gate.fail = False
     d.deliver_once()
     assert d.wait_idle(10)
-    [ckpt] = _rows(db, job_id, repo.CHECKPOINT_COMMITTED)
+    [ckpt] = _rows(db, job_id, DetailType.CHECKPOINT_COMMITTED)
     assert ckpt.status == "delivered" and ckpt.deliveries == 2
     assert len(gate.calls) == 2 and fast == [1]  # gc succeeded the first time: not run again
 
@@ -180,23 +186,34 @@ def test_a_full_slow_queue_makes_events_wait_without_losing_or_failing_them(db):
     gate = Gate()
     d = Dispatcher(
         db,
-        [Subscription("eval", frozenset({repo.CHECKPOINT_COMMITTED}), gate, slow=True)],
+        [Subscription("eval", frozenset({DetailType.CHECKPOINT_COMMITTED}), gate, slow=True)],
         slow_workers=1,
         slow_queue=1,
     )
+
+    def due_now() -> None:  # the deferred ones are due again after DEFER_S; don't wait for it here
+        with db.session() as s:
+            for r in repo.list_events(s, repo.get_job(s, "default", job_id)):
+                r.next_attempt_at = 0.0
+
+    d.deliver_once()
+    # Whether the second event found the queue's one slot free depends on how fast the worker took
+    # the first: wait until it holds one, then offer the rest again.
+    wait_for(lambda: gate.calls, timeout_s=10, what="the slow worker to take an event")
+    due_now()
     d.deliver_once()
     assert d.in_flight == 2  # one running, one queued; the other two wait in the store
-    waiting = [r for r in _rows(db, job_id, repo.CHECKPOINT_COMMITTED) if r.seq not in gate.calls]
+    waiting = [r for r in _rows(db, job_id, DetailType.CHECKPOINT_COMMITTED) if r.seq not in gate.calls]
     assert all(r.status == "pending" and r.deliveries == 0 for r in waiting)
     gate.open.set()
     deadline = time.time() + 20
-    while time.time() < deadline and any(r.status != "delivered" for r in _rows(db, job_id, repo.CHECKPOINT_COMMITTED)):
+    while time.time() < deadline and any(
+        r.status != "delivered" for r in _rows(db, job_id, DetailType.CHECKPOINT_COMMITTED)
+    ):
         time.sleep(0.1)
-        with db.session() as s:  # the deferred ones are due again after DEFER_S; don't wait for it here
-            for r in repo.list_events(s, repo.get_job(s, "default", job_id)):
-                r.next_attempt_at = 0.0
+        due_now()
         d.deliver_once()
-    rows = _rows(db, job_id, repo.CHECKPOINT_COMMITTED)
+    rows = _rows(db, job_id, DetailType.CHECKPOINT_COMMITTED)
     assert [r.status for r in rows] == ["delivered"] * 4 and [r.deliveries for r in rows] == [1] * 4
     assert sorted(gate.calls) == [r.seq for r in rows]  # each sampled once
 
@@ -204,7 +221,9 @@ def test_a_full_slow_queue_makes_events_wait_without_losing_or_failing_them(db):
 def test_every_delivery_carries_the_outbox_seq(db):
     _job(db)
     seen = []
-    Dispatcher(db, [Subscription("h", frozenset({repo.JOB_STATE_CHANGE}), lambda e, c: seen.append(e))]).deliver_once()
+    Dispatcher(
+        db, [Subscription("h", frozenset({DetailType.JOB_STATE_CHANGE}), lambda e, c: seen.append(e))]
+    ).deliver_once()
     with db.session() as s:
         [row] = s.scalars(select(Event)).all()
     assert seen[0]["detail"]["seq"] == row.seq and seen[0]["id"] == row.id

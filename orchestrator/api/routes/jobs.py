@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, sta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.api.deps import Principal, SessionDep, user, writer
 from orchestrator.api.routes.checkpoints import checkpoint_out
 from orchestrator.api.schemas import (
@@ -99,7 +100,7 @@ def blames_out(s: Session, job: Job) -> list[BlameOut]:
 def stop(s: SessionDep, job_ref: str, who: Principal = Depends(writer)) -> dict:
     """Ask for the job to stop; the controller stops its running attempt (idempotent)."""
     job = _job(s, who, job_ref)
-    if job.state not in repo.JOB_TERMINAL:
+    if job.state not in JOB_TERMINAL:
         job.stop_requested = True
     return job_out(job)
 
@@ -109,7 +110,7 @@ def restart(s: SessionDep, job_ref: str, body: RestartIn, who: Principal = Depen
     """Create attempt N+1 after attempt N failed (what chaining calls). 409 if it exists already:
     the store's (job, number) constraint makes a duplicated restart decision harmless."""
     job = _job(s, who, job_ref)
-    if job.state in repo.JOB_TERMINAL or job.stop_requested:
+    if job.state in JOB_TERMINAL or job.stop_requested:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job is {job.state}; nothing to restart")
     latest = job.attempts[-1] if job.attempts else None
     if latest is None or body.number != latest.number + 1 or latest.state != "Failed":
@@ -150,7 +151,7 @@ def blame(
 def fail(s: SessionDep, job_ref: str, body: FailIn, who: Principal = Depends(writer)) -> dict:
     """End the job as Failed (chaining decided not to retry). Idempotent."""
     job = _job(s, who, job_ref)
-    if job.state not in repo.JOB_TERMINAL:
+    if job.state not in JOB_TERMINAL:
         repo.set_job_state(s, job, "Failed", body.reason)
     return job_out(job)
 

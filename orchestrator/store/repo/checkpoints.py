@@ -1,0 +1,107 @@
+"""Recorded checkpoints: fenced commits (only the current attempt's count) and their states."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import exists, select, update
+from sqlalchemy.orm import Session, aliased
+
+from aerie_contracts import DetailType
+from aerie_contracts.failures import FailureKind
+from aerie_contracts.states import ATTEMPT_ACTIVE, CheckpointState
+from orchestrator.store.models import (
+    Attempt,
+    Checkpoint,
+    Job,
+    Verdict,
+    now,
+)
+from orchestrator.store.repo.outbox import emit
+
+# --- checkpoints ------------------------------------------------------------------------------------
+
+
+class Superseded(RuntimeError):
+    """The attempt is no longer its job's current one: nothing it commits counts (fencing)."""
+
+
+def hold_current_attempt(s: Session, attempt: Attempt) -> bool:
+    """Whether `attempt` is still its job's current attempt (active, and no newer one exists).
+
+    Checked by a conditional UPDATE of the attempt's own row rather than a read: the row then stays
+    locked until the caller's transaction ends, so the controller cannot end the attempt between
+    this check and what the caller writes next (a PostgreSQL row lock; SQLite's single writer). An
+    attempt ended first is seen ended (PostgreSQL re-reads the row the UPDATE waited for)."""
+    newer = aliased(Attempt)
+    result = s.execute(
+        update(Attempt)
+        .where(
+            Attempt.id == attempt.id,
+            Attempt.state.in_([str(x) for x in ATTEMPT_ACTIVE]),
+            ~exists().where(newer.job_id == Attempt.job_id, newer.number > Attempt.number),
+        )
+        .values(state=Attempt.state)
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1
+
+
+def record_checkpoint(s: Session, attempt: Attempt, step: int, uri: str, meta: dict[str, Any]) -> Checkpoint | None:
+    """Record a committed checkpoint as good; None if it is known already. Raises `Superseded`
+    when its attempt is no longer the job's current one: a zombie's commit never becomes good."""
+    exists = s.scalars(select(Checkpoint).where(Checkpoint.job_id == attempt.job_id, Checkpoint.uri == uri)).first()
+    if exists:
+        return None  # already known: reported twice, by two ranks or on a re-sent line
+    if not hold_current_attempt(s, attempt):
+        raise Superseded(f"attempt {attempt.id} is no longer its job's current attempt: {uri} is not recorded")
+    stalled = select(Verdict.id).where(
+        Verdict.attempt_id == attempt.id, Verdict.kind == FailureKind.CHECKPOINT_STALLED.value
+    )
+    if s.scalars(stalled).first() is not None:
+        # An agent gave up on this attempt's save (its upload ran past the learned limit): the
+        # save is abandoned, so a commit that arrives after all must not become good.
+        raise Superseded(
+            f"attempt {attempt.id} abandoned its checkpoint save (checkpoint.stalled): {uri} is not recorded"
+        )
+    size = meta.get("size_bytes")
+    ckpt = Checkpoint(
+        job_id=attempt.job_id,
+        attempt_id=attempt.id,
+        step=step,
+        uri=uri,
+        size_bytes=size if isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 2**63 else None,
+        meta=meta,
+        state=CheckpointState.GOOD,
+    )
+    s.add(ckpt)
+    emit(s, attempt.job, DetailType.CHECKPOINT_COMMITTED, {"attempt_id": attempt.id, "step": step, "uri": uri})
+    return ckpt
+
+
+def list_checkpoints(s: Session, job: Job) -> Sequence[Checkpoint]:
+    return s.scalars(
+        select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step, Checkpoint.id)
+    ).all()
+
+
+# Where a recorded checkpoint may go: `bad` is final but for GC, `deleted` is final.
+_CHECKPOINT_NEXT = {
+    CheckpointState.BAD: {CheckpointState.GOOD},
+    CheckpointState.DELETED: {CheckpointState.GOOD, CheckpointState.BAD},
+}
+
+
+def set_checkpoint_state(s: Session, job: Job, uris: list[str], state: str, reason: str = "") -> list[Checkpoint]:
+    """Move the job's checkpoints at `uris` to `bad` or `deleted` (others and unknown URIs are left
+    alone: a repeated report changes nothing). Returns the rows changed."""
+    allowed_from = _CHECKPOINT_NEXT[CheckpointState(state)]
+    wanted = {u.rstrip("/") for u in uris}
+    rows = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.uri.in_(wanted))).all()
+    changed = []
+    for row in rows:
+        if row.state in allowed_from:
+            row.state, row.reason, row.state_at = str(state), reason or None, now()
+            changed.append(row)
+    return changed

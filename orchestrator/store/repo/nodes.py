@@ -1,0 +1,104 @@
+"""Nodes of an attempt: heartbeats, verdicts, and the blame that excludes a node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from aerie_contracts import DetailType
+from orchestrator.store.models import (
+    Attempt,
+    Job,
+    Node,
+    NodeBlame,
+    Verdict,
+    now,
+)
+from orchestrator.store.repo.outbox import emit
+
+# --- nodes and verdicts -----------------------------------------------------------------------------
+
+
+def node(s: Session, attempt: Attempt, host: str) -> Node:
+    row = s.get(Node, (attempt.id, host))
+    if row is None:
+        row = Node(attempt_id=attempt.id, host=host, state="Starting")
+        s.add(row)
+    return row
+
+
+def record_heartbeat(s: Session, attempt: Attempt, host: str, summary: dict[str, Any]) -> Node:
+    row = node(s, attempt, host)
+    row.last_heartbeat_at = now()
+    row.summary = summary
+    if row.state == "Starting":
+        row.state = "Running"
+    return row
+
+
+def record_verdict(
+    s: Session, attempt: Attempt, host: str, kind: str, message: str, evidence: dict[str, Any]
+) -> Verdict:
+    verdict = Verdict(attempt_id=attempt.id, host=host, kind=kind, message=message, evidence=evidence)
+    s.add(verdict)
+    emit(
+        s,
+        attempt.job,
+        DetailType.VERDICT_RAISED,
+        {
+            "attempt_id": attempt.id,
+            "attempt": attempt.number,
+            "host": host,
+            "kind": kind,
+            "message": message,
+        },
+    )
+    return verdict
+
+
+def verdicts_of(s: Session, attempt_ids: list[str]) -> Sequence[Verdict]:
+    return s.scalars(select(Verdict).where(Verdict.attempt_id.in_(attempt_ids)).order_by(Verdict.t)).all()
+
+
+# --- node blame -------------------------------------------------------------------------------------
+
+
+def record_blames(s: Session, attempt: Attempt, blames: list[dict[str, Any]]) -> None:
+    """Chaining's blame of nodes for a failed attempt (`aerie_contracts.failures.NodeBlame` dicts).
+    A host already blamed for this attempt keeps its first row: a redelivered failure counts once."""
+    from sqlalchemy.exc import IntegrityError
+
+    for b in blames:
+        taken = select(NodeBlame.id).where(NodeBlame.attempt_id == attempt.id, NodeBlame.host == b["host"])
+        if s.scalars(taken).first() is not None:
+            continue
+        row = NodeBlame(
+            job_id=attempt.job_id,
+            attempt_id=attempt.id,
+            host=b["host"],
+            kind=b["kind"],
+            rule=b["rule"],
+            why=b.get("why", ""),
+            evidence=b.get("evidence") or {},
+        )
+        try:
+            with s.begin_nested():
+                s.add(row)
+        except IntegrityError:  # a concurrent delivery recorded it first
+            pass
+
+
+def blames_of(s: Session, job: Job) -> Sequence[NodeBlame]:
+    return s.scalars(select(NodeBlame).where(NodeBlame.job_id == job.id).order_by(NodeBlame.id)).all()
+
+
+def clear_blames(s: Session, job: Job, host: str, by: str) -> int:
+    """The node proved itself again (it passed the pre-launch health check): its blames in this job
+    stop counting towards exclusion, and stay as history. Returns how many were cleared."""
+    rows = [b for b in blames_of(s, job) if b.host == host and b.cleared_at is None]
+    for b in rows:
+        b.cleared_at, b.cleared_by = now(), by
+    return len(rows)
