@@ -91,6 +91,12 @@ ATTEMPT_NUMBER = _var(
 RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty", "backend", "trainer")
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
 CHECKPOINT_EVERY = _var("AERIE_CHECKPOINT_EVERY", "checkpoint every this many steps", "backend", "trainer")
+LOG_METRICS = _var(
+    "AERIE_LOG_METRICS",
+    'JSON {"preset", "definitions"}: turn rank output lines into metrics records (aerie_contracts.byo)',
+    "backend",
+    "agent.rank",
+)
 FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
 # --- the trainer ------------------------------------------------------------------------------
 DATA_CACHE = _var("AERIE_DATA_CACHE", "where the built-in corpus and tokenizer are built once", "user", "trainer")

@@ -114,6 +114,9 @@ class Monitor:
         self._accel_latest: list[dict] = []
         self._nic_latest: dict[str, dict] = {}
         self.reported: dict[str, Verdict] = {}
+        # A node whose ranks print no progress (a third-party trainer logs on one rank only) cannot
+        # tell "no step yet" from "never will": it leaves the no-step hang to the node that prints.
+        self.blind_until_first_step = False
 
     # ------------------------------------------------------------------ sampling
 
@@ -142,7 +145,10 @@ class Monitor:
     def judge(self, now: float) -> list[Verdict]:
         self.last_window = self.obs.window(now, self.started_at)
         new = []
+        blind = self.blind_until_first_step and not any(self.last_window.steps.values())
         for v in detect_all(self.last_window, self.cfg):
+            if blind and v.kind == "silent.hang":
+                continue
             if v.kind not in self.reported:
                 self.reported[v.kind] = v
                 new.append(v)

@@ -25,6 +25,8 @@ from typing import Any
 
 import psutil
 
+from aerie_contracts import byo
+from aerie_contracts import env as E
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.goodput import RESTORED_EVENT, SUMMARY_RESTORE_S
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
@@ -315,6 +317,8 @@ class Supervisor:
         at most every METRICS_EVERY_S seconds or METRICS_BATCH records."""
         sample = getattr(self.monitor, "last_sample", None) or {}
         for rec in sample.get("records", []):
+            if rec.get(byo.SOURCE_KEY) == byo.SOURCE_LOG and not any(rec.get(k) is not None for k in METRIC_KEYS[2:]):
+                continue  # a progress bar's step, no metric: its logs line follows with the same step
             if rec.get("rank") == 0 and rec.get("event") is None and rec.get("step") is not None:
                 self._metrics_batch.append({k: _json_safe(rec[k]) for k in METRIC_KEYS if k in rec})
         batch = self._metrics_batch
@@ -434,7 +438,7 @@ def _make_monitor(cfg: AgentConfig) -> Any:
         from agent.monitor import Monitor
     except ImportError:  # pragma: no cover - the monitor ships with the agent
         return None
-    return Monitor(
+    monitor = Monitor(
         node_dir=cfg.node_dir,
         metrics_dir=cfg.metrics_dir,
         health=cfg.health,
@@ -443,6 +447,21 @@ def _make_monitor(cfg: AgentConfig) -> Any:
         sample_s=float(cfg.health.get("sample_s", 1.0)),
         started_at=time.time(),
     )
+    monitor.blind_until_first_step = not prints_progress(cfg, E.LOG_METRICS.get())
+    return monitor
+
+
+def prints_progress(cfg: AgentConfig, log_metrics: str | None) -> bool:
+    """Whether this node hosts the rank whose output carries progress. Always, unless progress
+    comes from log lines of a trainer that prints on one rank only (aerie_contracts.byo.PRINTING_RANK)."""
+    if not log_metrics:
+        return True
+    try:
+        preset = json.loads(log_metrics).get("preset")
+    except (ValueError, AttributeError):
+        return True
+    rank = byo.PRINTING_RANK.get(preset, 0) % cfg.world_size
+    return rank // cfg.procs_per_node == cfg.node_rank
 
 
 def _become_subreaper() -> None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from aerie_contracts import byo
 from aerie_contracts.health import HealthSettings, field_bounds
 
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
@@ -70,6 +71,35 @@ class CheckpointConfig(_Strict):
         if value is not None and not info.data.get("sagemaker_sync"):
             raise ValueError("local_path is SageMaker's checkpoint sync directory: set sagemaker_sync: true with it")
         return value
+
+
+class MetricsConfig(_Strict):
+    """Progress of a trainer that does not write Aerie's metrics stream, from its output lines: a
+    preset for its format and/or SageMaker-shaped `MetricDefinitions` (agent/logparse.py).
+    `metrics: hf-trainer` and `metrics: [{Name, Regex}, ...]` are accepted as short forms."""
+
+    preset: Literal["megatron", "hf-trainer", "torchtitan", "lightning"] | None = None
+    definitions: list[dict[str, str]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"preset": value}
+        if isinstance(value, list):
+            return {"definitions": value}
+        return value
+
+    @field_validator("definitions")
+    @classmethod
+    def _valid_definitions(cls, value: list[dict[str, str]]) -> list[dict[str, str]]:
+        return byo.validate_definitions(value)
+
+    @model_validator(mode="after")
+    def _something(self) -> MetricsConfig:
+        if self.preset is None and not self.definitions:
+            raise ValueError(f"give a preset ({', '.join(byo.PRESETS)}) or definitions [{{Name, Regex}}]")
+        return self
 
 
 class RetryConfig(_Strict):
@@ -159,6 +189,7 @@ class JobSpec(_Strict):
     tags: dict[str, str] = Field(default_factory=dict)
     health: HealthConfig = Field(default_factory=HealthConfig)
     eval: EvalConfig | None = None
+    metrics: MetricsConfig | None = None
     backend: Literal["local", "slurm", "sagemaker"] = "local"
     backend_options: dict[str, Any] = Field(default_factory=dict)
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import env as E
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends.base import LaunchRequest
 
@@ -61,12 +62,20 @@ def attempt_env(request: LaunchRequest, workdir: Path | str) -> dict[str, str]:
         "AERIE_CHECKPOINT_URI": checkpoint_uri(spec, request.job_id),
         "AERIE_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps) if spec.checkpoint else "",
         "AERIE_HEALTH": spec.health.model_dump_json(),
+        **log_metrics_env(spec),
         "AERIE_PROCS_PER_NODE": str(spec.resources.procs_per_node),
         "AERIE_ENTRYPOINT": json.dumps(list(spec.entrypoint) + list(spec.args)),
         "AERIE_WORKDIR": str(workdir),
         "PYTHONUNBUFFERED": "1",
         "TRAINING_JOB_NAME": request.job_name,
     }
+
+
+def log_metrics_env(spec: Any) -> dict[str, str]:
+    """`AERIE_LOG_METRICS` for a spec with a `metrics` section (every rank parses its output)."""
+    if getattr(spec, "metrics", None) is None:
+        return {}
+    return {E.LOG_METRICS: json.dumps(spec.metrics.model_dump())}
 
 
 def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
