@@ -84,3 +84,18 @@ def validate_definitions(definitions: list[Any]) -> list[dict[str, str]]:
             raise ValueError(f"metrics definition {name!r}: Regex needs a capture group around the value")
         out.append({"Name": name, "Regex": regex})
     return out
+
+
+# --- checkpoints from any trainer --------------------------------------------------------------
+# `checkpoint.marker`: how the agent knows a checkpoint directory under `checkpoint.local_path` is
+# complete. A preset, or a glob (relative to local_path) matching the completion marker file,
+# whose parent directory is the checkpoint (its step: the last number in that directory's name).
+MARKER_HF = "hf-trainer"  # checkpoint-N/trainer_state.json (written last by transformers.Trainer)
+MARKER_DCP = "dcp"  # step-N/.metadata (torch.distributed.checkpoint's last write; torchtitan's layout)
+MARKER_TORCHTITAN = "torchtitan"  # the same as dcp
+MARKER_MEGATRON = "megatron"  # latest_checkpointed_iteration.txt naming iter_000000N/
+MARKERS = (MARKER_HF, MARKER_DCP, MARKER_TORCHTITAN, MARKER_MEGATRON)
+DEFAULT_LOCAL_PATH = "/opt/ml/checkpoints"  # SageMaker's CheckpointConfig.LocalPath default
+SETTLE_S = 2.0  # a checkpoint's files must keep the same sizes and mtimes this long before upload
+MANIFEST_LOCAL_DIR = "local_dir"  # manifest extra: the directory's name under local_path (restore puts it back)
+MANIFEST_SOURCE = "source"  # manifest extra: "agent" for a third-party trainer's checkpoint

@@ -64,13 +64,29 @@ class CheckpointConfig(_Strict):
     # to and from `<s3_uri>/<job id>.sagemaker-sync/` — a prefix apart from Aerie's checkpoints.
     sagemaker_sync: bool = False
     local_path: str | None = Field(default=None, pattern=r"^/.*")
+    # A third-party trainer's own checkpoints: how the agent knows one under `local_path` (default
+    # /opt/ml/checkpoints, under the node's ML root locally) is complete — a preset
+    # (aerie_contracts.byo.MARKERS) or a glob matching its completion marker file. Set, the agent
+    # uploads each finished one, commits Aerie's manifest and restores it on a resume.
+    marker: str | None = Field(default=None, min_length=1, max_length=200)
 
-    @field_validator("local_path")
+    @field_validator("marker")
     @classmethod
-    def _local_path_needs_sync(cls, value: str | None, info) -> str | None:
-        if value is not None and not info.data.get("sagemaker_sync"):
-            raise ValueError("local_path is SageMaker's checkpoint sync directory: set sagemaker_sync: true with it")
+    def _known_marker(cls, value: str | None) -> str | None:
+        if value is not None and value not in byo.MARKERS and not any(c in value for c in "*?["):
+            raise ValueError(f"marker: one of {', '.join(byo.MARKERS)}, or a glob such as 'ckpt-*/DONE'")
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError("marker: a glob relative to local_path")
         return value
+
+    @model_validator(mode="after")
+    def _local_path_needs_a_use(self) -> CheckpointConfig:
+        if self.local_path is not None and not (self.sagemaker_sync or self.marker):
+            raise ValueError(
+                "local_path is the trainer's checkpoint directory: set marker (Aerie uploads what the trainer "
+                "writes there) or sagemaker_sync: true (SageMaker's own sync) with it"
+            )
+        return self
 
 
 class MetricsConfig(_Strict):

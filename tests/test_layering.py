@@ -107,7 +107,8 @@ ALLOWED = {
     "aerie_contracts": (),
     "aerie_report": ("aerie_contracts",),  # the one-line client: standard library + contracts only
     "aerie_s3": ("aerie_contracts",),
-    "agent": ("aerie_contracts", "aerie_s3"),
+    # A third-party trainer's checkpoints are committed by the agent (agent/byo_checkpoints.py).
+    "agent": ("aerie_contracts", "aerie_s3", "trainer.checkpoint.manifest", "trainer.checkpoint.fence"),
     "lambdas": ("aerie_contracts", "trainer.checkpoint.manifest"),
     # The CLI hands its `data`, `export` and `--fault` commands to the trainer's torch-free entry points.
     "orchestrator": (

@@ -63,6 +63,7 @@ def attempt_env(request: LaunchRequest, workdir: Path | str) -> dict[str, str]:
         "AERIE_CHECKPOINT_EVERY": str(spec.checkpoint.every_steps) if spec.checkpoint else "",
         "AERIE_HEALTH": spec.health.model_dump_json(),
         **log_metrics_env(spec),
+        **checkpoint_marker_env(spec),
         "AERIE_PROCS_PER_NODE": str(spec.resources.procs_per_node),
         "AERIE_ENTRYPOINT": json.dumps(list(spec.entrypoint) + list(spec.args)),
         "AERIE_WORKDIR": str(workdir),
@@ -76,6 +77,14 @@ def log_metrics_env(spec: Any) -> dict[str, str]:
     if getattr(spec, "metrics", None) is None:
         return {}
     return {E.LOG_METRICS: json.dumps(spec.metrics.model_dump())}
+
+
+def checkpoint_marker_env(spec: Any) -> dict[str, str]:
+    """A third-party trainer's checkpoint directory and completion marker (agent/byo_checkpoints.py)."""
+    ck = getattr(spec, "checkpoint", None)
+    if ck is None or not getattr(ck, "marker", None):
+        return {}
+    return {E.CHECKPOINT_MARKER: ck.marker, E.CHECKPOINT_LOCAL_PATH: ck.local_path or ""}
 
 
 def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
