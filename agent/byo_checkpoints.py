@@ -144,8 +144,8 @@ class CheckpointSync:
             self._thread.join(timeout)
 
     def _upload(self, name: str, step: int, d: Path, sig: tuple) -> None:
+        import trainer.checkpoint.fence as fence
         from aerie_s3.upload import upload_files
-        from trainer.checkpoint import fence
         from trainer.checkpoint.manifest import checkpoint_uri
 
         uri = checkpoint_uri(self.prefix, step, self.attempt)
