@@ -37,7 +37,7 @@ class TextDataset(torch.utils.data.Dataset):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--output-dir", default=os.environ.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints"))
+    p.add_argument("--output-dir", default=os.environ.get("AERIE_CHECKPOINT_DIR", "/opt/ml/checkpoints"))
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--save-steps", type=int, default=10)
     p.add_argument("--logging-steps", type=int, default=1)
