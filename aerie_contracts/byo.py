@@ -86,6 +86,15 @@ def validate_definitions(definitions: list[Any]) -> list[dict[str, str]]:
     return out
 
 
+# --- faults from the outside (`aerie chaos`) ---------------------------------------------------
+FAULT_SIGSTOP = "sigstop"  # the real rank process stops (a hang: its peers block in a collective)
+FAULT_SIGKILL = "sigkill"  # the real rank process dies
+FAULT_FREEZE = "freeze"  # the rank and every process under it stop (dataloader workers included)
+FAULT_SLOW_NIC = "slow-nic"  # netem on the node's own interface (nodes in network namespaces only)
+CHAOS_FAULTS = (FAULT_SIGSTOP, FAULT_SIGKILL, FAULT_FREEZE, FAULT_SLOW_NIC)
+CHAOS_DIR = "chaos"  # <node dir>/chaos/<id>.json: requests for the agent; <id>.done.json its answers
+
+
 # --- checkpoints from any trainer --------------------------------------------------------------
 # `checkpoint.marker`: how the agent knows a checkpoint directory under `checkpoint.local_path` is
 # complete. A preset, or a glob (relative to local_path) matching the completion marker file,

@@ -3,7 +3,8 @@
 `LogParser` is fed one rank's output segment by segment (a line, or a piece of one between
 carriage returns: progress bars redraw with '\\r'); each segment is matched against the preset's
 rules and the spec's MetricDefinitions. A segment that yields a step is a step record; one that
-yields only metrics (HF's `{'loss': ...}` dict) is attached to the last step seen, or, when no
+yields only metrics is attached to the last step seen (HF's `{'loss': ...}` dict: to the bar that
+tqdm redraws right after it), or, when no
 rule gives a step at all (SageMaker-style definitions of just a loss), counts steps itself.
 Anything that does not match is ignored; a value that is not a number is dropped. Records have
 the metrics stream's shape (`{"t", "rank", "step", "loss", ..., "event": None, "source": "log"}`),
@@ -76,6 +77,7 @@ class LogParser:
     _step: int | None = field(default=None, init=False)
     _total: int | None = field(default=None, init=False)
     _counted: int = field(default=0, init=False)
+    _pending: dict[str, float] | None = field(default=None, init=False)  # HF: metrics awaiting their bar
     errors: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -130,17 +132,32 @@ class LogParser:
                 values[_FIELDS.get(key, key)] = num
         if "step_ms" in found and _number(found["step_ms"]) is not None:
             values["step_s"] = _number(found["step_ms"]) / 1000.0  # type: ignore[operator]
+        out: list[dict[str, Any]] = []
         if step is None:
-            if not values or self._step is None:
+            if not values:
                 return []
-            step = self._step  # a metrics-only line belongs to the last step (HF: bar, then dict)
-        elif self._step is not None and step < self._step and not values:
+            if self.preset == byo.PRESET_HF_TRAINER:
+                # HF prints its logs dict with tqdm.write, which redraws the bar right after: that
+                # redraw shows the dict's step (the bar's own last draw may lag behind, rate-limited).
+                if self._pending is not None and self._step is not None:
+                    out.append(self._record(now, self._step, self._pending))
+                self._pending = values
+                return out
+            if self._step is None:
+                return []
+            return [self._record(now, self._step, values)]  # a metrics-only line: the last step's
+        if self._step is not None and step < self._step and not values:
             return []  # a bar redrawn behind the training bar (eval): not a step back
+        if self._pending is not None and not values:
+            values, self._pending = self._pending, None
         self._step = step
+        return [*out, self._record(now, step, values)]
+
+    def _record(self, now: float, step: int, values: dict[str, float]) -> dict[str, Any]:
         rec: dict[str, Any] = {"t": now, "rank": self.rank, "step": step, "event": None}
         rec.update(values)  # NaN/inf stay: loss.nan must see them (the JSON writer spells them NaN)
         rec[byo.SOURCE_KEY] = byo.SOURCE_LOG
-        return [rec]
+        return rec
 
     def _step_of(self, found: dict[str, Any]) -> int | None:
         if "step" in found:

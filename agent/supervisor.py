@@ -336,6 +336,9 @@ class Supervisor:
     # --- monitoring -----------------------------------------------------------------------
 
     def _tick(self, now: float, detect: bool = True) -> None:
+        from agent.chaos import apply_pending
+
+        apply_pending(self.cfg.node_dir, self.cfg.interfaces)  # `aerie chaos` requests, if any
         if self.checkpoints is not None:
             self.checkpoints.tick(now)  # uploads run in a thread of their own: training goes on
         if self.monitor is None:

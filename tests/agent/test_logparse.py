@@ -70,6 +70,19 @@ def test_hf_trainer_preset_on_real_output(hf_output):
     assert max(r["step"] for r in recs) == 4
 
 
+def test_hf_logs_dict_belongs_to_the_bar_drawn_after_it():
+    """tqdm.write redraws the bar after the dict; the bar's own draw of that step may lag (rate-limited),
+    as captured from a 4-rank run: the dict of step 1 came before any draw of 1/30."""
+    out = (
+        b"\r  0%|          | 0/30 [00:00<?, ?it/s]\r                    \r{'loss': '5.548', 'grad_norm': '3.094', "
+        b"'learning_rate': '0.001', 'epoch': '0.03125'}\n\r  3%|3         | 1/30 [00:00<00:10,  2.87it/s]"
+        b"\r  7%|6         | 2/30 [00:00<00:05,  5.05it/s]\r                    \r{'loss': '5.436'}\n"
+        b"\r  7%|6         | 2/30 [00:00<00:05,  5.05it/s]"
+    )
+    recs = parse(LogParser(preset=byo.PRESET_HF_TRAINER), out)
+    assert [(r["step"], r.get("loss")) for r in recs] == [(1, 5.548), (2, None), (2, 5.436)]
+
+
 def test_megatron_preset_documented_format():
     recs = parse(LogParser(preset=byo.PRESET_MEGATRON), (LOGS / "megatron.txt").read_bytes())
     assert [r["step"] for r in recs] == [1, 2, 3]

@@ -89,7 +89,7 @@ def test_unmodified_hf_trainer_hang_restart_resume(cp, tmp_path):
         web.post("/ui/login", data={"token": cp.token, "next": "/ui/jobs"})
         series = web.get(f"/ui/jobs/{job_id}/series.json").json()
     steps = series["series"]["loss"]["x"]
-    assert steps == list(range(1, STEPS + 1)), steps  # every step once, from both attempts, no gap
+    assert steps == list(range(1, STEPS + 1)), (steps, series["resumes"])  # every step once, from both attempts, no gap
     assert [r["step"] for r in series["resumes"]] == [resume_step]
     # The second attempt really resumed (HF's own bar starts at the restored step, not at 1).
     first_two = sorted(
