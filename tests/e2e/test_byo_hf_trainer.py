@@ -7,8 +7,8 @@ and `checkpoint.marker: hf-trainer`, against the real control plane and the loop
 
 1. progress comes only from the trainer's log lines (it writes no metrics stream of its own);
 2. the agent uploads the trainer's `checkpoint-N/` directories and commits them (good in the API);
-3. one rank is SIGSTOPped from outside (its real pid, from the node's `agent/ranks/rank-1.pid`):
-   the node's agent sees no new step in the log and calls `silent.hang`;
+3. `aerie chaos JOB --node 0 --rank 1 --fault sigstop` has the node's agent stop the real rank
+   process (audited as an event); the agent sees no new step in the log and calls `silent.hang`;
 4. attempt 2 restores the last committed checkpoint into every node's directory, the unchanged
    script resumes from it, the job completes, and rank 0's loss curve in the API is continuous.
 """
@@ -16,11 +16,10 @@ and `checkpoint.marker: hf-trainer`, against the real control plane and the loop
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from orchestrator.harness.control_plane import ControlPlane
@@ -65,8 +64,10 @@ def test_unmodified_hf_trainer_hang_restart_resume(cp, tmp_path):
         return [c for c in cp.get(f"/v1/jobs/{job_id}/checkpoints") if c["state"] == "good"]
 
     wait_for(what="a committed checkpoint", check=lambda: good() or None, timeout_s=240)
-    pid_file = next((cp.home / "jobs" / job_id).glob("attempt-1/*/agent/ranks/rank-1.pid"))
-    os.kill(int(pid_file.read_text()), signal.SIGSTOP)
+    cp.cli("chaos", job_id, "--node", "0", "--rank", "1", "--fault", "sigstop", check=True)
+    pid_file = next((cp.home / "jobs" / job_id).glob("attempt-1/algo-1/agent/ranks/rank-1.pid"))
+    rank1 = psutil.Process(int(pid_file.read_text()))
+    wait_for(what="rank 1 stopped by its agent", check=lambda: rank1.status() == psutil.STATUS_STOPPED, timeout_s=20)
 
     job = cp.wait_state("byo-hf", {"Completed", "Failed"}, timeout_s=300)
     attempts = sorted(cp.get(f"/v1/jobs/{job_id}/attempts"), key=lambda a: a["number"])
@@ -91,6 +92,8 @@ def test_unmodified_hf_trainer_hang_restart_resume(cp, tmp_path):
     steps = series["series"]["loss"]["x"]
     assert steps == list(range(1, STEPS + 1)), (steps, series["resumes"])  # every step once, from both attempts, no gap
     assert [r["step"] for r in series["resumes"]] == [resume_step]
+    audit = [e["detail"] for e in cp.events("byo-hf") if e["detail-type"] == "Aerie Chaos Injected"]
+    assert [(a["host"], a["rank"], a["fault"]) for a in audit] == [("algo-1", 1, "sigstop")]
     # The second attempt really resumed (HF's own bar starts at the restored step, not at 1).
     first_two = sorted(
         json.loads(line)["step"]
