@@ -38,3 +38,12 @@ def step_dir(step: int) -> str:
 
 def attempt_dir(attempt: int) -> str:
     return ATTEMPT_DIR.format(attempt=int(attempt))
+
+
+_STEP_IN_URI = re.compile(r"/step_(\d{8,})(?:/|$)")
+
+
+def step_of_uri(uri: str | None) -> int | None:
+    """The step a checkpoint URI (or key) names, from its `step_<N>` directory; None if none."""
+    match = _STEP_IN_URI.search("/" + (uri or ""))
+    return int(match.group(1)) if match else None

@@ -16,7 +16,8 @@ from rich.table import Table
 
 from orchestrator import goodput_view
 from orchestrator.client import ApiError, Client
-from orchestrator.spec import JobSpec, SpecError, format_validation_error, load_document
+from orchestrator.sagemaker_mapping import spec_from_document
+from orchestrator.spec import SpecError, format_validation_error, load_document
 
 app = typer.Typer(
     help="Aerie: run LLM training jobs that recover from silent failures by themselves.",
@@ -134,7 +135,7 @@ def submit(
         data = load_document(spec_path)
         if name:
             data["name" if "AlgorithmSpecification" not in data else "TrainingJobName"] = name
-        spec = JobSpec.from_dict(data)
+        spec = spec_from_document(data)
     except SpecError as exc:
         _die(str(exc), 2)
     except ValidationError as exc:

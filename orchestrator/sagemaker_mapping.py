@@ -12,12 +12,11 @@ import hashlib
 import itertools
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aerie_contracts import sagemaker_api as contract
-
-if TYPE_CHECKING:
-    from orchestrator.spec import JobSpec
+from aerie_contracts.checkpoints import step_of_uri
+from orchestrator.spec import JobSpec
 
 DEFAULT_ENTRYPOINT = ["python", "-m", "trainer.train"]
 # Request keys the mapping below understands; everything else is carried through verbatim.
@@ -98,6 +97,19 @@ def _channel_from_request(channel: dict[str, Any]) -> dict[str, Any]:
         "mode": channel.get("InputMode", "File"),
         "distribution": s3.get("S3DataDistributionType", "FullyReplicated"),
     }
+
+
+def spec_from_request(request: dict[str, Any]) -> JobSpec:
+    """A CreateTrainingJob request as a validated JobSpec."""
+    return JobSpec.model_validate(spec_dict_from_request(request))
+
+
+def spec_from_document(data: dict[str, Any]) -> JobSpec:
+    """A job spec document in either form: Aerie's own, or a raw CreateTrainingJob request
+    (recognised by its `AlgorithmSpecification`), so a SageMaker user can submit theirs as is."""
+    if isinstance(data, dict) and "AlgorithmSpecification" in data:
+        return spec_from_request(data)
+    return JobSpec.from_dict(data)
 
 
 def request_from_spec(spec: JobSpec) -> dict[str, Any]:
@@ -378,8 +390,8 @@ def _will_restart(job: Any, attempt: Any) -> bool:
 
 
 def _step(uri: str | None) -> str:
-    match = re.search(r"step_(\d+)", uri or "")
-    return f"step {int(match.group(1))}" if match else "the start (no checkpoint yet)"
+    step = step_of_uri(uri)
+    return f"step {step}" if step is not None else "the start (no checkpoint yet)"
 
 
 def secondary_transitions(job: Any, warnings: list[str], backend: str, now: float) -> list[dict[str, Any]]:

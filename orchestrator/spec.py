@@ -253,27 +253,12 @@ class JobSpec(_Strict):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
-        """Validate a spec, or convert a raw CreateTrainingJob request (recognised by its keys)."""
-        if isinstance(data, dict) and "AlgorithmSpecification" in data:
-            return cls.from_create_training_job(data)
+        """Validate a spec (a raw CreateTrainingJob request: `sagemaker_mapping.spec_from_document`)."""
         return cls.model_validate(data)
 
     @classmethod
     def load(cls, path: str | Path) -> JobSpec:
         return cls.from_dict(load_document(Path(path)))
-
-    # --- SageMaker ------------------------------------------------------------------------------
-
-    @classmethod
-    def from_create_training_job(cls, request: dict[str, Any]) -> JobSpec:
-        from orchestrator.sagemaker_mapping import spec_dict_from_request
-
-        return cls.model_validate(spec_dict_from_request(request))
-
-    def to_create_training_job(self) -> dict[str, Any]:
-        from orchestrator.sagemaker_mapping import request_from_spec
-
-        return request_from_spec(self)
 
 
 def load_document(path: Path) -> dict[str, Any]:

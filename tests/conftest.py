@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,24 @@ PG_ADMIN_URL = os.environ.get("AERIE_TEST_PG", "postgresql+psycopg://postgres@12
 
 # The loopback S3 server fixtures (moto), shared by the checkpoint and chaining tests.
 pytest_plugins = ["tests.fixtures.s3"]
+
+TESTS = Path(__file__).resolve().parent
+# Whole jobs on real control planes, Slurm and browsers: their detectors run on tight thresholds
+# (a 12 s hang floor, "busy" = a rank above 50 % CPU), so they run one at a time (`make test`'s
+# second phase), never beside another job.
+SERIAL_DIRS = {"e2e", "integration", "chaos", "browser"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark `serial` every test that runs whole jobs (see SERIAL_DIRS, and anything `slow`) unless
+    it is `side_by_side`: `make test` runs the rest on two workers, then the serial ones alone."""
+    for item in items:
+        if item.get_closest_marker("side_by_side"):
+            continue
+        top = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        if top in SERIAL_DIRS or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The `sagemaker` backend: one SageMaker training job per attempt, through boto3.
 
-Launch sends `CreateTrainingJob` built from `JobSpec.to_create_training_job()`, with an
+Launch sends `CreateTrainingJob` built from `sagemaker_mapping.request_from_spec`, with an
 attempt-unique `TrainingJobName`, Aerie's environment (API URL, agent token, attempt, resume
 point, checkpoint URI) and `aerie:*` tags that let SageMaker's own events be traced back to the
 attempt. Inside the container the image's agent (`python -m agent.entrypoint`) runs the user's
@@ -32,6 +32,7 @@ from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-e
 )
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
 from orchestrator.backends.nodeenv import attempt_env, checkpoint_marker_env, log_metrics_env, sagemaker_sync_uri
+from orchestrator.sagemaker_mapping import request_from_spec
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 NAME_MAX = 63
@@ -206,7 +207,7 @@ def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any]
     carried = {**(defaults or {}), **(options.get("sagemaker") or {})}
     agent_entrypoint = list(options.get("agent_entrypoint") or AGENT_ENTRYPOINT)
     workdir = options.get("container_workdir") or "/opt/ml/code"
-    body = spec.model_copy(update={"backend_options": {**options, "sagemaker": carried}}).to_create_training_job()
+    body = request_from_spec(spec.model_copy(update={"backend_options": {**options, "sagemaker": carried}}))
     body["TrainingJobName"] = training_job_name(request)
     # No RetryStrategy: Aerie chains attempts itself (a new training job per attempt, resumed from
     # the last good checkpoint, bad nodes excluded); SageMaker's own retries would hide failures

@@ -9,13 +9,13 @@ across restarts (it is recomputed, never accumulated).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.goodput import SUMMARY_RESTORE_S
 from orchestrator.store.models import Checkpoint, Job, MetricPoint, Verdict
 
@@ -58,11 +58,6 @@ class JobTrace:
     checkpoints: list[CheckpointTrace] = field(default_factory=list)
 
 
-def step_of(uri: str | None) -> int | None:
-    match = re.search(r"step_(\d+)", uri or "")
-    return int(match.group(1)) if match else None
-
-
 def _int(value: object) -> int | None:
     try:
         return int(str(value))
@@ -99,7 +94,7 @@ def read(s: Session, job: Job, now: float | None = None) -> JobTrace:
             created_at=a.created_at,
             started_at=a.started_at,
             ended_at=a.ended_at,
-            resumed_step=step_of(a.resume_from),
+            resumed_step=step_of_uri(a.resume_from),
             restore_s=max(
                 (x for n in a.nodes for x in [_float((n.summary or {}).get(SUMMARY_RESTORE_S))] if x is not None),
                 default=None,

@@ -11,7 +11,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestrator.api.routes.jobs import _step_of, attempts_out
+from aerie_contracts.checkpoints import step_of_uri
+from orchestrator.read_model import attempts_out
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt, Event, Job
 from orchestrator.web.downsample import minmax
@@ -192,7 +193,7 @@ def series(s: Session, job: Job, history: NodeHistory, cache: dict, max_points: 
 def _chain_metrics(rows: list[tuple], attempts: list[Attempt], max_points: int) -> dict[str, Any]:
     """Stitch attempts into one curve: attempt N's steps after the step attempt N+k resumed from
     were redone, so they are dropped (the chain is what the final model went through)."""
-    resumes = {a.number: (_step_of(a.resume_from) or 0) for a in attempts if a.number > 1}
+    resumes = {a.number: (step_of_uri(a.resume_from) or 0) for a in attempts if a.number > 1}
     cut: dict[int, float] = {}
     for a in attempts:
         later = [r for n, r in resumes.items() if n > a.number]

@@ -10,6 +10,7 @@ import pytest
 from botocore.validate import ParamValidator
 from pydantic import ValidationError
 
+from orchestrator.sagemaker_mapping import request_from_spec, spec_from_document, spec_from_request
 from orchestrator.spec import JobSpec, SpecError, format_validation_error
 
 DATA = Path(__file__).parent.parent / "data"
@@ -81,7 +82,7 @@ def test_unreadable_or_non_mapping_documents_give_clear_errors(tmp_path):
 def test_create_training_job_round_trip_validates_against_botocore():
     request = json.loads((DATA / "create_training_job.json").read_text())
     assert sagemaker_errors(request) == "", "the fixture itself must be a valid request"
-    spec = JobSpec.from_create_training_job(request)
+    spec = spec_from_request(request)
     assert spec.name == "pythia-160m-pretrain"
     assert spec.resources.instance_count == 2 and spec.resources.instance_type == "ml.p4d.24xlarge"
     assert spec.inputs[0].channel == "train" and spec.inputs[0].s3_uri == "s3://aerie-data/pile/train/"
@@ -90,17 +91,17 @@ def test_create_training_job_round_trip_validates_against_botocore():
     assert spec.checkpoint.sagemaker_sync and spec.checkpoint.local_path == "/opt/ml/checkpoints"
     assert spec.retry.max_restarts == 3 and spec.tags == {"team": "pretraining", "cost-center": "llm"}
     assert spec.entrypoint == ["python", "-m", "trainer.train"]
-    again = spec.to_create_training_job()
+    again = request_from_spec(spec)
     assert again == request
     assert sagemaker_errors(again) == ""
     # A raw request is recognised wherever a spec is accepted.
-    assert JobSpec.from_dict(request) == spec
+    assert spec_from_document(request) == spec
 
 
 def test_spec_to_create_training_job_needs_sagemaker_fields():
     spec = JobSpec.model_validate({"name": "a", "entrypoint": ["x"]})
     with pytest.raises(ValueError, match="instance type"):
-        spec.to_create_training_job()
+        request_from_spec(spec)
     spec = JobSpec.model_validate(
         {
             "name": "a",
@@ -110,7 +111,7 @@ def test_spec_to_create_training_job_needs_sagemaker_fields():
             "backend_options": {"sagemaker": {"RoleArn": "arn:aws:iam::1:role/r"}},
         }
     )
-    request = spec.to_create_training_job()
+    request = request_from_spec(spec)
     assert sagemaker_errors(request) == ""
     assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["x"]
 
@@ -147,9 +148,9 @@ def test_channels_keep_their_mode_and_distribution_through_sagemaker_and_pipe_is
             "InputMode": "Pipe",
         },
     ]
-    spec = JobSpec.from_create_training_job(request)
+    spec = spec_from_request(request)
     assert (spec.inputs[0].mode, spec.inputs[0].distribution) == ("FastFile", "ShardedByS3Key")
-    again = spec.to_create_training_job()
+    again = request_from_spec(spec)
     assert again["InputDataConfig"] == request["InputDataConfig"]
     assert sagemaker_errors(again) == ""
     local = spec.model_dump() | {"backend": "local", "backend_options": {}}
