@@ -4,6 +4,8 @@ and which log records reach the control plane's curves."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,6 +60,41 @@ def test_a_blind_node_leaves_the_no_step_hang_to_others_until_it_sees_a_step(tmp
     rec = {"t": now - 30, "rank": 2, "step": 4, "loss": 1.0, "event": None, byo.SOURCE_KEY: byo.SOURCE_LOG}
     (metrics / "rank-00002.jsonl").write_text(json.dumps(rec) + "\n")
     assert [v.kind for v in blind.tick(now)] == ["silent.hang"]
+
+
+def test_a_node_whose_ranks_all_exited_cleanly_is_not_hung(tmp_path):
+    """After its last step a trainer saves and tears down; the node whose ranks already exited 0
+    waits for its peers (seen in the HF e2e: torchrun on the master outlives its ranks)."""
+    now = time.time()
+    metrics = tmp_path / "output" / "metrics"
+    metrics.mkdir(parents=True)
+    (metrics / "rank-00000.jsonl").write_text(json.dumps({"t": now - 30, "rank": 0, "step": 30, "loss": 1.0}) + "\n")
+    ranks = tmp_path / "agent" / "ranks"
+    ranks.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (ranks / "rank-0.pid").write_text(str(dead.pid))
+    health = {"startup_grace_s": 0, "hang_floor_s": 5}
+    mon = Monitor(
+        node_dir=tmp_path / "agent",
+        metrics_dir=metrics,
+        interfaces=["lo"],
+        accelerator="cpu",
+        health=health,
+        started_at=now - 60,
+    )
+    (ranks / "rank-0.exit.json").write_text(json.dumps({"rank": 0, "exit_code": 0, "signal": None}))
+    assert mon.tick(now) == []
+    (ranks / "rank-0.exit.json").write_text(json.dumps({"rank": 0, "exit_code": 1, "signal": None}))
+    mon2 = Monitor(
+        node_dir=tmp_path / "agent",
+        metrics_dir=metrics,
+        interfaces=["lo"],
+        accelerator="cpu",
+        health=health,
+        started_at=now - 60,
+    )
+    assert [v.kind for v in mon2.tick(now)] == ["silent.hang"]
 
 
 class _Monitor:
