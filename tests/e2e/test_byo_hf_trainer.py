@@ -52,7 +52,7 @@ def test_unmodified_hf_trainer_hang_restart_resume(cp, tmp_path):
         "metrics": "hf-trainer",
         "checkpoint": {"s3_uri": "s3://aerie/byo", "marker": "hf-trainer"},
         "retry": {"max_restarts": 1},
-        "health": {**FAST_HEALTH, "hang_floor_s": 8, "startup_grace_s": 10},
+        "health": {**FAST_HEALTH, "startup_grace_s": 10},  # hang after 12 s without a step
         "backend_options": {"workdir": str(REPO)},
         "env": {"TOKENIZERS_PARALLELISM": "false"},
     }
