@@ -97,6 +97,30 @@ ATTEMPT_NUMBER = _var(
 RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty", "backend", "trainer")
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
 CHECKPOINT_EVERY = _var("AERIE_CHECKPOINT_EVERY", "checkpoint every this many steps", "backend", "trainer")
+LOG_METRICS = _var(
+    "AERIE_LOG_METRICS",
+    'JSON {"preset", "definitions"}: turn rank output lines into metrics records (aerie_contracts.byo)',
+    "backend",
+    "agent.rank",
+)
+CHECKPOINT_LOCAL_PATH = _var(
+    "AERIE_CHECKPOINT_LOCAL_PATH",
+    "the spec's checkpoint.local_path (a /opt/ml path lands under the node's ML root)",
+    "backend",
+    "agent",
+)
+CHECKPOINT_MARKER = _var(
+    "AERIE_CHECKPOINT_MARKER",
+    "completion marker of a third-party trainer's checkpoints (aerie_contracts.byo.MARKERS or a glob)",
+    "backend",
+    "agent",
+)
+CHECKPOINT_DIR = _var(
+    "AERIE_CHECKPOINT_DIR",
+    "the node's local checkpoint directory, the agent's resolution of checkpoint.local_path",
+    "agent",
+    "trainer (a third-party script's --output-dir)",
+)
 FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
 # --- the trainer ------------------------------------------------------------------------------
 DATA_CACHE = _var("AERIE_DATA_CACHE", "where the built-in corpus and tokenizer are built once", "user", "trainer")

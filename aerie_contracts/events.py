@@ -25,6 +25,7 @@ class DetailType(StrEnum):
     ATTEMPT_STATE_CHANGE = "Aerie Attempt State Change"
     CHECKPOINT_COMMITTED = "Aerie Checkpoint Committed"
     VERDICT_RAISED = "Aerie Verdict Raised"
+    CHAOS_INJECTED = "Aerie Chaos Injected"  # audit: who asked for which fault on which rank
     # Published by SageMaker itself (EventBridge, source aws.sagemaker); chain_restart accepts it.
     SAGEMAKER_TRAINING_JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 
@@ -66,11 +67,21 @@ class VerdictRaisedDetail(_JobDetail, _Delivered, total=False):
     message: str
 
 
+class ChaosInjectedDetail(_JobDetail, _Delivered, total=False):
+    attempt_id: str
+    host: str
+    rank: int
+    fault: str  # aerie_contracts.byo.CHAOS_FAULTS
+    request_id: str
+    by: str  # the token's name/kind that asked
+
+
 DETAIL_SHAPES: dict[str, type] = {
     DetailType.JOB_STATE_CHANGE: JobStateDetail,
     DetailType.ATTEMPT_STATE_CHANGE: AttemptStateDetail,
     DetailType.CHECKPOINT_COMMITTED: CheckpointCommittedDetail,
     DetailType.VERDICT_RAISED: VerdictRaisedDetail,
+    DetailType.CHAOS_INJECTED: ChaosInjectedDetail,
 }
 
 

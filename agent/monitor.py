@@ -130,6 +130,9 @@ class Monitor:
         self._accel_latest: list[dict] = []
         self._nic_latest: dict[str, dict] = {}
         self.reported: dict[str, Verdict] = {}
+        # A node whose ranks print no progress (a third-party trainer logs on one rank only) cannot
+        # tell "no step yet" from "never will": it leaves the no-step hang to the node that prints.
+        self.blind_until_first_step = False
 
     # ------------------------------------------------------------------ sampling
 
@@ -158,11 +161,30 @@ class Monitor:
     def judge(self, now: float) -> list[Verdict]:
         self.last_window = self.obs.window(now, self.started_at)
         new = []
+        blind = self.blind_until_first_step and not any(self.last_window.steps.values())
+        done = self._ranks_finished()
         for v in detect_all(self.last_window, self.cfg):
+            if (blind or done) and v.kind == "silent.hang":
+                continue
             if v.kind not in self.reported:
                 self.reported[v.kind] = v
                 new.append(v)
         return new
+
+    def _ranks_finished(self) -> bool:
+        """Every rank of this node exited 0 (`ranks/rank-R.exit.json`): the node waits for its peers
+        to finish (torchrun's teardown, a trainer's final save on another node), it is not hung."""
+        procs = self.obs.processes
+        if not procs or any(p.get("state") != "gone" for p in procs):
+            return False
+        for p in procs:
+            try:
+                ended = json.loads((self.node_dir / "ranks" / f"rank-{p.get('rank')}.exit.json").read_text())
+            except (OSError, ValueError):
+                return False
+            if not isinstance(ended, dict) or ended.get("exit_code") != 0:
+                return False
+        return True
 
     # ------------------------------------------------------------------ heartbeat
 

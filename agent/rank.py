@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from agent.identity import IdentityError, node_dir, resolve_identity
+from aerie_contracts import env
+from agent.identity import IdentityError, ml_root, node_dir, resolve_identity
+from agent.logparse import LogParser, SegmentSplitter
 
 
 def main(argv: list[str]) -> int:
@@ -51,12 +53,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
 
-    prefix = f"[{host} rank {rank}] ".encode()
-    out = sys.stdout.buffer
     assert child.stdout is not None
-    for line in iter(child.stdout.readline, b""):
-        out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
-        out.flush()
+    _pump(child.stdout.fileno(), f"[{host} rank {rank}] ".encode(), _log_metrics(rank))
     code = child.wait()
     sig = -code if code < 0 else None
     _write(
@@ -67,6 +65,56 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     return code
+
+
+class _MetricsSink:
+    """Log-derived records appended to this rank's metrics stream (`rank-<R>.jsonl`)."""
+
+    def __init__(self, parser: LogParser, path: Path):
+        self.parser, self.path, self.splitter = parser, path, SegmentSplitter()
+
+    def push(self, data: bytes) -> None:
+        records = [r for seg in self.splitter.push(data) for r in self.parser.feed(seg)]
+        if not records:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in records))
+        except OSError:
+            pass  # progress is lost for this line; the rank's output is not
+
+
+def _log_metrics(rank: int) -> _MetricsSink | None:
+    parser = LogParser.from_env(env.LOG_METRICS.get(), rank)
+    if parser is None:
+        return None
+    metrics_dir = Path(env.METRICS_PATH.get() or ml_root() / "output" / "metrics")
+    return _MetricsSink(parser, metrics_dir / f"rank-{rank:05d}.jsonl")
+
+
+def _pump(fd: int, prefix: bytes, sink: _MetricsSink | None) -> None:
+    """Copy the child's output to ours, each line prefixed, and hand every chunk to the parser
+    as it arrives (a progress bar redraws with '\\r' and may end its line only when done)."""
+    out = sys.stdout.buffer
+    pending = b""
+    while True:
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        if sink is not None:
+            sink.push(data)
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > 1 << 20:
+            lines.append(pending)
+            pending = b""
+        if lines:
+            out.write(b"".join(prefix + line + b"\n" for line in lines))
+            out.flush()
+    if pending:
+        out.write(prefix + pending + b"\n")
+        out.flush()
 
 
 def _current_host() -> str:

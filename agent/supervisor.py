@@ -25,6 +25,8 @@ from typing import Any
 
 import psutil
 
+from aerie_contracts import byo
+from aerie_contracts import env as E
 from aerie_contracts.env import SECTIONS
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.goodput import RESTORED_EVENT, SUMMARY_RESTORE_S
@@ -161,6 +163,8 @@ class Supervisor:
         self.data_download: dict[str, Any] | None = None  # agent.channels.receive's record
         self.restore_s: float | None = None  # the slowest of this node's ranks' checkpoint restores
         self.input_failure: dict[str, Any] | None = None
+        self.restore_failure: dict[str, Any] | None = None
+        self.checkpoints: Any = None  # agent.byo_checkpoints.CheckpointSync for a third-party trainer
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -175,12 +179,16 @@ class Supervisor:
         _become_subreaper()
         if not self._receive_inputs():
             return self._finish(1)
+        if not self._restore_checkpoint():
+            return self._finish(1)
 
         env = dict(os.environ)
         # SageMaker sets no SM_* at all: the agent does, as its training toolkit would, and points
         # the ranks at the agent's own directory (pid and exit files) and the metrics stream.
         env.update(trainer_env(cfg.node_identity, env))
         env.update({"AERIE_NODE_DIR": str(cfg.node_dir), "AERIE_METRICS_PATH": str(cfg.metrics_dir)})
+        if self.checkpoints is not None:
+            env[E.CHECKPOINT_DIR] = str(self.checkpoints.root)
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
         if cfg.world_size == 1:
             env.update(
@@ -214,6 +222,8 @@ class Supervisor:
             self._escalate(now)
             time.sleep(min(sample_s, 0.5) if self._term_sent_at else sample_s)
         self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
+        if self.proc.returncode == 0 and self.verdict is None and not self.stop_requested:
+            self._drain_checkpoints()
         leftovers = self._kill_tree()  # what torchrun left behind, if anything
         psutil.wait_procs(leftovers, timeout=5)  # adopted by this subreaper: reap them
         return self._finish(self.proc.returncode)
@@ -250,6 +260,54 @@ class Supervisor:
             self.monitor.started_at = time.time()  # startup grace and first-step timeout start with the ranks
         return True
 
+    def _restore_checkpoint(self) -> bool:
+        """A third-party trainer's checkpoints (`checkpoint.marker`): watch its directory (uploads
+        from rank 0's node), and on a resume put the checkpoint back there, verified, before any
+        rank starts. False: the node ends now (`checkpoint.failed`)."""
+        from agent.byo_checkpoints import CheckpointSync
+
+        cfg = self.cfg
+        self.checkpoints = CheckpointSync.from_env(dict(os.environ), cfg.ml_root, uploads=cfg.node_rank == 0)
+        if self.checkpoints is None:
+            return True
+        self.checkpoints.root.mkdir(parents=True, exist_ok=True)
+        resume = E.RESUME_FROM.get()
+        if not resume:
+            return True
+        t0 = time.time()
+        try:
+            where = self.checkpoints.restore(resume)
+        except Exception as exc:
+            log.error("cannot restore %s into %s: %s", resume, self.checkpoints.root, exc)
+            if self.checkpoints.gate is not None and cfg.node_rank == 0:
+                self.checkpoints.gate.mark_bad(resume, f"restore failed: {exc}")
+            self.restore_failure = {
+                "kind": FailureKind.CHECKPOINT_FAILED,
+                "message": f"restore of {resume} failed: {exc}",
+                "host": cfg.host,
+            }
+            return False
+        self.restore_s = time.time() - t0
+        log.info("restored %s into %s in %.1fs", resume, where, self.restore_s)
+        return True
+
+    def _drain_checkpoints(self, budget_s: float = 120.0) -> None:
+        """After a clean exit: the last checkpoints the trainer wrote still go up before the node ends."""
+        from agent.byo_checkpoints import finished_candidates
+
+        sync = self.checkpoints
+        if sync is None or not sync.uploads:
+            return
+        deadline = time.time() + budget_s
+        while time.time() < deadline:
+            sync.wait(max(0.0, deadline - time.time()))
+            sync.tick(time.time())
+            found = finished_candidates(sync.root, sync.marker)
+            pending = [n for n in found if n not in sync.done and n not in sync.failed]
+            if not pending and not sync.busy():
+                return
+            time.sleep(0.2)
+
     def _terminate_ranks(self, grace_s: float = TERM_GRACE_S) -> None:
         self._grace_s = min(self._grace_s, grace_s)
         if self.proc and self.proc.poll() is None and self._term_sent_at is None:
@@ -282,6 +340,11 @@ class Supervisor:
     # --- monitoring -----------------------------------------------------------------------
 
     def _tick(self, now: float, detect: bool = True) -> None:
+        from agent.chaos import apply_pending
+
+        apply_pending(self.cfg.node_dir, self.cfg.interfaces)  # `aerie chaos` requests, if any
+        if self.checkpoints is not None:
+            self.checkpoints.tick(now)  # uploads run in a thread of their own: training goes on
         if self.monitor is None:
             return
         try:
@@ -319,6 +382,8 @@ class Supervisor:
         at most every METRICS_EVERY_S seconds or METRICS_BATCH records."""
         sample = getattr(self.monitor, "last_sample", None) or {}
         for rec in sample.get("records", []):
+            if rec.get(byo.SOURCE_KEY) == byo.SOURCE_LOG and not any(rec.get(k) is not None for k in METRIC_KEYS[2:]):
+                continue  # a progress bar's step, no metric: its logs line follows with the same step
             if rec.get("rank") == 0 and rec.get("event") is None and rec.get("step") is not None:
                 self._metrics_batch.append({k: _json_safe(rec[k]) for k in METRIC_KEYS if k in rec})
         batch = self._metrics_batch
@@ -382,6 +447,8 @@ class Supervisor:
     def _outcome(self, returncode: int) -> tuple[int, dict[str, Any] | None]:
         if self.input_failure is not None:
             return 2, self.input_failure
+        if self.restore_failure is not None:
+            return 1, self.restore_failure  # retried: chaining falls back to an older good checkpoint
         if self.verdict is not None:
             v = self.verdict
             return 1, {"kind": v["kind"], "message": v["message"], "host": self.cfg.host, "at": v["t"]}
@@ -438,7 +505,7 @@ def _make_monitor(cfg: AgentConfig) -> Any:
         from agent.monitor import Monitor
     except ImportError:  # pragma: no cover - the monitor ships with the agent
         return None
-    return Monitor(
+    monitor = Monitor(
         node_dir=cfg.node_dir,
         metrics_dir=cfg.metrics_dir,
         health=cfg.health,
@@ -448,6 +515,21 @@ def _make_monitor(cfg: AgentConfig) -> Any:
         started_at=time.time(),
         learned=cfg.learned,
     )
+    monitor.blind_until_first_step = not prints_progress(cfg, E.LOG_METRICS.get())
+    return monitor
+
+
+def prints_progress(cfg: AgentConfig, log_metrics: str | None) -> bool:
+    """Whether this node hosts the rank whose output carries progress. Always, unless progress
+    comes from log lines of a trainer that prints on one rank only (aerie_contracts.byo.PRINTING_RANK)."""
+    if not log_metrics:
+        return True
+    try:
+        preset = json.loads(log_metrics).get("preset")
+    except (ValueError, AttributeError):
+        return True
+    rank = byo.PRINTING_RANK.get(preset, 0) % cfg.world_size
+    return rank // cfg.procs_per_node == cfg.node_rank
 
 
 def _learned_sections(text: str | None) -> dict[str, list[float]]:

@@ -10,6 +10,11 @@ not moto's speed. Measures:
       and, when `trainer.checkpoint.dcp` is there, its async save during training steps
       (how long the step loop is blocked vs how long the save takes);
   (b) `torch.save` to local disk, then `boto3.upload_file` (default TransferConfig);
+  (d) the directory path of a third-party trainer's checkpoint (issue 21): a directory of
+      `--dir-files` files, `--dir-mb` in all, uploaded as the agent does it
+      (`aerie_s3.upload.upload_files`: files and parts `--connections` at once) vs an
+      `aws s3 sync`-style loop of boto3 `upload_file`, one file after the other (its default
+      TransferConfig), through the same proxy (same per-connection cap); goal >= 2x;
   (c) restores: one-stream GET vs Aerie's DCP restore (`s3io.storage_reader`: equal
       ranged GETs, `--connections` at once, through the CRT) and `s3io.parallel_get`
       (boto3 ranged GETs over `--connections`). A restore's time is all of `dcp.load`:
@@ -153,6 +158,48 @@ def bench_async_save(torch, uri_base: str, size_bytes: int, threads: int) -> dic
     }
 
 
+def bench_directory(proxy, client, bucket: str, work: Path, size_mb: float, files: int, connections: int) -> dict:
+    """(d) A checkpoint directory of many files: the agent's parallel upload vs a sequential loop."""
+    from aerie_s3.upload import upload_files
+
+    d = work / "checkpoint-1000"
+    d.mkdir()
+    each = int(size_mb * MB) // files
+    chunk = os.urandom(min(each, 8 << 20))
+    for i in range(files):
+        with open(d / f"shard-{i:04d}.bin", "wb") as f:
+            left = each
+            while left > 0:
+                f.write(chunk[: min(left, len(chunk))])
+                left -= len(chunk)
+    total = each * files
+    paths = sorted(d.iterdir())
+    with phase(proxy) as p1:
+        upload_files([(str(p), f"s3://{bucket}/bench/dir-aerie/{p.name}") for p in paths], connections=connections)
+    with phase(proxy) as p2:
+        for p in paths:
+            client.upload_file(str(p), bucket, f"bench/dir-seq/{p.name}")
+    shutil.rmtree(d)
+    ratio = (total / p1.seconds) / (total / p2.seconds)
+    log(
+        f"(d) directory {total / MB:.0f} MB in {files} files: "
+        f"parallel {p1.seconds:.1f} s, sequential {p2.seconds:.1f} s"
+    )
+    return {
+        "directory_sync": {
+            "size_MB": round(total / MB, 1),
+            "files": files,
+            "aerie_upload_files_MBps": round(total / p1.seconds / MB, 2),
+            "aerie_peak_connections": p1.peak,
+            "sequential_upload_file_MBps": round(total / p2.seconds / MB, 2),
+            "sequential_peak_connections": p2.peak,
+            "ratio": round(ratio, 3),
+            "goal_ratio_min": 2.0,
+            "ok": ratio >= 2.0,
+        }
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size-mb", type=float, default=200.0, help="state dict size")
@@ -171,6 +218,9 @@ def main() -> None:
     p.add_argument("--single-stream-mb", type=float, default=64.0, help="bytes read by the one-stream GET")
     p.add_argument("--nodes", default="64,128,512", help="node counts for the seed projection")
     p.add_argument("--no-async", action="store_true", help="skip the async-save stall measurement")
+    p.add_argument("--dir-mb", type=float, default=1024.0, help="(d) checkpoint directory size")
+    p.add_argument("--dir-files", type=int, default=64, help="(d) files in the checkpoint directory")
+    p.add_argument("--dir-only", action="store_true", help="measure only (d), the directory upload")
     args = p.parse_args()
 
     import torch
@@ -199,6 +249,10 @@ def main() -> None:
         client = s3io.boto3_client(settings)
         bucket = server.bucket
 
+        directory = bench_directory(proxy, client, bucket, work, args.dir_mb, args.dir_files, args.connections)
+        if args.dir_only:
+            print(json.dumps({"bench": "checkpoint", "cap_per_connection_MBps": round(cap / MB, 3), **directory}))
+            return
         sd = make_state(torch, int(args.size_mb * MB))
         n_bytes = state_bytes(sd)
         log(f"state dict: {n_bytes / MB:.0f} MB in {len(sd)} tensors")
@@ -330,6 +384,7 @@ def main() -> None:
                 "parallel_get_ok": pget_vs_bound >= 0.8,
             },
             "async_save": async_result,
+            **directory,
             "seed_projection": {
                 "case": "4 TB every 2 h",
                 "measured_node_MBps": round(a_rate / MB, 2),

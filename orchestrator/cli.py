@@ -308,6 +308,18 @@ def logs(
 
 
 @app.command()
+def chaos(
+    job: str = typer.Argument(..., help="Job id or name."),
+    node: int = typer.Option(..., "--node", help="The node's rank in the running attempt (0 = first host)."),
+    rank: int = typer.Option(..., "--rank", help="The global rank on that node."),
+    fault: str = typer.Option(..., "--fault", help="sigstop | sigkill | freeze | slow-nic"),
+) -> None:
+    """Do a fault to one real rank of a running job, from the outside (audited as an event)."""
+    r = _call(_client().chaos, job, node, rank, fault)
+    console.print(f"{fault} requested for rank {r['rank']} on {r['host']} ({r['attempt_id']}, request {r['id']})")
+
+
+@app.command()
 def stop(job: str = typer.Argument(..., help="Job id or name.")) -> None:
     """Stop a job: its nodes get SIGTERM, then SIGKILL after a grace period."""
     j = _call(_client().stop, job)

@@ -56,6 +56,8 @@ def spec_dict_from_request(request: dict[str, Any]) -> dict[str, Any]:
         "tags": {t["Key"]: t["Value"] for t in request.get("Tags") or []},
         "backend": "sagemaker",
     }
+    if algo.get("MetricDefinitions"):  # SageMaker reads them from the logs; so does every Aerie node
+        spec["metrics"] = {"definitions": algo["MetricDefinitions"]}
     if "StoppingCondition" in request:
         spec["stopping"] = {"max_runtime_s": request["StoppingCondition"].get("MaxRuntimeInSeconds", 86400)}
     if "CheckpointConfig" in request:  # a SageMaker launcher's CheckpointConfig asks for SageMaker's sync

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from aerie_contracts import byo
 from aerie_contracts.health import HealthSettings, field_bounds
 
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
@@ -63,13 +64,58 @@ class CheckpointConfig(_Strict):
     # to and from `<s3_uri>/<job id>.sagemaker-sync/` — a prefix apart from Aerie's checkpoints.
     sagemaker_sync: bool = False
     local_path: str | None = Field(default=None, pattern=r"^/.*")
+    # A third-party trainer's own checkpoints: how the agent knows one under `local_path` (default
+    # /opt/ml/checkpoints, under the node's ML root locally) is complete — a preset
+    # (aerie_contracts.byo.MARKERS) or a glob matching its completion marker file. Set, the agent
+    # uploads each finished one, commits Aerie's manifest and restores it on a resume.
+    marker: str | None = Field(default=None, min_length=1, max_length=200)
 
-    @field_validator("local_path")
+    @field_validator("marker")
     @classmethod
-    def _local_path_needs_sync(cls, value: str | None, info) -> str | None:
-        if value is not None and not info.data.get("sagemaker_sync"):
-            raise ValueError("local_path is SageMaker's checkpoint sync directory: set sagemaker_sync: true with it")
+    def _known_marker(cls, value: str | None) -> str | None:
+        if value is not None and value not in byo.MARKERS and not any(c in value for c in "*?["):
+            raise ValueError(f"marker: one of {', '.join(byo.MARKERS)}, or a glob such as 'ckpt-*/DONE'")
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError("marker: a glob relative to local_path")
         return value
+
+    @model_validator(mode="after")
+    def _local_path_needs_a_use(self) -> CheckpointConfig:
+        if self.local_path is not None and not (self.sagemaker_sync or self.marker):
+            raise ValueError(
+                "local_path is the trainer's checkpoint directory: set marker (Aerie uploads what the trainer "
+                "writes there) or sagemaker_sync: true (SageMaker's own sync) with it"
+            )
+        return self
+
+
+class MetricsConfig(_Strict):
+    """Progress of a trainer that does not write Aerie's metrics stream, from its output lines: a
+    preset for its format and/or SageMaker-shaped `MetricDefinitions` (agent/logparse.py).
+    `metrics: hf-trainer` and `metrics: [{Name, Regex}, ...]` are accepted as short forms."""
+
+    preset: Literal["megatron", "hf-trainer", "torchtitan", "lightning"] | None = None
+    definitions: list[dict[str, str]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"preset": value}
+        if isinstance(value, list):
+            return {"definitions": value}
+        return value
+
+    @field_validator("definitions")
+    @classmethod
+    def _valid_definitions(cls, value: list[dict[str, str]]) -> list[dict[str, str]]:
+        return byo.validate_definitions(value)
+
+    @model_validator(mode="after")
+    def _something(self) -> MetricsConfig:
+        if self.preset is None and not self.definitions:
+            raise ValueError(f"give a preset ({', '.join(byo.PRESETS)}) or definitions [{{Name, Regex}}]")
+        return self
 
 
 class RetryConfig(_Strict):
@@ -159,6 +205,7 @@ class JobSpec(_Strict):
     tags: dict[str, str] = Field(default_factory=dict)
     health: HealthConfig = Field(default_factory=HealthConfig)
     eval: EvalConfig | None = None
+    metrics: MetricsConfig | None = None
     backend: Literal["local", "slurm", "sagemaker"] = "local"
     backend_options: dict[str, Any] = Field(default_factory=dict)
 

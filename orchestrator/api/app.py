@@ -15,6 +15,7 @@ from orchestrator.api.deps import TokenCache
 from orchestrator.api.fastpath import HeartbeatFastPath
 from orchestrator.api.limits import BodySizeLimit, TokenBuckets
 from orchestrator.api.routes import agents, jobs, tokens
+from orchestrator.api.routes import chaos as chaos_routes
 from orchestrator.api.routes import checkpoints as checkpoint_routes
 from orchestrator.api.routes import goodput as goodput_routes
 from orchestrator.api.routes import metrics as metrics_routes
@@ -76,6 +77,7 @@ def create_app(
     app.add_middleware(HeartbeatFastPath, api=app)
     app.add_middleware(BodySizeLimit, max_bytes=1 << 20)
     app.include_router(jobs.router)
+    app.include_router(chaos_routes.router)
     app.include_router(goodput_routes.router)
     app.include_router(metrics_routes.router)
     app.include_router(agents.router)

@@ -74,6 +74,11 @@ class Backend(abc.ABC):
     def stop(self, handle: dict[str, Any]) -> None:
         """Ask every node to stop (non-blocking; later polls escalate if needed)."""
 
+    def chaos(self, handle: dict[str, Any], host: str, request: dict[str, Any]) -> None:
+        """Hand a fault request (`aerie chaos`) to `host`'s agent. Backends that cannot reach their
+        nodes' agents raise NotImplementedError."""
+        raise NotImplementedError(f"the {self.name} backend cannot deliver faults to its nodes")
+
     def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
         """Kill what is left of lost nodes now, without a grace period (a paused or partitioned node
         must not come back and act for its attempt). What a backend cannot reach is fenced by the

@@ -172,6 +172,16 @@ class LocalBackend(Backend):
 
     # --- stop and logs ----------------------------------------------------------------------
 
+    def chaos(self, handle: dict[str, Any], host: str, request: dict[str, Any]) -> None:
+        """The request as a file in the node's agent directory, which the agent polls each tick."""
+        from aerie_contracts import byo
+
+        if host not in handle["hosts"]:
+            raise ValueError(f"{host} is not a node of this attempt ({', '.join(handle['hosts'])})")
+        directory = Path(handle["root"]) / host / "agent" / byo.CHAOS_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / f"{request['id']}.json", request)
+
     def stop(self, handle: dict[str, Any]) -> None:
         root = Path(handle["root"])
         if not (root / "stop.json").exists():

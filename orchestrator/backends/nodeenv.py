@@ -62,12 +62,29 @@ def attempt_env(request: LaunchRequest, workdir: Path | str) -> dict[str, str]:
         aerie_env.CHECKPOINT_URI: checkpoint_uri(spec, request.job_id),
         aerie_env.CHECKPOINT_EVERY: str(spec.checkpoint.every_steps) if spec.checkpoint else "",
         aerie_env.HEALTH: spec.health.model_dump_json(),
+        **log_metrics_env(spec),
+        **checkpoint_marker_env(spec),
         aerie_env.PROCS_PER_NODE: str(spec.resources.procs_per_node),
         aerie_env.ENTRYPOINT: json.dumps(list(spec.entrypoint) + list(spec.args)),
         aerie_env.WORKDIR: str(workdir),
         "PYTHONUNBUFFERED": "1",
         "TRAINING_JOB_NAME": request.job_name,
     }
+
+
+def log_metrics_env(spec: Any) -> dict[str, str]:
+    """`AERIE_LOG_METRICS` for a spec with a `metrics` section (every rank parses its output)."""
+    if getattr(spec, "metrics", None) is None:
+        return {}
+    return {aerie_env.LOG_METRICS: json.dumps(spec.metrics.model_dump())}
+
+
+def checkpoint_marker_env(spec: Any) -> dict[str, str]:
+    """A third-party trainer's checkpoint directory and completion marker (agent/byo_checkpoints.py)."""
+    ck = getattr(spec, "checkpoint", None)
+    if ck is None or not getattr(ck, "marker", None):
+        return {}
+    return {aerie_env.CHECKPOINT_MARKER: ck.marker, aerie_env.CHECKPOINT_LOCAL_PATH: ck.local_path or ""}
 
 
 def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -33,7 +33,7 @@ from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-e
     transitions,
 )
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
-from orchestrator.backends.nodeenv import attempt_env, sagemaker_sync_uri
+from orchestrator.backends.nodeenv import attempt_env, checkpoint_marker_env, log_metrics_env, sagemaker_sync_uri
 from orchestrator.sagemaker_mapping import request_from_spec
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -234,6 +234,8 @@ def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any]
     # Only the health fields the spec changed: the whole section nears SageMaker's 512-character cap
     # on one Environment value, and the agent fills the rest with the same defaults (tested).
     aerie[aerie_env.HEALTH] = spec.health.model_dump_json(exclude_defaults=True)
+    aerie.update(log_metrics_env(spec))
+    aerie.update(checkpoint_marker_env(spec))
     environment = {**body.get("Environment", {}), **request.extra_env, **aerie}
     too_long = sorted(k for k, v in environment.items() if len(v) > ENV_VALUE_MAX)
     if too_long:

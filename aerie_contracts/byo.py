@@ -1,0 +1,110 @@
+"""Bring your own trainer: the names that carry a third-party trainer's progress and checkpoints.
+
+- The spec's `metrics` section: a log preset (`PRESETS`) and/or SageMaker `MetricDefinitions`
+  (`[{"Name", "Regex"}]`, the first capture group is the value); the backend passes it to every
+  node as `AERIE_LOG_METRICS` (JSON `{"preset": str | null, "definitions": [...]}`), and each rank's
+  wrapper (`agent.rank`) turns matching output lines into records of the metrics stream.
+- Field names: a definition's `Name` is mapped onto the stream's keys by `FIELD_ALIASES`
+  (SageMaker users write `train:loss`, `global_step`, ...); other names are kept as extra keys.
+- Records that came from log lines carry `"source": "log"`.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Log presets: the formats these trainers print (agent/logparse.py holds the regexes).
+PRESET_MEGATRON = "megatron"  # Megatron-LM / GPT-NeoX: "iteration N/ M | ... | lm loss: ... |"
+PRESET_HF_TRAINER = "hf-trainer"  # transformers.Trainer: "{'loss': ..., 'grad_norm': ...}" + its tqdm bar
+PRESET_TORCHTITAN = "torchtitan"  # "step: N  loss: ...  grad_norm: ...  tps: ..."
+PRESET_LIGHTNING = "lightning"  # Lightning's bar: "Epoch E: ..| i/n [.., loss=..]"
+PRESETS = (PRESET_MEGATRON, PRESET_HF_TRAINER, PRESET_TORCHTITAN, PRESET_LIGHTNING)
+
+# Which global rank prints progress in each preset's trainer (the others print none): a node
+# hosting none of these cannot see progress itself (agent.monitor defers no-step hangs there).
+PRINTING_RANK = {PRESET_MEGATRON: -1, PRESET_HF_TRAINER: 0, PRESET_TORCHTITAN: 0, PRESET_LIGHTNING: 0}
+
+SOURCE_KEY = "source"
+SOURCE_LOG = "log"
+SOURCE_REPORT = "report"  # aerie_report.report()
+
+MAX_DEFINITIONS = 40  # SageMaker's limit on MetricDefinitions
+MAX_REGEX_LEN = 500  # SageMaker's limit on one Regex
+
+# MetricDefinitions Name (lower-cased, ':' '/' '-' as '_') -> metrics-stream key.
+FIELD_ALIASES = {
+    "step": "step",
+    "global_step": "step",
+    "iteration": "step",
+    "iter": "step",
+    "train_step": "step",
+    "loss": "loss",
+    "train_loss": "loss",
+    "training_loss": "loss",
+    "lm_loss": "loss",
+    "grad_norm": "grad_norm",
+    "train_grad_norm": "grad_norm",
+    "lr": "lr",
+    "learning_rate": "lr",
+    "train_lr": "lr",
+    "step_s": "step_s",
+    "tokens_per_s": "tokens_per_s",
+    "tps": "tokens_per_s",
+    "mfu": "mfu",
+    "epoch": "epoch",
+}
+
+
+def field_for(name: str) -> str:
+    """The metrics-stream key a MetricDefinitions `Name` feeds."""
+    key = re.sub(r"[:/\-\s.]+", "_", name.strip().lower())
+    return FIELD_ALIASES.get(key, key)
+
+
+def validate_definitions(definitions: list[Any]) -> list[dict[str, str]]:
+    """SageMaker's rules for MetricDefinitions, plus: each Regex compiles and has a capture group.
+    Raises ValueError naming the bad entry."""
+    if len(definitions) > MAX_DEFINITIONS:
+        raise ValueError(f"at most {MAX_DEFINITIONS} metric definitions (got {len(definitions)})")
+    out = []
+    for i, d in enumerate(definitions):
+        if not isinstance(d, dict) or set(d) - {"Name", "Regex"} or not d.get("Name") or not d.get("Regex"):
+            raise ValueError(f"metrics definition {i}: give exactly {{'Name': ..., 'Regex': ...}}")
+        name, regex = str(d["Name"]), str(d["Regex"])
+        if len(name) > 255 or len(regex) > MAX_REGEX_LEN:
+            raise ValueError(f"metrics definition {name!r}: Name ≤ 255 and Regex ≤ {MAX_REGEX_LEN} characters")
+        try:
+            groups = re.compile(regex).groups
+        except re.error as exc:
+            raise ValueError(f"metrics definition {name!r}: Regex does not compile: {exc}") from None
+        if groups < 1:
+            raise ValueError(f"metrics definition {name!r}: Regex needs a capture group around the value")
+        out.append({"Name": name, "Regex": regex})
+    return out
+
+
+# --- faults from the outside (`aerie chaos`) ---------------------------------------------------
+FAULT_SIGSTOP = "sigstop"  # the real rank process stops (a hang: its peers block in a collective)
+FAULT_SIGKILL = "sigkill"  # the real rank process dies
+FAULT_FREEZE = "freeze"  # the rank and every process under it stop (dataloader workers included)
+FAULT_SLOW_NIC = "slow-nic"  # netem on the node's own interface (nodes in network namespaces only)
+CHAOS_FAULTS = (FAULT_SIGSTOP, FAULT_SIGKILL, FAULT_FREEZE, FAULT_SLOW_NIC)
+CHAOS_DIR = "chaos"  # <node dir>/chaos/<id>.json: requests for the agent; <id>.done.json its answers
+
+
+# --- checkpoints from any trainer --------------------------------------------------------------
+# `checkpoint.marker`: how the agent knows a checkpoint directory under `checkpoint.local_path` is
+# complete. A preset, or a glob (relative to local_path) matching the completion marker file,
+# whose parent directory is the checkpoint (its step: the last number in that directory's name).
+MARKER_HF = "hf-trainer"  # checkpoint-N/trainer_state.json (written last by transformers.Trainer)
+MARKER_DCP = "dcp"  # step-N/.metadata (torch.distributed.checkpoint's last write; torchtitan's layout)
+MARKER_TORCHTITAN = "torchtitan"  # the same as dcp
+MARKER_MEGATRON = "megatron"  # latest_checkpointed_iteration.txt naming iter_000000N/
+MARKERS = (MARKER_HF, MARKER_DCP, MARKER_TORCHTITAN, MARKER_MEGATRON)
+DEFAULT_LOCAL_PATH = "/opt/ml/checkpoints"  # SageMaker's CheckpointConfig.LocalPath default
+SETTLE_S = 2.0  # a checkpoint's files must keep the same sizes and mtimes this long before upload
+MANIFEST_LOCAL_DIR = "local_dir"  # manifest extra: the directory's name under local_path (restore puts it back)
+MANIFEST_SOURCE = "source"  # manifest extra: "agent" for a third-party trainer's checkpoint

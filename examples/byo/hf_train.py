@@ -1,0 +1,86 @@
+"""A typical Hugging Face Trainer script, written as a user would, with nothing of Aerie in it.
+
+A tiny GPT-NeoX built from a config object, trained on generated text (byte-level tokens),
+checkpointing every `--save-steps` into `--output-dir` and resuming from the newest checkpoint
+there when one exists. Under torchrun it is data-parallel (gloo on CPU).
+
+    torchrun --nproc-per-node 2 examples/byo/hf_train.py --output-dir /opt/ml/checkpoints
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+
+import torch
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch quietly".split()  # noqa: SIM905
+
+
+class TextDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int, seq_len: int, seed: int = 0):
+        rng = random.Random(seed)
+        text = " ".join(rng.choice(WORDS) for _ in range(n * seq_len))
+        ids = list(text.encode())
+        self.rows = [ids[i * seq_len : (i + 1) * seq_len] for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        ids = torch.tensor(self.rows[i])
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--output-dir", default=os.environ.get("AERIE_CHECKPOINT_DIR", "/opt/ml/checkpoints"))
+    p.add_argument("--max-steps", type=int, default=40)
+    p.add_argument("--save-steps", type=int, default=10)
+    p.add_argument("--logging-steps", type=int, default=1)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="slow each step down (seconds)")
+    args = p.parse_args()
+
+    config = GPTNeoXConfig(
+        vocab_size=256,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(config)
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=args.logging_steps,
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=TextDataset(512, 32))
+    if args.step_sleep:
+        import time
+
+        from transformers import TrainerCallback
+
+        class Slow(TrainerCallback):
+            def on_step_end(self, *a, **k):
+                time.sleep(args.step_sleep)
+
+        trainer.add_callback(Slow())
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    trainer.train(resume_from_checkpoint=last)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""`aerie chaos`: the request reaches the node's agent through the API and the local backend, is
+audited as an event, and the agent does the fault to the real rank process."""
+
+from __future__ import annotations
+
+import psutil
+
+from aerie_contracts.events import DetailType
+from agent.chaos import apply_pending
+from orchestrator.store import repo
+from tests.agent.test_chaos import _status, rank_proc  # noqa: F401
+
+
+def test_the_api_delivers_audits_and_the_agent_acts(api, tmp_path, rank_proc):  # noqa: F811
+    client, app, admin = api
+    proc = rank_proc(3, children=1)
+    with app.state.db.session() as s:
+        job = repo.create_job(
+            s,
+            {"name": "rehearse", "backend": "local", "entrypoint": ["x"], "resources": {"procs_per_node": 2}},
+            "default",
+        )
+        attempt = repo.create_attempt(s, job, 1)
+        attempt.state = "Running"
+        attempt.handle = {"root": str(tmp_path.parent / tmp_path.name / "nodes"), "hosts": ["algo-1", "algo-2"]}
+        job_id = job.id
+    auth = {"Authorization": f"Bearer {admin}"}
+    assert (
+        client.post(
+            f"/v1/jobs/{job_id}/chaos", json={"node": 0, "rank": 3, "fault": "sigstop"}, headers=auth
+        ).status_code
+        == 409
+    )
+    r = client.post(f"/v1/jobs/{job_id}/chaos", json={"node": 1, "rank": 3, "fault": "freeze"}, headers=auth)
+    assert r.status_code == 200, r.text
+    assert (
+        client.post(f"/v1/jobs/{job_id}/chaos", json={"node": 1, "rank": 3, "fault": "melt"}, headers=auth).status_code
+        == 422
+    )
+    events = client.get(f"/v1/jobs/{job_id}/events", headers=auth).json()
+    audit = [e["event"] for e in events if e["event"]["detail-type"] == DetailType.CHAOS_INJECTED]
+    assert audit and audit[0]["detail"]["fault"] == "freeze" and audit[0]["detail"]["host"] == "algo-2"
+
+    node_dir = tmp_path / "nodes" / "algo-2" / "agent"
+    (node_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    (node_dir / "ranks" / "rank-3.pid").write_text((tmp_path / "agent" / "ranks" / "rank-3.pid").read_text())
+    answers = apply_pending(node_dir)
+    assert [a["ok"] for a in answers] == [True] and len(answers[0]["pids"]) == 2
+    assert _status(proc) == psutil.STATUS_STOPPED and _status(proc.children()[0]) == psutil.STATUS_STOPPED
+    assert apply_pending(node_dir) == []  # done once
