@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from aerie_contracts import env
+
 
 def s3_client() -> Any:
     import boto3
     from botocore.config import Config
 
-    endpoint = os.environ.get("AERIE_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL") or None
+    endpoint = os.environ.get(env.S3_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL") or None
     return boto3.client(
         "s3", endpoint_url=endpoint, config=Config(s3={"addressing_style": "path"}) if endpoint else None
     )

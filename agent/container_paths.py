@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from aerie_contracts import FailureKind
 from agent.contract import write_json
 
 TARGET = "/opt/ml"
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
         node_dir.mkdir(parents=True, exist_ok=True)
         write_json(
             node_dir / "exit.json",
-            {"exit_code": 1, "reason": {"kind": "launch.failed", "message": message}, "t": time.time()},
+            {"exit_code": 1, "reason": {"kind": FailureKind.LAUNCH_FAILED, "message": message}, "t": time.time()},
         )
         return 1
     os.execvp(command[0], command)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from aerie_contracts import FailureKind
 from aerie_contracts.health import HealthSettings, Section
 from agent.probes.progress import CHECKPOINT, EVAL, UPLOAD_WAIT
 from agent.sections import detect_checkpoint_stalled, section_limit
@@ -145,7 +146,7 @@ def detect_hang(w: Window, cfg: HealthConfig) -> Verdict | None:
         limits = _pause_limits(w, cfg)
         why += "; " + ", ".join(f"{what} open for over {limits.get(what, cfg.pause_max_s):.0f}s" for what in stuck)
     return Verdict(
-        "silent.hang",
+        FailureKind.SILENT_HANG,
         f"no step for {stalled:.0f}s (limit {limit:.0f}s, last step {last_step}); {why}",
         {
             "state": state,
@@ -181,7 +182,7 @@ def detect_gpu_idle(w: Window, cfg: HealthConfig) -> Verdict | None:
         peers = [u for j, s in w.accel.items() if j != idx for _t, u in _since(s, t0)]
         if peers and median(peers) >= cfg.gpu_work_util:
             return Verdict(
-                "silent.gpu_idle",
+                FailureKind.SILENT_GPU_IDLE,
                 f"accelerator {idx} below {cfg.gpu_idle_util:g}% for {cfg.gpu_idle_s:g}s "
                 f"while its peers work (median {median(peers):.0f}%)",
                 {
@@ -255,7 +256,7 @@ def detect_nic_stall(w: Window, cfg: HealthConfig) -> Verdict | None:
         if not corroborated:
             continue
         return Verdict(
-            "silent.nic_stall",
+            FailureKind.SILENT_NIC_STALL,
             f"{name} throughput {cur_max:.0f} B/s for {cfg.nic_window_s:g}s against its median "
             f"{base_med:.0f} B/s while steps slow ({', '.join(corroborated)})",
             {
@@ -278,7 +279,7 @@ def detect_loss_nan(w: Window, cfg: HealthConfig) -> Verdict | None:
             value = _as_loss(loss)
             if value is not None and not math.isfinite(value):
                 return Verdict(
-                    "loss.nan",
+                    FailureKind.LOSS_NAN,
                     f"rank {rank} logged a non-finite loss ({loss}) at step {step}",
                     {
                         "rank": rank,
@@ -325,7 +326,7 @@ def detect_loss_spike(w: Window, cfg: HealthConfig) -> Verdict | None:
         floor = median(base) + cfg.spike_min_rel * abs(median(base))
         if min(zs) > cfg.spike_z and min(v for _s, v in tail) > floor:
             return Verdict(
-                "loss.spike",
+                FailureKind.LOSS_SPIKE,
                 f"rank {rank} loss spiked for {n} steps (z {min(zs):.1f}..{max(zs):.1f} > {cfg.spike_z:g}) "
                 f"at step {tail[-1][0]}, baseline median {median(base):.4g}",
                 {

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from statistics import median
 
+from aerie_contracts import FailureKind
 from aerie_contracts.health import (
     SUMMARY_COMPUTE_P50,
     SUMMARY_RANKS,
@@ -164,7 +165,7 @@ class Monitor:
         blind = self.blind_until_first_step and not any(self.last_window.steps.values())
         done = self._ranks_finished()
         for v in detect_all(self.last_window, self.cfg):
-            if (blind or done) and v.kind == "silent.hang":
+            if (blind or done) and v.kind == FailureKind.SILENT_HANG:
                 continue
             if v.kind not in self.reported:
                 self.reported[v.kind] = v

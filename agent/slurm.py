@@ -25,12 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import FailureKind
+from aerie_contracts import env as aerie_env
 from agent.contract import NodeContract, write_json
 from agent.identity import from_slurm
 
 
 def main(argv: list[str]) -> int:
-    launch_path = Path(argv[0] if argv else os.environ["AERIE_SLURM_LAUNCH"])
+    launch_path = Path(argv[0] if argv else os.environ[aerie_env.SLURM_LAUNCH])
     launch = json.loads(launch_path.read_text())
     root = Path(launch["root"])
     host = current_host()
@@ -78,7 +80,7 @@ def compose_env(
     env.update(contract_env)
     env.update(layers.get("extra") or {})
     env.update(layers.get("attempt") or {})
-    env.update({"AERIE_MASTER_ADDR": master_addr, "AERIE_MASTER_PORT": str(master_port)})
+    env.update({aerie_env.MASTER_ADDR: master_addr, aerie_env.MASTER_PORT: str(master_port)})
     return env
 
 
@@ -132,7 +134,7 @@ def _record_failure(ml_root: Path, host: str, message: str) -> None:
             "exit_code": 1,
             "t": time.time(),
             "host": host,
-            "reason": {"kind": "launch.failed", "host": host, "message": message},
+            "reason": {"kind": FailureKind.LAUNCH_FAILED, "host": host, "message": message},
         },
     )
 

@@ -28,7 +28,7 @@ import psutil
 from aerie_contracts import byo
 from aerie_contracts import env as E
 from aerie_contracts.env import SECTIONS
-from aerie_contracts.failures import FailureKind
+from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind
 from aerie_contracts.goodput import RESTORED_EVENT, SUMMARY_RESTORE_S
 from aerie_contracts.health import merge_learned
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
@@ -78,24 +78,24 @@ class AgentConfig:
             # The node cannot start: say why where SageMaker (FailureReason) and the backends look.
             _write_failure(ml_root(env), {"kind": FailureKind.LAUNCH_FAILED, "message": str(exc)})
             raise SystemExit(f"agent: {exc}") from exc
-        entry = json.loads(env["AERIE_ENTRYPOINT"]) if env.get("AERIE_ENTRYPOINT") else []
+        entry = json.loads(env[E.ENTRYPOINT]) if env.get(E.ENTRYPOINT) else []
         if not entry:
             raise SystemExit("agent: AERIE_ENTRYPOINT is empty: nothing to run")
         return cls(
             ml_root=ident.ml_root,
             node_dir=ident.node_dir,
-            metrics_dir=Path(env.get("AERIE_METRICS_PATH") or ident.metrics_dir),
+            metrics_dir=Path(env.get(E.METRICS_PATH) or ident.metrics_dir),
             hosts=ident.hosts,
             host=ident.current_host,
             entrypoint=tuple(entry),
-            procs_per_node=int(env.get("AERIE_PROCS_PER_NODE", "1")),
+            procs_per_node=int(env.get(E.PROCS_PER_NODE, "1")),
             master_addr=ident.master_addr,
             master_port=ident.master_port,
-            workdir=Path(env.get("AERIE_WORKDIR", os.getcwd())),
-            api=env.get("AERIE_API", ""),
-            token=env.get("AERIE_AGENT_TOKEN", ""),
-            attempt=env.get("AERIE_ATTEMPT", ""),
-            health=json.loads(env.get("AERIE_HEALTH") or "{}"),
+            workdir=Path(env.get(E.WORKDIR, os.getcwd())),
+            api=env.get(E.API, ""),
+            token=env.get(E.AGENT_TOKEN, ""),
+            attempt=env.get(E.ATTEMPT, ""),
+            health=json.loads(env.get(E.HEALTH) or "{}"),
             learned=_learned_sections(env.get(SECTIONS)),
             interfaces=tuple(i.strip() for i in ident.network_interface.split(",") if i.strip()),
             identity=ident,
@@ -186,7 +186,7 @@ class Supervisor:
         # SageMaker sets no SM_* at all: the agent does, as its training toolkit would, and points
         # the ranks at the agent's own directory (pid and exit files) and the metrics stream.
         env.update(trainer_env(cfg.node_identity, env))
-        env.update({"AERIE_NODE_DIR": str(cfg.node_dir), "AERIE_METRICS_PATH": str(cfg.metrics_dir)})
+        env.update({E.NODE_DIR: str(cfg.node_dir), E.METRICS_PATH: str(cfg.metrics_dir)})
         if self.checkpoints is not None:
             env[E.CHECKPOINT_DIR] = str(self.checkpoints.root)
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
@@ -424,12 +424,11 @@ class Supervisor:
     def _upload_model(self) -> dict[str, Any] | None:
         """After a clean run, the first host uploads model/ as SageMaker would (agent/artifacts.py),
         telling the control plane first (heartbeat `phase: uploading`). The failure reason, or None."""
-        from aerie_contracts import env
         from aerie_contracts import sagemaker_api as contract
         from aerie_contracts.failures import FailureKind, reason
         from agent import artifacts
 
-        uri = env.MODEL_ARTIFACTS_URI.get()
+        uri = E.MODEL_ARTIFACTS_URI.get()
         if not uri or self.cfg.host != self.cfg.hosts[0]:
             return None
         since = time.time()
@@ -453,11 +452,11 @@ class Supervisor:
             v = self.verdict
             return 1, {"kind": v["kind"], "message": v["message"], "host": self.cfg.host, "at": v["t"]}
         if self.stop_requested:
-            return 143, {"kind": "user.stop", "message": "stopped on request", "host": self.cfg.host}
+            return 143, {"kind": FailureKind.USER_STOP, "message": STOPPED_ON_REQUEST, "host": self.cfg.host}
         failed = self._first_failed_rank()
         if failed is not None:
             return failed["exit_code"] or 1, {
-                "kind": "exit.nonzero",
+                "kind": FailureKind.EXIT_NONZERO,
                 "host": self.cfg.host,
                 "rank": failed["rank"],
                 "exit_code": failed["exit_code"],
@@ -469,7 +468,7 @@ class Supervisor:
         if returncode != 0:
             code = 128 - returncode if returncode < 0 else returncode
             return code, {
-                "kind": "exit.nonzero",
+                "kind": FailureKind.EXIT_NONZERO,
                 "host": self.cfg.host,
                 "exit_code": code,
                 "message": f"launcher exited with code {code}",

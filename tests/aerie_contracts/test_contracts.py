@@ -54,3 +54,34 @@ def test_the_spec_validates_the_agents_health_class():
         raise AssertionError("hang_floor_s=0 was accepted")
     sent = JobSpec.from_dict({"name": "x", "entrypoint": ["python"], "health": {"hang_floor_s": 7}}).health
     assert HealthSettings.from_dict(json.loads(sent.model_dump_json())).hang_floor_s == 7.0
+
+
+def test_no_contract_string_is_written_outside_the_contracts_module():
+    """Every event detail-type, failure kind and `AERIE_*` name in the code comes from
+    `aerie_contracts` (string literals in docstrings and messages aside). States are not checked:
+    Aerie's job states are SageMaker's own TrainingJobStatus words, which its API speaks too."""
+    import ast
+    from pathlib import Path
+
+    from aerie_contracts import DetailType, FailureKind, env
+
+    repo = Path(__file__).resolve().parents[2]
+    contract = {str(v): "AERIE_* name" for v in env.ALL}
+    contract |= {k.value: "failure kind" for k in FailureKind} | {d.value: "detail-type" for d in DetailType}
+    found = []
+    for package in ("agent", "aerie_report", "aerie_s3", "bench", "infra", "lambdas", "orchestrator", "trainer"):
+        for path in sorted((repo / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            tree = ast.parse(path.read_text())
+            prose = set()
+            for node in ast.walk(tree):
+                body = getattr(node, "body", None)
+                if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                    prose.add(id(body[0].value))  # a docstring
+                if isinstance(node, ast.JoinedStr):
+                    prose.update(id(v) for v in ast.walk(node))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and node.value in contract and id(node) not in prose:
+                    found.append(f"{path.relative_to(repo)}:{node.lineno}: {contract[node.value]} {node.value!r}")
+    assert not found, "\n".join(found)
