@@ -142,7 +142,7 @@ def submit(
         "--fault",
         metavar="KIND@STEP[:rank=R][:attempt=N]",
         help="Inject a fault to rehearse recovery (repeatable): nan, busy_hang, "
-        "sigstop, sigkill, exit, slow. E.g. --fault busy_hang@30:rank=1",
+        "sigstop, sigkill, exit, slow, spike. E.g. --fault busy_hang@30:rank=1",
     ),
 ) -> None:
     """Submit a job. The spec is checked here first, so every bad field is named at once."""

@@ -10,6 +10,8 @@ A job asks for faults through `AERIE_FAULTS` (JSON list; `aerie submit --fault` 
 - `sigkill`    `rank` dies with SIGKILL (exit.nonzero with the signal)
 - `exit`       `rank` exits with `code` (default 1)
 - `slow`       `rank` sleeps `seconds` per step from `step` on (a straggler)
+- `spike`      the loss `rank` reports is `factor` (default 10) times larger from `step` on
+               (loss.spike; the gradients are untouched)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from aerie_contracts import env as aerie_env
 
-KINDS = ("nan", "busy_hang", "sigstop", "sigkill", "exit", "slow")
+KINDS = ("nan", "busy_hang", "sigstop", "sigkill", "exit", "slow", "spike")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Fault:
     attempt: int = 1
     code: int = 1
     seconds: float = 1.0
+    factor: float = 10.0
 
     def applies(self, step: int, rank: int, attempt: int) -> bool:
         return attempt == self.attempt and (self.rank is None or self.rank == rank) and step >= self.step
@@ -50,7 +53,7 @@ def parse(text: str | None) -> list[Fault]:
 
 
 def parse_cli(spec: str) -> dict:
-    """`KIND@STEP[:rank=R][:attempt=N][:code=C][:seconds=S]` -> a fault dict (for `aerie submit --fault`)."""
+    """`KIND@STEP[:rank=R][:attempt=N][:code=C][:seconds=S][:factor=F]` -> a fault dict (for `aerie submit --fault`)."""
     head, *opts = spec.split(":")
     kind, _, step = head.partition("@")
     if kind not in KINDS or not step.isdigit():
@@ -58,9 +61,9 @@ def parse_cli(spec: str) -> dict:
     fault: dict = {"kind": kind, "step": int(step)}
     for opt in opts:
         key, _, value = opt.partition("=")
-        if key not in ("rank", "attempt", "code", "seconds") or not value:
+        if key not in ("rank", "attempt", "code", "seconds", "factor") or not value:
             raise ValueError(f"bad fault option {opt!r} in {spec!r}")
-        fault[key] = float(value) if key == "seconds" else int(value)
+        fault[key] = float(value) if key in ("seconds", "factor") else int(value)
     return fault
 
 
@@ -78,6 +81,14 @@ class FaultInjector:
 
     def loss_is_nan(self, step: int) -> bool:
         return any(f.kind == "nan" and f.applies(step, self.rank, self.attempt) for f in self.faults)
+
+    def loss_scale(self, step: int) -> float:
+        """The factor a `spike` fault multiplies this rank's loss by at `step` (1.0: none)."""
+        scale = 1.0
+        for f in self.faults:
+            if f.kind == "spike" and f.applies(step, self.rank, self.attempt):
+                scale *= f.factor
+        return scale
 
     def before_step(self, step: int) -> None:
         for f in self.faults:

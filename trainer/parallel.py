@@ -19,6 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# How long a collective may block before PyTorch gives up: the blind spot Aerie's detectors beat.
+# The trainer logs it at start ("collective timeout N s"), where bench/detect.py reads it.
+COLLECTIVE_TIMEOUT_S = 1800.0
+
 
 @dataclass(frozen=True)
 class World:
@@ -27,6 +31,7 @@ class World:
     local_rank: int
     local_world_size: int
     device: torch.device
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
 
     @property
     def is_main(self) -> bool:
@@ -43,7 +48,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(timeout_s: float = 1800.0) -> World:
+def init_distributed(timeout_s: float = COLLECTIVE_TIMEOUT_S) -> World:
     """Join (or, alone, create) the default process group and pick this rank's device."""
     if "RANK" not in os.environ:
         os.environ.update(
@@ -68,7 +73,7 @@ def init_distributed(timeout_s: float = 1800.0) -> World:
         dist.init_process_group(
             backend, timeout=timedelta(seconds=timeout_s), device_id=device if device.type == "cuda" else None
         )
-    return World(rank, world_size, local_rank, local_world_size, device)
+    return World(rank, world_size, local_rank, local_world_size, device, timeout_s)
 
 
 def destroy_distributed() -> None:

@@ -313,6 +313,8 @@ def train(cfg: TrainConfig) -> int:
     stop = StopRequest()
     stop.install()
     world = parallel.init_distributed()
+    if world.is_main:
+        log.info("process group: %d ranks, collective timeout %g s", world.world_size, world.collective_timeout_s)
     metrics = MetricsWriter(world.rank)
     try:
         return _train(cfg, world, metrics, stop)
@@ -394,6 +396,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         loss_sum, grad_norm = train_step(
             model, optimizer, scheduler, batches, world, cfg, poison_loss=faults.loss_is_nan(step + 1)
         )
+        loss_sum = loss_sum * faults.loss_scale(step + 1)  # the `spike` fault: reported loss only
         step += 1
         consumed += global_batch
         tokens += tokens_per_step
