@@ -80,6 +80,10 @@ def main() -> None:
         trainer.add_callback(Slow())
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     trainer.train(resume_from_checkpoint=last)
+    # What PyTorch asks of every torchrun script: without it, gloo's threads can race the
+    # interpreter's exit and a rank that finished training dies of SIGABRT.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

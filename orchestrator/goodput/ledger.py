@@ -139,6 +139,8 @@ def compute(trace: JobTrace, advice: dict[str, Any] | None = None) -> dict[str, 
             cur.to(a_end, Category.RESTART, n)
         elif a.state in (AttemptState.FAILED,) or (a.state == AttemptState.STOPPED and a.reason_kind):
             verdict = next(((t, k) for t, k in a.verdicts if t >= last_t), None)
+            if a.loss_fault_step is not None:  # the fault is the first bad step, not the last step run
+                last_step, last_t = next(((p, t) for p, t in a.points if p >= a.loss_fault_step), (last_step, last_t))
             detected = min(verdict[0], a_end) if verdict else a_end
             cur.to(detected, Category.DETECTION, n)
             cur.to(a_end, Category.RESTART, n)

@@ -16,8 +16,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aerie_contracts.checkpoints import step_of_uri
+from aerie_contracts.failures import FailureKind
 from aerie_contracts.goodput import SUMMARY_RESTORE_S
 from orchestrator.store.models import Checkpoint, Job, MetricPoint, Verdict
+
+LOSS_KINDS = frozenset({FailureKind.LOSS_NAN, FailureKind.LOSS_SPIKE})
 
 
 @dataclass
@@ -32,6 +35,9 @@ class AttemptTrace:
     reason_kind: str | None = None
     verdicts: list[tuple[float, str]] = field(default_factory=list)  # (t, kind), by time
     points: list[tuple[int, float]] = field(default_factory=list)  # (step, t), by step
+    # A loss verdict's step (loss.nan, loss.spike): the fault is in the numbers from that step on,
+    # however many steps ran before the verdict stopped the attempt.
+    loss_fault_step: int | None = None
 
 
 @dataclass
@@ -105,7 +111,11 @@ def read(s: Session, job: Job, now: float | None = None) -> JobTrace:
         trace.attempts.append(at)
     if by_id:
         for v in s.scalars(select(Verdict).where(Verdict.attempt_id.in_(list(by_id))).order_by(Verdict.t)):
-            by_id[v.attempt_id].verdicts.append((v.t, v.kind))
+            at = by_id[v.attempt_id]
+            at.verdicts.append((v.t, v.kind))
+            step = (v.evidence or {}).get("step")
+            if v.kind in LOSS_KINDS and isinstance(step, int) and at.loss_fault_step is None:
+                at.loss_fault_step = step
     q = (
         select(MetricPoint.attempt_id, MetricPoint.step, MetricPoint.t)
         .where(MetricPoint.job_id == job.id)
