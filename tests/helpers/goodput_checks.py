@@ -43,7 +43,10 @@ def check_chaos_ledger(cp, job: dict, faults: list[dict[str, Any]], reasons: lis
         own = {r["step"]: r["t"] for r in step_records(jobs_dir / f"attempt-{n}", 0)}
         allowed = {injected["step"] - 1} | ({injected["step"]} if injected["kind"] == "nan" else set())
         assert got["last_step"] in allowed, (injected, got)
-        assert got["last_step"] == max(own), (got, max(own))
+        if injected["kind"] == "nan":  # ranks train on past a NaN until the verdict stops them
+            assert got["last_step"] <= max(own), (got, max(own))
+        else:
+            assert got["last_step"] == max(own), (got, max(own))
         assert got["last_step_t"] == pytest.approx(own[got["last_step"]], abs=1e-3)
         if got["kind"] == "silent.hang":
             floor = FAST_HEALTH["hang_floor_s"]
