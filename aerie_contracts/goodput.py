@@ -41,10 +41,9 @@ class RestartMode(StrEnum):
     SCRATCH = "scratch"  # no checkpoint to resume from: started over
 
 
-# The metrics-stream event a rank writes once it restored its resume checkpoint (with `restore_s`,
-# seconds spent in the restore), and the heartbeat summary key under which the node's agent reports
-# the slowest of its ranks' restores: the ledger's `restore` is this measurement when present.
-RESTORED_EVENT = "restored"
+# The heartbeat summary key under which the node's agent reports the slowest of its ranks' restores
+# (from their `restored` metrics-stream events, `metrics.MetricEvent.RESTORED`): the ledger's
+# `restore` is this measurement when present.
 SUMMARY_RESTORE_S = "restore_s"
 
 BADPUT = tuple(c for c in Category if c is not Category.PRODUCTIVE)

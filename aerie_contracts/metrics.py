@@ -62,3 +62,4 @@ class MetricEvent(StrEnum):
     CHECKPOINT_COMMITTED = "checkpoint_committed"
     EVAL_BEGIN = "eval_begin"
     EVAL_END = "eval_end"
+    RESTORED = "restored"  # once, after a resume: `uri` and `restore_s` (seconds spent restoring)

@@ -29,8 +29,9 @@ from aerie_contracts import byo
 from aerie_contracts import env as E
 from aerie_contracts.env import SECTIONS
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind
-from aerie_contracts.goodput import RESTORED_EVENT, SUMMARY_RESTORE_S
+from aerie_contracts.goodput import SUMMARY_RESTORE_S
 from aerie_contracts.health import merge_learned
+from aerie_contracts.metrics import MetricEvent
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
 from agent.identity import IdentityError, NodeIdentity, ml_root, resolve_identity
 
@@ -373,7 +374,7 @@ class Supervisor:
                 self.reporter.checkpoint({"step": rec.get("step"), "uri": uri, "meta": rec})
 
     def _note_restore(self, rec: dict[str, Any]) -> None:
-        seconds = rec.get("restore_s") if rec.get("event") == RESTORED_EVENT else None
+        seconds = rec.get("restore_s") if rec.get("event") == MetricEvent.RESTORED else None
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < 1e7:
             self.restore_s = max(self.restore_s or 0.0, float(seconds))
 

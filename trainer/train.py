@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from aerie_contracts import env
 from aerie_contracts import metrics as keys
-from aerie_contracts.goodput import RESTORED_EVENT
+from aerie_contracts.metrics import MetricEvent
 from trainer import parallel, pricing
 from trainer.checkpoint.dcp import Checkpointer, describe_error
 from trainer.config import TrainConfig, load_config, resolve_path
@@ -369,7 +369,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         extra, resumed_from = restore(checkpointer, resume_from, model, optimizer, scheduler)
         step, consumed, tokens = extra["step"], extra["consumed_samples"], extra["tokens"]
         # For the goodput ledger: the agent reports its ranks' slowest restore in its heartbeats.
-        metrics.event(RESTORED_EVENT, step, uri=resumed_from, restore_s=time.time() - restore_started)
+        metrics.event(MetricEvent.RESTORED, step, uri=resumed_from, restore_s=time.time() - restore_started)
         if world.is_main:
             log.info("resumed from %s at step %d (%d samples consumed)", resumed_from, step, consumed)
     if step >= cfg.steps:
