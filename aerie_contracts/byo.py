@@ -7,6 +7,10 @@
 - Field names: a definition's `Name` is mapped onto the stream's keys by `FIELD_ALIASES`
   (SageMaker users write `train:loss`, `global_step`, ...); other names are kept as extra keys.
 - Records that came from log lines carry `"source": "log"`.
+- TensorBoard event files as a source (`metrics.tensorboard`: `{dir, tags, flush_s}`, in the same
+  JSON under `"tensorboard"`): the node agent tails the trainer's event files (agent/tb_progress.py)
+  and turns the scalars of `TB_TAGS` (plus the spec's own tags) into records with `"source":
+  "tensorboard"`, the event's step as the step.
 
 Standard library only.
 """
@@ -30,6 +34,7 @@ PRINTING_RANK = {PRESET_MEGATRON: -1, PRESET_HF_TRAINER: 0, PRESET_TORCHTITAN: 0
 SOURCE_KEY = "source"
 SOURCE_LOG = "log"
 SOURCE_REPORT = "report"  # aerie_report.report()
+SOURCE_TENSORBOARD = "tensorboard"  # the trainer's TensorBoard event files (agent.tb_progress)
 
 MAX_DEFINITIONS = 40  # SageMaker's limit on MetricDefinitions
 MAX_REGEX_LEN = 500  # SageMaker's limit on one Regex
@@ -56,6 +61,78 @@ FIELD_ALIASES = {
     "mfu": "mfu",
     "epoch": "epoch",
 }
+
+
+# --- progress from TensorBoard event files ------------------------------------------------------
+TB_DEFAULT_DIR = "/opt/ml/output/tensorboard"  # SageMaker's TensorBoardOutputConfig.LocalPath default
+# How late a trainer's writer may put a step on disk: torch's and tensorboardX's SummaryWriter
+# flush every 120 s (flush_secs); a node whose only progress is TensorBoard allows that much more
+# before it calls a hang. HF Trainer flushes on every log (flush_s: 0 is safe there).
+TB_FLUSH_S = 120.0
+MAX_TB_TAGS = 40
+# Scalar tag -> metrics-stream key, for the trainers' own names (the spec's `tags` add to these).
+TB_TAGS = {
+    # transformers.Trainer (report_to=tensorboard): its logs dict, "train/" prefixed
+    "train/loss": "loss",
+    "train/grad_norm": "grad_norm",
+    "train/learning_rate": "lr",
+    "train/epoch": "epoch",
+    # torchtitan (metrics.enable_tensorboard)
+    "loss_metrics/global_avg_loss": "loss",
+    "grad_norm": "grad_norm",
+    "lr": "lr",
+    "throughput(tps)": "tokens_per_s",
+    "mfu(%)": "mfu",
+    # Megatron-LM (--tensorboard-dir)
+    "lm loss": "loss",
+    "learning-rate": "lr",
+    "grad-norm": "grad_norm",
+    # generic writers (Lightning's self.log("train_loss"), hand-rolled loops)
+    "loss": "loss",
+    "train_loss": "loss",
+    "learning_rate": "lr",
+}
+_RESERVED_KEYS = ("t", "rank", "step", "event", SOURCE_KEY)
+_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+
+
+def validate_tensorboard(value: Any) -> dict[str, Any]:
+    """`metrics.tensorboard`, normalised to `{"dir", "tags", "flush_s"}`. `true` or `{}` means the
+    defaults; a string is the directory. Raises ValueError saying what is wrong."""
+    if value is True or value is None:
+        value = {}
+    elif isinstance(value, str):
+        value = {"dir": value}
+    if not isinstance(value, dict):
+        raise ValueError("metrics.tensorboard: true, a directory, or {dir, tags, flush_s}")
+    unknown = set(value) - {"dir", "tags", "flush_s"}
+    if unknown:
+        raise ValueError(f"metrics.tensorboard: unknown field(s) {', '.join(sorted(unknown))} (dir, tags, flush_s)")
+    directory = value.get("dir") or TB_DEFAULT_DIR
+    if not isinstance(directory, str) or not directory.startswith("/") or ".." in directory.split("/"):
+        raise ValueError(f"metrics.tensorboard.dir: an absolute path without '..' (got {directory!r})")
+    tags = value.get("tags") or {}
+    if not isinstance(tags, dict):
+        raise ValueError("metrics.tensorboard.tags: a mapping {scalar tag: metrics key}, e.g. {'my/loss': 'loss'}")
+    if len(tags) > MAX_TB_TAGS:
+        raise ValueError(f"metrics.tensorboard.tags: at most {MAX_TB_TAGS} (got {len(tags)})")
+    out_tags = {}
+    for tag, key in tags.items():
+        if not isinstance(tag, str) or not tag.strip() or len(tag) > 255:
+            raise ValueError(f"metrics.tensorboard.tags: a tag is a non-empty string ≤ 255 characters (got {tag!r})")
+        if not isinstance(key, str) or not key.strip():
+            raise ValueError(f"metrics.tensorboard.tags[{tag!r}]: the metrics key is a non-empty string")
+        field = field_for(key)
+        if not _KEY_RE.match(field) or field in _RESERVED_KEYS:
+            raise ValueError(
+                f"metrics.tensorboard.tags[{tag!r}]: {key!r} cannot be a metrics key "
+                f"(a name like loss or grad_norm; not {', '.join(_RESERVED_KEYS)}: the step is the event's own)"
+            )
+        out_tags[tag] = field
+    flush_s = value.get("flush_s", TB_FLUSH_S)
+    if isinstance(flush_s, bool) or not isinstance(flush_s, (int, float)) or not 0 <= flush_s <= 3600:
+        raise ValueError(f"metrics.tensorboard.flush_s: seconds between 0 and 3600 (got {flush_s!r})")
+    return {"dir": directory, "tags": out_tags, "flush_s": float(flush_s)}
 
 
 def field_for(name: str) -> str:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from aerie_contracts._strenum import StrEnum
+
 STEP_DIR = "step_{step:08d}"
 ATTEMPT_DIR = "attempt_{attempt:04d}"
 STEP_RE = re.compile(r"^step_(\d{8,})$")
@@ -47,3 +49,24 @@ def step_of_uri(uri: str | None) -> int | None:
     """The step a checkpoint URI (or key) names, from its `step_<N>` directory; None if none."""
     match = _STEP_IN_URI.search("/" + (uri or ""))
     return int(match.group(1)) if match else None
+
+
+# --- tiers ------------------------------------------------------------------------------------------
+# A recorded checkpoint lives in one tier: `s3` (durable, at `checkpoint.every_steps`) or `memory`
+# (a snapshot in the nodes' shared memory, replicated to one peer node; see aerie_contracts.memckpt).
+# A memory checkpoint's URI is `mem://<job id>/step_<N>/attempt_<E>`: unique per job like an S3 one,
+# and `step_of_uri` reads its step.
+class CheckpointTier(StrEnum):
+    S3 = "s3"
+    MEMORY = "memory"
+
+
+MEMORY_SCHEME = "mem://"
+
+
+def memory_uri(job_id: str, step: int, attempt: int) -> str:
+    return f"{MEMORY_SCHEME}{job_id}/{step_dir(step)}/{attempt_dir(attempt)}"
+
+
+def tier_of_uri(uri: str) -> CheckpointTier:
+    return CheckpointTier.MEMORY if str(uri).startswith(MEMORY_SCHEME) else CheckpointTier.S3

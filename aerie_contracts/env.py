@@ -95,13 +95,20 @@ ATTEMPT_NUMBER = _var(
     "trainer",
 )
 RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty", "backend", "trainer")
+IN_PLACE_WAIT_S = _var(
+    "AERIE_IN_PLACE_WAIT_S",
+    "after its worker group ends, how long the agent waits for an in-place successor attempt (0 or unset: it exits)",
+    "local backend",
+    "agent",
+)
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
 CHECKPOINT_EVERY = _var("AERIE_CHECKPOINT_EVERY", "checkpoint every this many steps", "backend", "trainer")
 LOG_METRICS = _var(
     "AERIE_LOG_METRICS",
-    'JSON {"preset", "definitions"}: turn rank output lines into metrics records (aerie_contracts.byo)',
+    'JSON {"preset", "definitions", "tensorboard"}: turn rank output lines (agent.rank) and TensorBoard '
+    "event files (the agent) into metrics records (aerie_contracts.byo)",
     "backend",
-    "agent.rank",
+    "agent, agent.rank",
 )
 CHECKPOINT_LOCAL_PATH = _var(
     "AERIE_CHECKPOINT_LOCAL_PATH",
@@ -120,6 +127,18 @@ CHECKPOINT_DIR = _var(
     "the node's local checkpoint directory, the agent's resolution of checkpoint.local_path",
     "agent",
     "trainer (a third-party script's --output-dir)",
+)
+MEMORY_CHECKPOINT_EVERY = _var(
+    "AERIE_MEMORY_CHECKPOINT_EVERY",
+    "the spec's checkpoint.memory_every_steps: a step count, `auto` (from the measured cost) or 0 (off)",
+    "backend",
+    "trainer",
+)
+MEMORY_CHECKPOINT_DIR = _var(
+    "AERIE_MEMORY_CHECKPOINT_DIR",
+    "the node's shared-memory area for in-memory checkpoints (default /dev/shm/aerie-memckpt)",
+    "agent",
+    "trainer",
 )
 FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
 # --- the trainer ------------------------------------------------------------------------------

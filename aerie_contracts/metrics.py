@@ -52,6 +52,8 @@ STALL_S = "stall_s"  # the synchronous part of a save (the training loop waited)
 UPLOAD_S = "upload_s"  # the asynchronous part (beside the steps)
 SAVE_S = "save_s"  # stall + upload
 SIZE_BYTES = "size_bytes"
+SNAPSHOT_PATH = "path"  # checkpoint_memory: the snapshot file in the node's shared memory
+SNAPSHOT_S = "snapshot_s"  # checkpoint_memory: the time the rank was blocked writing it
 
 
 class MetricEvent(StrEnum):
@@ -62,4 +64,7 @@ class MetricEvent(StrEnum):
     CHECKPOINT_COMMITTED = "checkpoint_committed"
     EVAL_BEGIN = "eval_begin"
     EVAL_END = "eval_end"
+    # A rank's in-memory snapshot is complete in the node's shared memory (issue #22): `path`,
+    # `size_bytes`, `snapshot_s` (the time the rank was blocked for it).
+    CHECKPOINT_MEMORY = "checkpoint_memory"
     RESTORED = "restored"  # once, after a resume: `uri` and `restore_s` (seconds spent restoring)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from agent.supervisor import AgentConfig, Supervisor
+from agent.config import AgentConfig
+from agent.supervisor import Supervisor
 
 
 def main() -> int:

@@ -29,6 +29,7 @@ from typing import Any
 
 from aerie_contracts import byo
 from aerie_contracts import env as E
+from agent.contract import node_path
 
 log = logging.getLogger("aerie.agent")
 _LAST_INT = re.compile(r"(\d+)(?!.*\d)")
@@ -37,10 +38,7 @@ _LAST_INT = re.compile(r"(\d+)(?!.*\d)")
 def local_dir(local_path: str | None, ml_root: Path) -> Path:
     """Where the checkpoints are on this node: SageMaker's /opt/ml paths under the node's ML root
     (the local and Slurm backends root /opt/ml there), other absolute paths as given."""
-    path = local_path or byo.DEFAULT_LOCAL_PATH
-    if path == "/opt/ml" or path.startswith("/opt/ml/"):
-        return Path(ml_root) / path[len("/opt/ml/") :] if path != "/opt/ml" else Path(ml_root)
-    return Path(path)
+    return node_path(local_path or byo.DEFAULT_LOCAL_PATH, ml_root)
 
 
 def finished_candidates(root: Path, marker: str) -> dict[str, tuple[int, Path]]:

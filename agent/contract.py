@@ -20,7 +20,7 @@ from typing import Any
 from aerie_contracts import env as E
 from aerie_contracts.failures import FailureKind
 from agent.devices import visible_gpu_count
-from agent.identity import DEFAULT_GROUP, NodeIdentity, resource_config
+from agent.identity import DEFAULT_GROUP, NodeIdentity, NodeLayout, resource_config
 
 # --- input channels (InputDataConfig), with SageMaker's names ---------------------------------
 FILE, FAST_FILE, PIPE = "File", "FastFile", "Pipe"  # TrainingInputMode
@@ -37,6 +37,16 @@ INPUT_UNAVAILABLE = FailureKind.INPUT_UNAVAILABLE.value
 # Key of the heartbeat summary (and agent/data_download.json) recording the download's duration and
 # bytes, for the goodput ledger.
 DATA_DOWNLOAD = "data_download"
+
+
+def node_path(path: str, ml_root: Path) -> Path:
+    """Where a SageMaker container path is on this node: /opt/ml paths under the node's ML root (the
+    local and Slurm backends root /opt/ml there), other absolute paths as given."""
+    if path == "/opt/ml":
+        return Path(ml_root)
+    if path.startswith("/opt/ml/"):
+        return Path(ml_root) / path[len("/opt/ml/") :]
+    return Path(path)
 
 
 def channel_config(value: Any) -> dict[str, str]:
@@ -58,7 +68,7 @@ def local_source(uri: str) -> Path | None:
 
 
 @dataclass(frozen=True)
-class NodeContract:
+class NodeContract(NodeLayout):
     ml_root: Path
     hosts: tuple[str, ...]
     current_host: str
@@ -72,14 +82,6 @@ class NodeContract:
     @property
     def node_rank(self) -> int:
         return sorted(self.hosts).index(self.current_host)
-
-    @property
-    def node_dir(self) -> Path:
-        return self.ml_root / "agent"
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.ml_root / "output" / "metrics"
 
     def write(self) -> None:
         """Create the directory tree and the config files SageMaker writes before the container starts."""

@@ -48,8 +48,22 @@ class IdentityError(ValueError):
     """The platform's description of the node is unusable (said plainly, never guessed around)."""
 
 
+class NodeLayout:
+    """Where a node's files lie under its ML root: the agent's own, and the ranks' metrics streams."""
+
+    ml_root: Path
+
+    @property
+    def node_dir(self) -> Path:
+        return self.ml_root / "agent"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.ml_root / "output" / "metrics"
+
+
 @dataclass(frozen=True)
-class NodeIdentity:
+class NodeIdentity(NodeLayout):
     ml_root: Path
     hosts: tuple[str, ...]
     current_host: str
@@ -68,14 +82,6 @@ class NodeIdentity:
     @property
     def master_host(self) -> str:
         return self.hosts[0]
-
-    @property
-    def node_dir(self) -> Path:
-        return self.ml_root / "agent"
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.ml_root / "output" / "metrics"
 
     @property
     def group_hosts(self) -> list[str]:

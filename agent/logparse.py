@@ -90,11 +90,14 @@ class LogParser:
 
     @classmethod
     def from_env(cls, value: str | None, rank: int) -> LogParser | None:
-        """From `AERIE_LOG_METRICS`; None when unset, empty or unusable (the rank runs unparsed)."""
+        """From `AERIE_LOG_METRICS`; None when unset, empty, unusable or without log rules (the rank
+        runs unparsed)."""
         if not value:
             return None
         try:
             cfg = json.loads(value)
+            if not cfg.get("preset") and not cfg.get("definitions"):
+                return None  # progress from TensorBoard only (agent.tb_progress): no line to parse
             return cls(rank=rank, preset=cfg.get("preset"), definitions=cfg.get("definitions") or [])
         except (ValueError, TypeError, AttributeError):
             return None

@@ -21,7 +21,10 @@ log = logging.getLogger("aerie.agent")
 class Reporter:
     def __init__(self, api: str, token: str, attempt: str, host: str, timeout_s: float = 5.0):
         self.enabled = bool(api and token and attempt)
+        self.host = host
         self.base = f"/v1/attempts/{attempt}/nodes/{host}"
+        # The heartbeat's answer said the attempt is over (terminal, or the job is stopping).
+        self.attempt_over = False
         self._client = httpx.Client(
             base_url=api or "http://127.0.0.1:9", timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
         )
@@ -55,7 +58,31 @@ class Reporter:
     def _drain(self) -> None:
         while True:
             summary = self._beats.get()
-            self._post("/heartbeat", summary, tries=1)
+            base = self.base
+            answer = self._post("/heartbeat", summary, tries=1, answer=True)
+            if isinstance(answer, dict) and answer.get("stop") and base == self.base:
+                self.attempt_over = True  # not for an answer about the attempt before a retarget
+
+    def next_attempt(self) -> dict[str, Any] | None:
+        """What this node does now that its worker group ended (GET .../next), None if unknown."""
+        if not self.enabled:
+            return None
+        try:
+            r = self._client.get(self.base + "/next")
+        except httpx.HTTPError as exc:
+            log.debug("control plane unreachable for /next: %s", exc)
+            return None
+        if r.status_code != 200:
+            log.warning("control plane refused /next: %s %s", r.status_code, r.text[:200])
+            return None
+        answer = r.json()
+        return answer if isinstance(answer, dict) else None
+
+    def retarget(self, attempt: str, token: str) -> None:
+        """Speak for another attempt (an in-place successor) from now on, with its own token."""
+        self.base = f"/v1/attempts/{attempt}/nodes/{self.host}"
+        self._client.headers["Authorization"] = f"Bearer {token}"
+        self.attempt_over = False
 
     def verdict(self, body: dict[str, Any]) -> None:
         if self.enabled:
@@ -104,7 +131,8 @@ class Reporter:
             time.sleep(0.1)
         return self._post("/exit", body, tries=2)
 
-    def _post(self, path: str, body: dict[str, Any], tries: int) -> bool:
+    def _post(self, path: str, body: dict[str, Any], tries: int, answer: bool = False) -> Any:
+        """True if accepted (with `answer`: the response's JSON), False if not."""
         if not self.enabled:
             return False
         for i in range(tries):
@@ -113,8 +141,16 @@ class Reporter:
                 if r.status_code < 500:
                     if r.status_code >= 400:
                         log.warning("control plane refused %s: %s %s", path, r.status_code, r.text[:200])
-                    return r.status_code < 400
+                        return False
+                    return _json_or_true(r) if answer else True
             except httpx.HTTPError as exc:
                 log.debug("control plane unreachable for %s: %s", path, exc)
             time.sleep(min(2.0, 0.3 * 2**i))
         return False
+
+
+def _json_or_true(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return True

@@ -4,145 +4,51 @@ One supervisor per node. It starts the entrypoint (through torchrun when the job
 one rank), ticks the monitor every `sample_s`, sends heartbeats every `heartbeat_s`, and on a
 verdict posts it and stops the ranks' process tree (SIGTERM, grace, SIGKILL), so the attempt
 fails in seconds with a named cause instead of waiting out a collective timeout. The agent is a
-child subreaper, so no rank of the tree outlives the node (see `_become_subreaper`).
+child subreaper, so no rank of the tree outlives the node (see `agent.proctree.become_subreaper`).
+
+Where the backend keeps agents up between attempts (`AERIE_IN_PLACE_WAIT_S`), a failed worker
+group does not end the agent: it stops its ranks once the control plane says the attempt is over
+(the heartbeat's answer), asks what comes next (`GET .../next`), and for an in-place successor
+restarts only its worker group with the new attempt's id, token and resume point (a warm attempt).
+
+Over 400 lines on purpose: the node's lifecycle (launch, tick, heartbeat, stop, the in-place
+hand-over, outcome) is one state machine over shared state; what stands apart lives beside it
+(agent.config, agent.progress_sources, agent.proctree).
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
+import dataclasses
 import logging
 import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
 
 from aerie_contracts import byo
 from aerie_contracts import env as E
-from aerie_contracts.env import SECTIONS
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind
 from aerie_contracts.goodput import SUMMARY_RESTORE_S
-from aerie_contracts.health import merge_learned
 from aerie_contracts.metrics import MetricEvent
+from aerie_contracts.restarts import NextAction
+from agent.config import AgentConfig, rank_command, write_failure
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
-from agent.identity import IdentityError, NodeIdentity, ml_root, resolve_identity
+from agent.proctree import become_subreaper, kill_tree, killpg
+from agent.progress_sources import make_monitor, make_tb_progress
 
 log = logging.getLogger("aerie.agent")
 
 TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
 VERDICT_GRACE_S = 3.0  # after a verdict: the ranks are hung or diverged, there is nothing to save
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 # Rank 0's training steps forwarded to the control plane (POST .../metrics), batched.
 METRIC_KEYS = ("t", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
 METRICS_EVERY_S = 2.0
 METRICS_BATCH = 500
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """Everything the agent needs, read once from the contract environment."""
-
-    ml_root: Path
-    node_dir: Path
-    metrics_dir: Path
-    hosts: tuple[str, ...]
-    host: str
-    entrypoint: tuple[str, ...]
-    procs_per_node: int = 1
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    workdir: Path = Path(".")
-    api: str = ""
-    token: str = ""
-    attempt: str = ""
-    health: dict[str, Any] = field(default_factory=dict)
-    learned: dict[str, list[float]] = field(default_factory=dict)  # AERIE_SECTIONS
-    interfaces: tuple[str, ...] = ()
-    identity: NodeIdentity | None = None  # where hosts/host/master came from (None: given directly)
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> AgentConfig:
-        """Identity from the platform's contract (`agent.identity`: resourceconfig.json first),
-        the job from Aerie's AERIE_* variables."""
-        env = dict(os.environ if env is None else env)
-        try:
-            ident = resolve_identity(env)
-        except IdentityError as exc:
-            # The node cannot start: say why where SageMaker (FailureReason) and the backends look.
-            _write_failure(ml_root(env), {"kind": FailureKind.LAUNCH_FAILED, "message": str(exc)})
-            raise SystemExit(f"agent: {exc}") from exc
-        entry = json.loads(env[E.ENTRYPOINT]) if env.get(E.ENTRYPOINT) else []
-        if not entry:
-            raise SystemExit("agent: AERIE_ENTRYPOINT is empty: nothing to run")
-        return cls(
-            ml_root=ident.ml_root,
-            node_dir=ident.node_dir,
-            metrics_dir=Path(env.get(E.METRICS_PATH) or ident.metrics_dir),
-            hosts=ident.hosts,
-            host=ident.current_host,
-            entrypoint=tuple(entry),
-            procs_per_node=int(env.get(E.PROCS_PER_NODE, "1")),
-            master_addr=ident.master_addr,
-            master_port=ident.master_port,
-            workdir=Path(env.get(E.WORKDIR, os.getcwd())),
-            api=env.get(E.API, ""),
-            token=env.get(E.AGENT_TOKEN, ""),
-            attempt=env.get(E.ATTEMPT, ""),
-            health=json.loads(env.get(E.HEALTH) or "{}"),
-            learned=_learned_sections(env.get(SECTIONS)),
-            interfaces=tuple(i.strip() for i in ident.network_interface.split(",") if i.strip()),
-            identity=ident,
-        )
-
-    @property
-    def node_rank(self) -> int:
-        return self.hosts.index(self.host)
-
-    @property
-    def node_identity(self) -> NodeIdentity:
-        if self.identity is not None:
-            return self.identity
-        return NodeIdentity(
-            self.ml_root,
-            self.hosts,
-            self.host,
-            self.master_addr,
-            self.master_port,
-            network_interface=",".join(self.interfaces),
-        )
-
-    @property
-    def world_size(self) -> int:
-        return len(self.hosts) * self.procs_per_node
-
-
-def rank_command(cfg: AgentConfig) -> list[str]:
-    """The argv that starts this node's ranks, each under the `agent.rank` wrapper."""
-    wrapped = [sys.executable, "-m", "agent.rank", "--", *cfg.entrypoint]
-    if cfg.world_size == 1:
-        return wrapped
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={len(cfg.hosts)}",
-        f"--nproc-per-node={cfg.procs_per_node}",
-        f"--node-rank={cfg.node_rank}",
-        f"--master-addr={cfg.master_addr}",
-        f"--master-port={cfg.master_port}",
-        "--max-restarts=0",
-        "--monitor-interval=1",
-        "--no-python",
-        *wrapped,
-    ]
 
 
 class Supervisor:
@@ -150,7 +56,8 @@ class Supervisor:
         from agent.report import Reporter
 
         self.cfg = cfg
-        self.monitor = monitor if monitor is not None else _make_monitor(cfg)
+        self._own_monitor = monitor is None  # remade for each worker group
+        self.monitor = monitor if monitor is not None else make_monitor(cfg)
         self.reporter = reporter or Reporter(cfg.api, cfg.token, cfg.attempt, cfg.host)
         self.proc: subprocess.Popen | None = None
         self.verdict: dict[str, Any] | None = None
@@ -166,6 +73,8 @@ class Supervisor:
         self.input_failure: dict[str, Any] | None = None
         self.restore_failure: dict[str, Any] | None = None
         self.checkpoints: Any = None  # agent.byo_checkpoints.CheckpointSync for a third-party trainer
+        self.tb_progress: Any = None  # agent.tb_progress.TensorBoardProgress: progress from event files
+        self.attempt_over = False  # the control plane said this attempt ended (elsewhere, maybe)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -177,12 +86,21 @@ class Supervisor:
         write_json(cfg.node_dir / "agent.pid", os.getpid())
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
-        _become_subreaper()
+        become_subreaper()
         if not self._receive_inputs():
             return self._finish(1)
+        while True:
+            code = self._run_group()
+            successor = self._await_in_place() if code != 0 else None
+            if successor is None:
+                return code
+            self._switch(successor)
+
+    def _run_group(self) -> int:
+        """One attempt's worker group on this node, from restore to outcome (the node's exit code)."""
+        cfg = self.cfg
         if not self._restore_checkpoint():
             return self._finish(1)
-
         env = dict(os.environ)
         # SageMaker sets no SM_* at all: the agent does, as its training toolkit would, and points
         # the ranks at the agent's own directory (pid and exit files) and the metrics stream.
@@ -190,6 +108,11 @@ class Supervisor:
         env.update({E.NODE_DIR: str(cfg.node_dir), E.METRICS_PATH: str(cfg.metrics_dir)})
         if self.checkpoints is not None:
             env[E.CHECKPOINT_DIR] = str(self.checkpoints.root)
+        self.tb_progress = make_tb_progress(cfg)
+        if self.tb_progress is not None:
+            self.tb_progress.directory.mkdir(parents=True, exist_ok=True)
+            # transformers.Trainer writes its TensorBoard events where this names (report_to=tensorboard).
+            env.setdefault("TENSORBOARD_LOGGING_DIR", str(self.tb_progress.directory))
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
         if cfg.world_size == 1:
             env.update(
@@ -217,6 +140,8 @@ class Supervisor:
         while self.proc.poll() is None:
             now = time.time()
             self._tick(now)
+            if self.warm_wait_s > 0 and self.reporter.attempt_over and not self.attempt_over:
+                self._attempt_ended()
             if now >= next_beat:
                 self.reporter.heartbeat(self._summary())
                 next_beat = now + heartbeat_s
@@ -225,9 +150,88 @@ class Supervisor:
         self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
         if self.proc.returncode == 0 and self.verdict is None and not self.stop_requested:
             self._drain_checkpoints()
-        leftovers = self._kill_tree()  # what torchrun left behind, if anything
+        leftovers = kill_tree(self.proc.pid)  # what torchrun left behind, if anything
         psutil.wait_procs(leftovers, timeout=5)  # adopted by this subreaper: reap them
         return self._finish(self.proc.returncode)
+
+    # --- in place -------------------------------------------------------------------------
+
+    @property
+    def warm_wait_s(self) -> float:
+        """How long the agent waits for an in-place successor after a failed worker group."""
+        try:
+            return max(0.0, float(E.IN_PLACE_WAIT_S.get() or 0))
+        except ValueError:
+            return 0.0
+
+    def _attempt_ended(self) -> None:
+        """The heartbeat's answer said stop: the attempt failed elsewhere (these ranks' work is
+        void: the verdict's short grace) or the job is stopping (a stop's grace, time to finish an
+        in-flight save). `GET .../next` tells the two apart; the agent stays up either way."""
+        self.attempt_over = True
+        answer = self.reporter.next_attempt() or {}
+        failed = answer.get("action") in (NextAction.WAIT, NextAction.RESTART)
+        log.info(
+            "attempt %s is over (%s): stopping the ranks of %s", self.cfg.attempt, answer.get("why"), self.cfg.host
+        )
+        self._terminate_ranks(VERDICT_GRACE_S if failed else TERM_GRACE_S)
+
+    def _await_in_place(self, poll_s: float = 0.5) -> dict[str, Any] | None:
+        """The in-place successor attempt (`GET .../next` said restart), or None: the agent ends
+        (a relaunch or the job's end was decided, a stop request, or no word within the wait)."""
+        wait_s = self.warm_wait_s
+        if wait_s <= 0 or self.stop_requested or not self.reporter.enabled:
+            return None
+        deadline = time.time() + wait_s
+        log.info("node %s waits up to %.0fs for an in-place restart", self.cfg.host, wait_s)
+        while time.time() < deadline and not self.stop_requested:
+            answer = self.reporter.next_attempt()
+            action = (answer or {}).get("action")
+            if action == NextAction.RESTART:
+                return answer
+            if action == NextAction.EXIT:
+                log.info("node %s: no in-place restart (%s)", self.cfg.host, (answer or {}).get("why"))
+                return None
+            self._stop.wait(poll_s)  # wakes at once on SIGTERM
+        return None
+
+    def _switch(self, successor: dict[str, Any]) -> None:
+        """Serve the in-place attempt `successor`: its id, token and resume point for the agent and
+        the ranks it starts next; per-group state and files of the attempt before set aside.
+        (The resume point is the control plane's: S3's last good checkpoint today; a memory
+        tier's point arrives the same way.)"""
+        cfg = self.cfg
+        attempt, token = str(successor["attempt_id"]), str(successor["token"])
+        previous = os.environ.get(E.ATTEMPT_NUMBER, "")
+        os.environ.update(
+            {
+                E.ATTEMPT: attempt,
+                E.AGENT_TOKEN: token,
+                E.ATTEMPT_NUMBER: str(successor.get("attempt_number") or ""),
+                E.RESUME_FROM: successor.get("resume_from") or "",
+            }
+        )
+        self.cfg = dataclasses.replace(cfg, attempt=attempt, token=token)
+        port = successor.get("master_port")
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            ident = None if cfg.identity is None else dataclasses.replace(cfg.identity, master_port=port)
+            self.cfg = dataclasses.replace(self.cfg, master_port=port, identity=ident)
+            os.environ[E.MASTER_PORT] = str(port)
+        self.reporter.retarget(attempt, token)
+        stale_files = [cfg.node_dir / "exit.json", cfg.ml_root / "output" / "failure"]
+        for stale in [*stale_files, *(cfg.node_dir / "ranks").glob("rank-*")]:
+            stale.unlink(missing_ok=True)  # the last group's outcome must not be read as this one's
+        if cfg.metrics_dir.exists():
+            # A fresh stream: the monitor and the control plane must not re-read the last group's steps.
+            cfg.metrics_dir.rename(cfg.metrics_dir.with_name(f"{cfg.metrics_dir.name}.attempt-{previous or 'prev'}"))
+        cfg.metrics_dir.mkdir(parents=True, exist_ok=True)
+        self.proc, self.verdict, self.attempt_over = None, None, False
+        self._term_sent_at, self._grace_s = None, TERM_GRACE_S
+        self.restore_s = self.restore_failure = None
+        self._metrics_batch = []
+        if self._own_monitor:
+            self.monitor = make_monitor(self.cfg)
+        log.info("node %s restarts its worker group in place for %s", cfg.host, attempt)
 
     def _on_stop_signal(self, signum, _frame) -> None:
         self.stop_requested = True
@@ -313,30 +317,12 @@ class Supervisor:
         self._grace_s = min(self._grace_s, grace_s)
         if self.proc and self.proc.poll() is None and self._term_sent_at is None:
             self._term_sent_at = time.time()
-            _killpg(self.proc.pid, signal.SIGTERM)
-            _killpg(self.proc.pid, signal.SIGCONT)  # a stopped rank can only act on SIGTERM once resumed
+            killpg(self.proc.pid, signal.SIGTERM)
+            killpg(self.proc.pid, signal.SIGCONT)  # a stopped rank can only act on SIGTERM once resumed
 
     def _escalate(self, now: float) -> None:
         if self._term_sent_at and now - self._term_sent_at > self._grace_s and self.proc:
-            self._kill_tree()
-
-    def _kill_tree(self) -> list[psutil.Process]:
-        """SIGKILL the rank tree: torchrun's process group, and every descendant of this process
-        whatever its session (torchrun puts each worker in a session of its own, out of reach of
-        the killpg). This process has no children but the rank tree. Returns the processes
-        signalled, except the rank command itself (`self.proc`, which Popen reaps)."""
-        assert self.proc is not None
-        _killpg(self.proc.pid, signal.SIGKILL)
-        try:
-            tree = psutil.Process().children(recursive=True)
-        except psutil.Error:
-            return []
-        for proc in tree:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        return [proc for proc in tree if proc.pid != self.proc.pid]
+            kill_tree(self.proc.pid)
 
     # --- monitoring -----------------------------------------------------------------------
 
@@ -346,6 +332,8 @@ class Supervisor:
         apply_pending(self.cfg.node_dir, self.cfg.interfaces)  # `aerie chaos` requests, if any
         if self.checkpoints is not None:
             self.checkpoints.tick(now)  # uploads run in a thread of their own: training goes on
+        if self.tb_progress is not None:
+            self.tb_progress.poll(now, final=not detect)  # into the metrics stream the monitor reads next
         if self.monitor is None:
             return
         try:
@@ -415,9 +403,10 @@ class Supervisor:
             reason = self._upload_model()
             code = 1 if reason else 0
         outcome = {"exit_code": code, "reason": reason, "t": time.time(), "host": self.cfg.host}
-        write_json(self.cfg.node_dir / "exit.json", outcome)
+        # The attempt it belongs to: the backend's poll of an in-place successor skips it.
+        write_json(self.cfg.node_dir / "exit.json", {**outcome, "attempt": self.cfg.attempt})
         if code != 0 and reason:
-            _write_failure(self.cfg.ml_root, reason)
+            write_failure(self.cfg.ml_root, reason)
         self.reporter.exit(outcome)
         log.info("node %s finished: exit %s %s", self.cfg.host, code, reason or "")
         return code
@@ -483,81 +472,6 @@ class Supervisor:
         return min(failed, key=lambda e: e.get("t", 0.0)) if failed else None
 
 
-def _write_failure(ml_root: Path, reason: dict[str, Any]) -> None:
-    """`output/failure`: "<kind>: <message>", the line SageMaker quotes in FailureReason."""
-    failure = ml_root / "output" / "failure"
-    try:
-        failure.parent.mkdir(parents=True, exist_ok=True)
-        failure.write_text(f"{reason.get('kind')}: {reason.get('message', '')}\n")
-    except OSError:
-        log.exception("cannot write %s", failure)
-
-
 def _json_safe(value: Any) -> Any:
     """NaN/Infinity are not JSON: send them as null (the metric was not a number)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _make_monitor(cfg: AgentConfig) -> Any:
-    if not cfg.health.get("enabled", True):
-        return None
-    try:
-        from agent.monitor import Monitor
-    except ImportError:  # pragma: no cover - the monitor ships with the agent
-        return None
-    monitor = Monitor(
-        node_dir=cfg.node_dir,
-        metrics_dir=cfg.metrics_dir,
-        health=cfg.health,
-        interfaces=list(cfg.interfaces) or None,
-        host=cfg.host,
-        sample_s=float(cfg.health.get("sample_s", 1.0)),
-        started_at=time.time(),
-        learned=cfg.learned,
-    )
-    monitor.blind_until_first_step = not prints_progress(cfg, E.LOG_METRICS.get())
-    return monitor
-
-
-def prints_progress(cfg: AgentConfig, log_metrics: str | None) -> bool:
-    """Whether this node hosts the rank whose output carries progress. Always, unless progress
-    comes from log lines of a trainer that prints on one rank only (aerie_contracts.byo.PRINTING_RANK)."""
-    if not log_metrics:
-        return True
-    try:
-        preset = json.loads(log_metrics).get("preset")
-    except (ValueError, AttributeError):
-        return True
-    rank = byo.PRINTING_RANK.get(preset, 0) % cfg.world_size
-    return rank // cfg.procs_per_node == cfg.node_rank
-
-
-def _learned_sections(text: str | None) -> dict[str, list[float]]:
-    """`AERIE_SECTIONS`, validated: a malformed value costs the learned limits, never the node."""
-    try:
-        return merge_learned([json.loads(text)]) if text else {}
-    except (ValueError, TypeError, AttributeError):
-        log.warning("ignoring malformed %s: %.200s", SECTIONS, text)
-        return {}
-
-
-def _become_subreaper() -> None:
-    """Adopt orphaned descendants instead of letting init adopt them.
-
-    When the grace runs out the agent SIGKILLs torchrun, which then cannot stop its workers; a
-    worker that ignores SIGTERM (a busy hang: exactly what a verdict stops) was adopted by init
-    and kept its core or GPU forever after the node reported its end. Adopted by the agent, it
-    stays a descendant that `_kill_tree` finds and reaps. Linux only (elsewhere: best effort)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        log.warning("cannot become a child subreaper: a rank that ignores SIGTERM may outlive the node")
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

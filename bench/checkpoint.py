@@ -27,6 +27,7 @@ uncapped (straight to moto): moto copies the whole object under a lock for every
 GET, so its ceiling depends on object size x request count. A restore's connections are
 the larger of those asked for and the peak the proxy saw at once (idle ones included), so
 the bound is never flattered by a client opening more than it was asked to. Prints ONE JSON line.
+Over 400 lines: four measurements that must share one stage, one cap and one run to be compared.
 
     .venv/bin/python bench/checkpoint.py [--size-mb 200] [--cap-mb auto] [--threads 8]
         [--connections 16] [--nodes 64,128,512]
@@ -40,7 +41,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +48,7 @@ from aerie_contracts import env as aerie_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.s3stage import S3Stage
 from infra.local.s3proxy import ProxyProcess
 from orchestrator.devstack import S3Server
 from trainer.checkpoint import manifest, s3io
@@ -227,17 +228,19 @@ def main() -> None:
 
     torch.set_num_threads(1)
     part = int(args.part_mb * (1 << 20))
-    work = Path(tempfile.mkdtemp(prefix="aerie-bench-ckpt-"))
-    server = S3Server.start(log_path=work / "moto.log")
-    proxy = None
+    stage = S3Stage("aerie-bench-ckpt-")
+    work, server = stage.work, stage.server
     try:
+        # The CRT client takes its credentials from the environment (the default chain), so the
+        # loopback server's go there before the first ranged GET.
+        os.environ.update(server.env())
         link = measure_link(server, args.connections, 64 << 20)
         cap = min(S3_CAP_MB * MB, 0.5 * link / args.connections) if args.cap_mb == "auto" else float(args.cap_mb) * MB
         log(
             f"moto uncapped, {args.connections} connections: {link / MB:.0f} MB/s; "
             f"cap per connection {cap / MB:.2f} MB/s"
         )
-        proxy = ProxyProcess("127.0.0.1", server.port, cap, str(work / "proxy-stats.json"))
+        proxy = stage.throttle(cap)
         env = {
             **server.env(),
             aerie_env.S3_ENDPOINT: proxy.endpoint_url,
@@ -402,10 +405,7 @@ def main() -> None:
         }
         print(json.dumps(result))
     finally:
-        if proxy:
-            proxy.stop()
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        stage.close()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from aerie_s3.listing import list_prefix  # noqa: E402
 from aerie_s3.settings import S3Settings  # noqa: E402
 from agent.channels import receive  # noqa: E402
 from agent.contract import NodeContract  # noqa: E402
+from bench.s3stage import S3Stage  # noqa: E402
 from infra.local.s3proxy import ProxyProcess  # noqa: E402
 from orchestrator.devstack import S3Server  # noqa: E402
 
@@ -263,9 +263,8 @@ def main() -> None:
     p.add_argument("--no-train", action="store_true", help="skip (b)")
     args = p.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="aerie-bench-data-"))
-    server = S3Server.start(log_path=work / "moto.log")
-    proxy = None
+    stage = S3Stage("aerie-bench-data-")
+    work, server = stage.work, stage.server
     try:
         os.environ.update(server.env())
         total = upload_channel(server, "channel", int(args.size_mb * MB), args.objects)
@@ -281,7 +280,7 @@ def main() -> None:
         shutil.rmtree(work / "link", ignore_errors=True)
         cap = min(S3_CAP_MB * MB, 0.5 * link / args.connections) if args.cap_mb == "auto" else float(args.cap_mb) * MB
         log(f"link (proxy, no cap), {args.connections} connections: {link / MB:.0f} MB/s; cap {cap / MB:.2f} MB/s")
-        proxy = ProxyProcess("127.0.0.1", server.port, cap, str(work / "proxy-stats.json"))
+        proxy = stage.throttle(cap)
         result = {
             "bench": "data",
             "method": "per-connection token-bucket TCP proxy (infra/local/s3proxy.py) in front of moto on loopback",
@@ -293,10 +292,7 @@ def main() -> None:
         }
         print(json.dumps(result))
     finally:
-        if proxy:
-            proxy.stop()
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        stage.close()
 
 
 if __name__ == "__main__":

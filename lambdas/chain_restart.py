@@ -7,7 +7,9 @@ Triggered by "Aerie Attempt State Change" events with state Failed (and by SageM
      recurs at the same step after a resume: `lambdas/nan_replay.py`) -> job Failed;
   3. retry budget (`retry.max_restarts`) spent -> job Failed with the last failure's reason;
   4. otherwise -> attempt N+1, resuming from `last_good` of the job's checkpoint prefix and
-     excluding every node blamed `retry.exclude_after_blames` times (blames not yet cleared).
+     excluding every node blamed `retry.exclude_after_blames` times (blames not yet cleared),
+     started in place (the same nodes, only the worker groups restarted) or relaunched, with the
+     reason, in its `cause` (`lambdas/restart_mode.py`).
 Whether a failure is retried, and whether it can blame a node at all, is the policy table of
 `aerie_contracts.failures`; which node a failure blames comes from the evidence
 (`lambdas/blame.py`), and is recorded through the API before the decision, whatever it is, so
@@ -23,9 +25,11 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
+from aerie_contracts.checkpoints import CheckpointTier
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind, policy
-from lambdas import nan_replay
+from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON
+from lambdas import nan_replay, restart_mode
 from lambdas.api import Api, ApiError
 from lambdas.blame import blame_attempt
 
@@ -94,6 +98,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     resume_from = last_good_checkpoint(spec, job["id"], api)
     exclude = excluded_hosts(job, recorded, spec)
+    # The resume point is S3's last good checkpoint today; a memory tier's point plugs in here.
+    mode, mode_why = restart_mode.decide(job, failed, reason, exclude)
     body = {
         "number": number + 1,
         "resume_from": resume_from,
@@ -104,6 +110,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             "reason": reason,
             "blamed": [b["host"] for b in blames],
             "blame": blame_why,
+            CAUSE_MODE: mode.value,
+            CAUSE_MODE_REASON: mode_why,
         },
     }
     try:
@@ -113,14 +121,23 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             return {"action": "none", "why": "attempt already created"}
         raise
     log.info(
-        "job %s: attempt %d failed (%s); attempt %d resumes from %s",
+        "job %s: attempt %d failed (%s); attempt %d resumes from %s, %s: %s",
         job["id"],
         number,
         reason.get("kind"),
         number + 1,
         resume_from or "scratch",
+        mode.value,
+        mode_why,
     )
-    return {"action": "restart", "attempt": number + 1, "resume_from": resume_from, "exclude_nodes": exclude}
+    return {
+        "action": "restart",
+        "attempt": number + 1,
+        "resume_from": resume_from,
+        "exclude_nodes": exclude,
+        "mode": mode.value,
+        "mode_reason": mode_why,
+    }
 
 
 def classify(reason: dict[str, Any], spec: dict[str, Any]) -> str:
@@ -164,7 +181,10 @@ def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Api | None = No
 def recorded_checkpoints(api: Api, job_id: str) -> dict[str, str]:
     """The control plane's record of the job's checkpoints: {uri: state}."""
     rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
-    return {str(r["uri"]).rstrip("/"): r["state"] for r in rows}
+    # S3-tier rows only: a memory checkpoint has no objects to verify (and must not be reported bad
+    # for it); choosing a memory resume point is the in-place restart's decision, not this one.
+    s3 = CheckpointTier.S3.value
+    return {str(r["uri"]).rstrip("/"): r["state"] for r in rows if r.get("tier", s3) == s3}
 
 
 def report_unverified(api: Api, job_id: str, recorded: dict[str, str], infos: list) -> list[str]:

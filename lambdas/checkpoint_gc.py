@@ -24,11 +24,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if not ckpt.get("s3_uri"):
         return {"deleted": []}
     from lambdas.chain_restart import recorded_checkpoints
-    from trainer.checkpoint.manifest import gc
+    from trainer.checkpoint.gc import prune
 
     prefix = ckpt["s3_uri"].rstrip("/") + "/" + job["id"]
     protect = [a["resume_from"] for a in job["attempt_list"] if a.get("resume_from")]
-    deleted = gc(
+    deleted = prune(
         prefix,
         keep_last=int(ckpt.get("keep_last", 3)),
         keep_every=int(ckpt.get("keep_every") or 0),

@@ -81,13 +81,14 @@ def recurred(job: dict[str, Any], failed: dict[str, Any]) -> dict[str, Any] | No
 
 
 def sdc_suspect(
-    nan: dict[str, Any], replay_attempt: int, summaries: dict[str, dict[str, Any]]
+    nan: dict[str, Any], replay_attempt: int, summaries: dict[str, dict[str, Any]], completed: bool = False
 ) -> tuple[dict[str, Any], NodeBlame | None] | None:
     """(verdict, blame) once every node of the replaying attempt is past the NaN's step with a
-    finite loss; None while it is not (or if it cannot tell)."""
-    if not summaries:
+    finite loss, or the attempt `completed` (it trained every step, the NaN's too, and no
+    `loss.nan` ended it); None while it is not (or if it cannot tell)."""
+    if not summaries and not completed:
         return None
-    for s in summaries.values():
+    for s in [] if completed else summaries.values():
         last, loss = s.get("last_step"), s.get("last_loss")
         if not isinstance(last, int) or last <= nan["step"] or not isinstance(loss, (int, float)):
             return None

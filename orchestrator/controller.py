@@ -8,12 +8,21 @@ idempotently, running ones re-adopted through their backend handle).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason
 from aerie_contracts.health import HealthSettings
+from aerie_contracts.restarts import (
+    DEFAULT_IN_PLACE_RESTARTS,
+    IN_PLACE_BACKENDS,
+    RestartMode,
+    may_restart_in_place,
+    mode_of,
+    not_in_place,
+)
 from aerie_contracts.states import ATTEMPT_ACTIVE, AttemptState, JobState
 from lambdas import nan_replay
 from orchestrator import failpoints, liveness
@@ -164,6 +173,12 @@ class Controller:
                     # What earlier attempts learned about section durations (learned timeouts).
                     extra_env=learned_env(job, attempt.number),
                 )
+                previous_handle = self._previous_handle(job, attempt)
+                if mode_of(attempt.cause) == RestartMode.IN_PLACE and previous_handle is not None:
+                    request = dataclasses.replace(request, in_place_of=previous_handle)
+                elif previous_handle is not None and job.backend in IN_PLACE_BACKENDS:
+                    # A relaunch after a failure whose agents were kept up for a warm restart.
+                    self._backend(job).stop(previous_handle)
             failpoints.hit("controller.before_launch")
             # Outside the transaction: launching can take a while and must not hold locks.
             try:
@@ -201,11 +216,34 @@ class Controller:
             if result.state == AttemptState.FAILED:
                 self._fence_lost(backend, handle, result)  # first: a crash after it re-detects and re-fences
             self._record_poll(attempt_id, result)
+            if result.state == AttemptState.COMPLETED:
+                # A replay that ran to the end between two heartbeats is judged all the same.
+                with self.db.session() as s:
+                    self._check_nan_replay(s, repo.get_attempt(s, attempt_id), completed=True)
             if result.terminal:
                 self._booted_at.pop(attempt_id, None)
                 self.stragglers.forget(attempt_id)
-            if result.state == AttemptState.FAILED:
+            if result.state == AttemptState.FAILED and not self._keeps_warm(attempt_id, backend_name, result):
                 backend.stop(handle)  # the surviving nodes would only wait for their dead peer
+
+    def _keeps_warm(self, attempt_id: str, backend_name: str, result: PollResult) -> bool:
+        """Whether a failed attempt's agents stay up for chaining to restart it in place: they stop
+        their own ranks (the heartbeat's answer says the attempt is over) and ask what comes next;
+        a relaunch stops them first (`_launch_pending`), as does a job that ends."""
+        if not self.chaining:
+            return False
+        with self.db.session() as s:
+            spec = repo.get_attempt(s, attempt_id).job.spec
+        if not_in_place(spec):
+            return False  # lambdas/restart_mode.py relaunches it
+        budget = int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS))
+        return may_restart_in_place(backend_name, result.reason, budget)
+
+    @staticmethod
+    def _previous_handle(job: Job, attempt: Attempt) -> dict | None:
+        """The handle of the attempt before `attempt` (whose nodes an in-place attempt reuses)."""
+        previous = next((a for a in job.attempts if a.number == attempt.number - 1), None)
+        return previous.handle if previous is not None else None
 
     def _check_heartbeats(self, attempt_id: str, result: PollResult) -> PollResult:
         """`node.lost` (orchestrator/liveness.py): a node that stopped heartbeating for
@@ -254,10 +292,11 @@ class Controller:
                 return PollResult(AttemptState.FAILED, result.nodes, why)
         return result
 
-    def _check_nan_replay(self, s, attempt: Attempt) -> None:
+    def _check_nan_replay(self, s, attempt: Attempt, completed: bool = False) -> None:
         """An attempt that replays a `loss.nan` (lambdas/nan_replay.py): once all its nodes are past
-        the NaN's step with a finite loss, the first NaN was not reproducible: `sdc.suspect` on the
-        failed attempt, blaming the node whose rank produced it. Decided once per attempt."""
+        the NaN's step with a finite loss (or it `completed`), the first NaN was not reproducible:
+        `sdc.suspect` on the failed attempt, blaming the node whose rank produced it. Decided once
+        per attempt."""
         cause = attempt.cause or {}
         if attempt.id in self._replay_judged or (cause.get("reason") or {}).get("kind") != FailureKind.LOSS_NAN:
             return
@@ -269,7 +308,7 @@ class Controller:
             self._replay_judged.add(attempt.id)
             return
         summaries = {n.host: n.summary for n in attempt.nodes if isinstance(n.summary, dict)}
-        found = nan_replay.sdc_suspect(nan, attempt.number, summaries)
+        found = nan_replay.sdc_suspect(nan, attempt.number, summaries, completed=completed)
         if found is None or failed is None:
             return
         verdict, blame = found

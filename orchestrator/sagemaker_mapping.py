@@ -3,6 +3,9 @@
 Kept apart from spec.py so the spec reads as a plain data model. The mapping follows the table
 in the architecture; fields SageMaker has and Aerie does not model (RoleArn, VpcConfig, ...) are
 carried in `backend_options["sagemaker"]` so a request survives the round trip unchanged.
+
+Over 400 lines on purpose: both directions of one field table side by side, so a field added to
+one direction is seen missing from the other.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from aerie_contracts import byo
 from aerie_contracts.health import HealthSettings, field_bounds
+from aerie_contracts.restarts import DEFAULT_IN_PLACE_RESTARTS
 
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
 CHANNEL_PATTERN = r"^[A-Za-z0-9\.\-_]{1,64}$"
@@ -57,6 +58,10 @@ class Stopping(_Strict):
 class CheckpointConfig(_Strict):
     s3_uri: str | None = Field(default=None, pattern=S3_OR_FILE_URI)
     every_steps: int = Field(default=100, ge=1)
+    # The in-memory tier (issue #22): snapshots in the nodes' shared memory, replicated to a peer
+    # node. `auto`: as often as the measured snapshot cost allows within 1 % of step time
+    # (trainer.checkpoint.memory.AutoInterval); a step count; 0: off. S3 stays the durable tier.
+    memory_every_steps: int | Literal["auto"] = Field(default="auto")
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1)
     # SageMaker only. Aerie's checkpoints stream to and from S3 and are never staged on disk; asking
@@ -69,6 +74,13 @@ class CheckpointConfig(_Strict):
     # (aerie_contracts.byo.MARKERS) or a glob matching its completion marker file. Set, the agent
     # uploads each finished one, commits Aerie's manifest and restores it on a resume.
     marker: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("memory_every_steps")
+    @classmethod
+    def _memory_interval(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("memory_every_steps: 0 (off), a positive step count or 'auto'")
+        return value
 
     @field_validator("marker")
     @classmethod
@@ -90,16 +102,21 @@ class CheckpointConfig(_Strict):
 
 
 class MetricsConfig(_Strict):
-    """Progress of a trainer that does not write Aerie's metrics stream, from its output lines: a
-    preset for its format and/or SageMaker-shaped `MetricDefinitions` (agent/logparse.py).
-    `metrics: hf-trainer` and `metrics: [{Name, Regex}, ...]` are accepted as short forms."""
+    """Progress of a trainer that does not write Aerie's metrics stream: from its output lines (a
+    preset for its format and/or SageMaker-shaped `MetricDefinitions`, agent/logparse.py) and/or
+    from its TensorBoard event files (`tensorboard`: `true`, a directory, or `{dir, tags, flush_s}`;
+    agent/tb_progress.py). `metrics: hf-trainer`, `metrics: tensorboard` and
+    `metrics: [{Name, Regex}, ...]` are accepted as short forms."""
 
     preset: Literal["megatron", "hf-trainer", "torchtitan", "lightning"] | None = None
     definitions: list[dict[str, str]] = Field(default_factory=list)
+    tensorboard: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _short_forms(cls, value: Any) -> Any:
+        if value == byo.SOURCE_TENSORBOARD:
+            return {"tensorboard": {}}
         if isinstance(value, str):
             return {"preset": value}
         if isinstance(value, list):
@@ -111,10 +128,19 @@ class MetricsConfig(_Strict):
     def _valid_definitions(cls, value: list[dict[str, str]]) -> list[dict[str, str]]:
         return byo.validate_definitions(value)
 
+    @field_validator("tensorboard", mode="before")
+    @classmethod
+    def _valid_tensorboard(cls, value: Any) -> dict[str, Any] | None:
+        if value is None or value is False:
+            return None
+        return byo.validate_tensorboard(value)
+
     @model_validator(mode="after")
     def _something(self) -> MetricsConfig:
-        if self.preset is None and not self.definitions:
-            raise ValueError(f"give a preset ({', '.join(byo.PRESETS)}) or definitions [{{Name, Regex}}]")
+        if self.preset is None and not self.definitions and self.tensorboard is None:
+            raise ValueError(
+                f"give a preset ({', '.join(byo.PRESETS)}), definitions [{{Name, Regex}}] or tensorboard: true"
+            )
         return self
 
 
@@ -126,6 +152,10 @@ class RetryConfig(_Strict):
     exclude_after_blames: int = Field(default=1, ge=1, le=100)
     # Exit codes that mean "the user's code or input is wrong": retrying cannot help.
     non_retryable_exit_codes: list[int] = Field(default_factory=lambda: [2])
+    # Consecutive restarts in place (the same nodes, the agents kept up, only the worker groups
+    # restarted) before the next restart relaunches the attempt from nothing; 0: always relaunch.
+    # Node loss or a blamed node relaunches whatever is left (aerie_contracts.restarts).
+    in_place_restarts: int = Field(default=DEFAULT_IN_PLACE_RESTARTS, ge=0, le=100)
 
 
 def _model_of(settings: type, base: type[BaseModel]) -> type[BaseModel]:

@@ -16,19 +16,26 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _lock = threading.Lock()  # one update at a time, so file order is write order
 
+Series = list[tuple[int, dict[str, float]]]
 
-def write_series(directory: str | Path, series: list[tuple[int, dict[str, float]]]) -> None:
-    """Points (step, {tag: value}) replace the run's earlier points from the first step on."""
-    if not series:
-        return
-    from tensorboardX import SummaryWriter
 
-    points = sorted(series, key=lambda p: p[0])
+def write_series(directory: str | Path, read: Callable[[], Series]) -> None:
+    """Points (step, {tag: value}) replace the run's earlier points from the first step on.
+
+    `read` is called under the lock: two updates racing each other (one per rating) then write in
+    the order they read, so the newest file always holds the newest data. Reading before taking
+    the lock let an older tally land last and win."""
     with _lock:
+        points = sorted(read(), key=lambda p: p[0])
+        if not points:
+            return
+        from tensorboardX import SummaryWriter
+
         suffix = f".aerie.{time.time_ns():020d}"
         writer = SummaryWriter(str(directory), purge_step=points[0][0], filename_suffix=suffix)
         try:

@@ -10,8 +10,9 @@ import pytest
 
 PG_ADMIN_URL = os.environ.get("AERIE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
-# The loopback S3 server fixtures (moto), shared by the checkpoint and chaining tests.
-pytest_plugins = ["tests.fixtures.s3"]
+# The loopback S3 server fixtures (moto), shared by the checkpoint and chaining tests; the live API
+# and the Slack stand-in, shared by the handler tests.
+pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.live"]
 
 TESTS = Path(__file__).resolve().parent
 # Whole jobs on real control planes, Slurm and browsers: their detectors run on tight thresholds
@@ -30,6 +31,10 @@ def pytest_collection_modifyitems(config, items):
         top = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
         if top in SERIAL_DIRS or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.serial)
+    # The longest test (an xdist group of its own: the clean 10-minute run) goes first, so one
+    # worker starts it at once while the other takes everything else; collected last (it lives in
+    # tests/integration), it started minutes late and the phase outlasted it by as much.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else 1)
 
 
 @pytest.fixture

@@ -37,7 +37,10 @@ TORCH_FREE = (
     + _modules("aerie_report")
     + [
         "trainer",
+        "trainer.checkpoint.storage",
         "trainer.checkpoint.manifest",
+        "trainer.checkpoint.gc",
+        "trainer.checkpoint.fence",
         "trainer.faults",
         "trainer.data.cli",
         "trainer.data.channels",
@@ -109,7 +112,8 @@ ALLOWED = {
     "aerie_s3": ("aerie_contracts",),
     # A third-party trainer's checkpoints are committed by the agent (agent/byo_checkpoints.py).
     "agent": ("aerie_contracts", "aerie_s3", "trainer.checkpoint.manifest", "trainer.checkpoint.fence"),
-    "lambdas": ("aerie_contracts", "trainer.checkpoint.manifest"),
+    # The torch-free checkpoint modules: the resume point (manifest) and the retention policy (gc).
+    "lambdas": ("aerie_contracts", "trainer.checkpoint.manifest", "trainer.checkpoint.gc"),
     # The CLI hands its `data`, `export` and `--fault` commands to the trainer's torch-free entry points.
     "orchestrator": (
         "aerie_contracts",

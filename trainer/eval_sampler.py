@@ -47,9 +47,9 @@ def train_config_of(spec: dict[str, Any]):
 
 def tokenizer_path(cfg) -> Path:
     """The training run's tokenizer: `data.tokenizer`, or the one the stdlib corpus build made
-    (same directory naming as `trainer.train.prepare_stdlib_corpus`)."""
+    (same directory naming as `trainer.data.build.prepare_stdlib_corpus`)."""
     from trainer.config import resolve_path
-    from trainer.train import data_cache_dir
+    from trainer.data.build import data_cache_dir
 
     if cfg.data.tokenizer:
         return resolve_path(cfg.data.tokenizer)

@@ -156,81 +156,79 @@ def _neox_qkv_from_hf(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.reshape(heads, 3, -1, *rest).transpose(0, 1).reshape(t.shape)
 
 
+# Our name -> Hugging Face's, for the tensors whose layout is the same in both: per model, and per
+# layer (under `layers.N.` / the prefix). The fused q/k/v (`attn.wqkv`) is converted beside them.
+_NEOX_TOP = {
+    "embed.weight": "gpt_neox.embed_in.weight",
+    "norm.weight": "gpt_neox.final_layer_norm.weight",
+    "norm.bias": "gpt_neox.final_layer_norm.bias",
+}
+_NEOX_LAYER = {
+    f"{ours}.{p}": f"{hf}.{p}"
+    for ours, hf in (
+        ("attn_norm", "input_layernorm"),
+        ("mlp_norm", "post_attention_layernorm"),
+        ("attn.wo", "attention.dense"),
+        ("mlp.w_in", "mlp.dense_h_to_4h"),
+        ("mlp.w_out", "mlp.dense_4h_to_h"),
+    )
+    for p in ("weight", "bias")
+}
+_LLAMA_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+_LLAMA_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.wo.weight": "self_attn.o_proj.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.w_gate.weight": "mlp.gate_proj.weight",
+    "mlp.w_up.weight": "mlp.up_proj.weight",
+    "mlp.w_down.weight": "mlp.down_proj.weight",
+}
+
+
+def _hf_layer(cfg: ModelConfig, i: int) -> str:
+    return f"gpt_neox.layers.{i}." if cfg.family == "gpt_neox" else f"model.layers.{i}."
+
+
+def _renamed(cfg: ModelConfig) -> dict[str, str]:
+    """Our name -> Hugging Face's for every tensor of `cfg`'s model that only changes its name."""
+    top, layer = (_NEOX_TOP, _NEOX_LAYER) if cfg.family == "gpt_neox" else (_LLAMA_TOP, _LLAMA_LAYER)
+    names = dict(top)
+    for i in range(cfg.num_layers):
+        names.update({f"layers.{i}.{ours}": _hf_layer(cfg, i) + hf for ours, hf in layer.items()})
+    return names
+
+
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our parameter names and layouts -> Hugging Face's (tensors are new, contiguous, detached).
     Sharded (FSDP2 DTensor) entries are gathered whole, which is collective: call on every rank."""
     sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach() for k, v in state_dict.items()}
-    out: dict[str, torch.Tensor] = {}
-    if cfg.family == "gpt_neox":
-        out["gpt_neox.embed_in.weight"] = sd["embed.weight"]
-        for i in range(cfg.num_layers):
-            ours, hf = f"layers.{i}.", f"gpt_neox.layers.{i}."
+    out = {hf: sd[ours] for ours, hf in _renamed(cfg).items()}
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    for i in range(cfg.num_layers):
+        wqkv, hf = f"layers.{i}.attn.wqkv.", _hf_layer(cfg, i)
+        if cfg.family == "gpt_neox":
             for p in ("weight", "bias"):
-                out[hf + f"input_layernorm.{p}"] = sd[ours + f"attn_norm.{p}"]
-                out[hf + f"post_attention_layernorm.{p}"] = sd[ours + f"mlp_norm.{p}"]
-                out[hf + f"attention.query_key_value.{p}"] = _neox_qkv_to_hf(sd[ours + f"attn.wqkv.{p}"], cfg.num_heads)
-                out[hf + f"attention.dense.{p}"] = sd[ours + f"attn.wo.{p}"]
-                out[hf + f"mlp.dense_h_to_4h.{p}"] = sd[ours + f"mlp.w_in.{p}"]
-                out[hf + f"mlp.dense_4h_to_h.{p}"] = sd[ours + f"mlp.w_out.{p}"]
-        out["gpt_neox.final_layer_norm.weight"] = sd["norm.weight"]
-        out["gpt_neox.final_layer_norm.bias"] = sd["norm.bias"]
-        if not cfg.tie_embeddings:
-            out["embed_out.weight"] = sd["output.weight"]  # Pythia's name; transformers 5 maps it to lm_head
-    else:
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-        out["model.embed_tokens.weight"] = sd["embed.weight"]
-        for i in range(cfg.num_layers):
-            ours, hf = f"layers.{i}.", f"model.layers.{i}."
-            out[hf + "input_layernorm.weight"] = sd[ours + "attn_norm.weight"]
-            wq, wk, wv = sd[ours + "attn.wqkv.weight"].split([q, kv, kv], dim=0)
-            out[hf + "self_attn.q_proj.weight"] = wq
-            out[hf + "self_attn.k_proj.weight"] = wk
-            out[hf + "self_attn.v_proj.weight"] = wv
-            out[hf + "self_attn.o_proj.weight"] = sd[ours + "attn.wo.weight"]
-            out[hf + "post_attention_layernorm.weight"] = sd[ours + "mlp_norm.weight"]
-            out[hf + "mlp.gate_proj.weight"] = sd[ours + "mlp.w_gate.weight"]
-            out[hf + "mlp.up_proj.weight"] = sd[ours + "mlp.w_up.weight"]
-            out[hf + "mlp.down_proj.weight"] = sd[ours + "mlp.w_down.weight"]
-        out["model.norm.weight"] = sd["norm.weight"]
-        if not cfg.tie_embeddings:
-            out["lm_head.weight"] = sd["output.weight"]
+                out[hf + f"attention.query_key_value.{p}"] = _neox_qkv_to_hf(sd[wqkv + p], cfg.num_heads)
+        else:
+            for name, t in zip("qkv", sd[wqkv + "weight"].split([q, kv, kv], dim=0)):
+                out[hf + f"self_attn.{name}_proj.weight"] = t
+    if not cfg.tie_embeddings:
+        # embed_out: Pythia's name for the GPT-NeoX head (transformers 5 maps it to lm_head).
+        out["embed_out.weight" if cfg.family == "gpt_neox" else "lm_head.weight"] = sd["output.weight"]
     return {k: v.contiguous().clone() for k, v in out.items()}
 
 
 def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Hugging Face names and layouts -> ours. Raises KeyError naming any missing tensor."""
-    out: dict[str, torch.Tensor] = {}
-    if cfg.family == "gpt_neox":
-        out["embed.weight"] = hf_sd["gpt_neox.embed_in.weight"]
-        for i in range(cfg.num_layers):
-            ours, hf = f"layers.{i}.", f"gpt_neox.layers.{i}."
+    out = {ours: hf_sd[hf] for ours, hf in _renamed(cfg).items()}
+    for i in range(cfg.num_layers):
+        wqkv, hf = f"layers.{i}.attn.wqkv.", _hf_layer(cfg, i)
+        if cfg.family == "gpt_neox":
             for p in ("weight", "bias"):
-                out[ours + f"attn_norm.{p}"] = hf_sd[hf + f"input_layernorm.{p}"]
-                out[ours + f"mlp_norm.{p}"] = hf_sd[hf + f"post_attention_layernorm.{p}"]
-                out[ours + f"attn.wqkv.{p}"] = _neox_qkv_from_hf(
-                    hf_sd[hf + f"attention.query_key_value.{p}"], cfg.num_heads
-                )
-                out[ours + f"attn.wo.{p}"] = hf_sd[hf + f"attention.dense.{p}"]
-                out[ours + f"mlp.w_in.{p}"] = hf_sd[hf + f"mlp.dense_h_to_4h.{p}"]
-                out[ours + f"mlp.w_out.{p}"] = hf_sd[hf + f"mlp.dense_4h_to_h.{p}"]
-        out["norm.weight"] = hf_sd["gpt_neox.final_layer_norm.weight"]
-        out["norm.bias"] = hf_sd["gpt_neox.final_layer_norm.bias"]
-        head = "embed_out.weight" if "embed_out.weight" in hf_sd else "lm_head.weight"
-    else:
-        out["embed.weight"] = hf_sd["model.embed_tokens.weight"]
-        for i in range(cfg.num_layers):
-            ours, hf = f"layers.{i}.", f"model.layers.{i}."
-            out[ours + "attn_norm.weight"] = hf_sd[hf + "input_layernorm.weight"]
-            out[ours + "attn.wqkv.weight"] = torch.cat(
-                [hf_sd[hf + f"self_attn.{p}_proj.weight"] for p in ("q", "k", "v")], dim=0
-            )
-            out[ours + "attn.wo.weight"] = hf_sd[hf + "self_attn.o_proj.weight"]
-            out[ours + "mlp_norm.weight"] = hf_sd[hf + "post_attention_layernorm.weight"]
-            out[ours + "mlp.w_gate.weight"] = hf_sd[hf + "mlp.gate_proj.weight"]
-            out[ours + "mlp.w_up.weight"] = hf_sd[hf + "mlp.up_proj.weight"]
-            out[ours + "mlp.w_down.weight"] = hf_sd[hf + "mlp.down_proj.weight"]
-        out["norm.weight"] = hf_sd["model.norm.weight"]
-        head = "lm_head.weight"
+                out[wqkv + p] = _neox_qkv_from_hf(hf_sd[hf + f"attention.query_key_value.{p}"], cfg.num_heads)
+        else:
+            out[wqkv + "weight"] = torch.cat([hf_sd[hf + f"self_attn.{p}_proj.weight"] for p in "qkv"], dim=0)
+    head = "embed_out.weight" if cfg.family == "gpt_neox" and "embed_out.weight" in hf_sd else "lm_head.weight"
     if not cfg.tie_embeddings:
         # A checkpoint saved with tied embeddings may omit the head even if the config unties it.
         out["output.weight"] = hf_sd.get(head, out["embed.weight"])

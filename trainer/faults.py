@@ -16,6 +16,7 @@ A job asks for faults through `AERIE_FAULTS` (JSON list; `aerie submit --fault` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -42,14 +43,44 @@ class Fault:
 
 
 def parse(text: str | None) -> list[Fault]:
+    """The faults of `AERIE_FAULTS`; a bad one is a ValueError that names it (a typo must not
+    quietly make a chaos run fault-free, nor fire in every attempt)."""
     if not text:
         return []
-    faults = []
-    for item in json.loads(text):
-        if item.get("kind") not in KINDS:
-            raise ValueError(f"unknown fault kind {item.get('kind')!r}; known: {', '.join(KINDS)}")
-        faults.append(Fault(**item))
-    return faults
+    items = json.loads(text)
+    if not isinstance(items, list):
+        raise ValueError(f"{aerie_env.FAULTS} must be a JSON list of faults, got {type(items).__name__}")
+    return [_fault(item) for item in items]
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Fault)}
+
+
+def _fault(item: object) -> Fault:
+    if not isinstance(item, dict):
+        raise ValueError(f"a fault is a JSON object, got {item!r}")
+    if item.get("kind") not in KINDS:
+        raise ValueError(f"unknown fault kind {item.get('kind')!r}; known: {', '.join(KINDS)}")
+    unknown = sorted(set(item) - _FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fault option(s) {unknown} in {item}; known: {', '.join(sorted(_FIELDS))}")
+
+    def whole(key: str, least: int) -> None:
+        value = item.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"fault {key} must be a whole number >= {least}, got {value!r} in {item}")
+
+    whole("step", 0)
+    whole("rank", 0)
+    whole("attempt", 1)  # attempts are numbered from 1
+    whole("code", 0)
+    if "step" not in item:
+        raise ValueError(f"a fault needs the step it fires at: {item}")
+    for key in ("seconds", "factor"):
+        value = item.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise ValueError(f"fault {key} must be a number >= 0, got {value!r} in {item}")
+    return Fault(**item)
 
 
 def parse_cli(spec: str) -> dict:

@@ -17,7 +17,6 @@ finish and commit, nothing new is started.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import logging
 import math
 import os
@@ -25,22 +24,20 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
 from aerie_contracts import env
 from aerie_contracts import metrics as keys
 from aerie_contracts.metrics import MetricEvent
 from trainer import parallel, pricing
-from trainer.checkpoint.dcp import Checkpointer, describe_error
-from trainer.config import TrainConfig, load_config, resolve_path
+from trainer.checkpoint.dcp import Checkpointer
+from trainer.config import TrainConfig, load_config
+from trainer.data.build import build_dataset, micro_batches
 from trainer.faults import FaultInjector
 from trainer.metrics import MetricsWriter
+from trainer.resume import fencing_of_attempt, memory_snapshotter, restore
 from trainer.step_clock import StepClock
 
 log = logging.getLogger("trainer.train")
@@ -74,80 +71,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg) / cfg.lr)
     return optimizer, scheduler
-
-
-# --- data ----------------------------------------------------------------------------------------
-
-
-def data_cache_dir(cfg: TrainConfig) -> Path:
-    if cfg.data.cache_dir:
-        return resolve_path(cfg.data.cache_dir)
-    return Path(os.environ.get(env.DATA_CACHE) or Path.home() / ".cache" / "aerie" / "data")
-
-
-def prepare_stdlib_corpus(cfg: TrainConfig, world: parallel.World) -> tuple[str, Path]:
-    """Tokenizer + `.bin/.idx` of the stdlib sources, built once per cache dir.
-
-    The local rank 0 of each node builds it under a file lock (nodes may share a filesystem);
-    everybody else waits on a barrier. Returns (dataset prefix, tokenizer path).
-    """
-    from trainer.data import preprocess, train_bpe, write_stdlib_corpus
-
-    d = cfg.data
-    out = data_cache_dir(cfg) / f"stdlib-py{sys.version_info[0]}{sys.version_info[1]}-v{d.vocab_size}-b{d.max_bytes}"
-    ready, tokenizer, prefix = out / "READY", out / "tokenizer.json", out / "stdlib"
-    if world.local_rank == 0 and not ready.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out.parent / (out.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not ready.exists():
-                log.info("building the stdlib corpus in %s", out)
-                corpus = write_stdlib_corpus(out / "corpus.jsonl", max_bytes=d.max_bytes)
-                train_bpe([corpus], d.vocab_size, tokenizer)
-                preprocess(
-                    corpus,
-                    json_key="text",
-                    tokenizer=tokenizer,
-                    output_prefix=prefix,
-                    workers=d.workers,
-                    append_eod=True,
-                    progress=False,
-                )
-                (out / "corpus.jsonl").unlink()
-                ready.write_text("ok\n")
-    dist.barrier()
-    return f"{prefix}_text_document", tokenizer
-
-
-def build_dataset(cfg: TrainConfig, world: parallel.World, num_samples: int, seed: int):
-    from trainer.data import GPTDataset
-
-    if cfg.data.corpus == "stdlib":
-        prefix, _ = prepare_stdlib_corpus(cfg, world)
-        prefixes, weights = [prefix], None
-    elif cfg.data.channel:
-        from trainer.data.channels import resolve
-
-        prefixes, weights = [resolve(cfg.data.channel, p) for p in cfg.data.prefixes], cfg.data.weights
-    else:
-        prefixes, weights = [str(resolve_path(p)) for p in cfg.data.prefixes], cfg.data.weights
-    index_cache = data_cache_dir(cfg) / "index"
-    # Rank 0 builds (and caches) the shuffle indices first so the others only read them.
-    if world.rank == 0:
-        dataset = GPTDataset(prefixes, cfg.seq_len, num_samples, seed=seed, cache_dir=index_cache, weights=weights)
-    dist.barrier()
-    if world.rank != 0:
-        dataset = GPTDataset(prefixes, cfg.seq_len, num_samples, seed=seed, cache_dir=index_cache, weights=weights)
-    return dataset
-
-
-def micro_batches(dataset, sampler, device: torch.device, read_ahead_mb: float = 64.0) -> Iterator[torch.Tensor]:
-    """[micro_batch_size, seq_len + 1] token tensors in the sampler's order (a streamed, FastFile
-    dataset's bytes fetched `read_ahead_mb` ahead: trainer.data.readahead)."""
-    from trainer.data.readahead import read_ahead
-
-    for samples in read_ahead(dataset, sampler, int(read_ahead_mb * 2**20)):
-        yield torch.from_numpy(np.stack(samples)).to(device, non_blocking=True)
 
 
 # --- model ---------------------------------------------------------------------------------------
@@ -219,67 +142,6 @@ def evaluate(model, dataset, world: parallel.World, cfg: TrainConfig) -> float:
     dist.all_reduce(total)
     model.train()
     return (total[0] / total[1]).item()
-
-
-def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -> tuple[dict, str]:
-    """Load `uri`; if it cannot be restored (corrupt, incomplete), fall back to the newest older
-    good checkpoint under the same prefix (as the control plane records them, when there is one),
-    and say so. Every rank sees the same failure (DCP gathers read errors), so every rank falls
-    back to the same checkpoint. Once a fallback restored, the storage evidently works, so the
-    ones that failed are the checkpoints' fault: rank 0 marks them bad (a `BAD` marker, and the
-    control plane's record), so no later attempt tries them again."""
-    from trainer.checkpoint import manifest
-
-    failed: list[tuple[str, str]] = []
-    while True:
-        try:
-            extra = checkpointer.load(uri, model, optimizer, scheduler)
-        except (Exception, CheckpointException) as exc:
-            ref = manifest.parse_uri(uri)
-            if ref is None:
-                raise
-            recorded = checkpointer.gate.recorded() if checkpointer.gate is not None else None
-            older = [c for c in manifest.list_checkpoints(ref.prefix, recorded) if c.good and c.ref.key < ref.key]
-            if not older:
-                raise
-            failed.append((uri, describe_error(exc)))
-            log.error(
-                "cannot restore %s (%s); falling back to the previous good checkpoint %s",
-                uri,
-                failed[-1][1],
-                older[-1].uri,
-            )
-            uri = older[-1].uri
-            continue
-        if failed and dist.get_rank() == 0:
-            _mark_bad(checkpointer, failed, uri)
-        return extra, uri
-
-
-def _mark_bad(checkpointer: Checkpointer, failed: list[tuple[str, str]], restored: str) -> None:
-    from trainer.checkpoint import manifest
-
-    for uri, error in failed:
-        reason = f"restore failed: {error[:500]} (resumed from {restored} instead)"
-        try:
-            manifest.mark_bad(uri, reason)
-        except Exception as exc:  # the record below still tells the control plane
-            log.warning("could not write the BAD marker of %s: %s", uri, exc)
-        if checkpointer.gate is not None:
-            checkpointer.gate.mark_bad(uri, reason)
-
-
-def fencing_of_attempt() -> dict[str, Any]:
-    """The attempt this run belongs to, from its node's environment: its number is the epoch in
-    the checkpoint keys, and its commits go through the control plane's gate. Nothing outside Aerie."""
-    from trainer.checkpoint.fence import CommitGate
-
-    number = os.environ.get(env.ATTEMPT_NUMBER, "")
-    return {
-        "attempt": int(number) if number.isdigit() else None,
-        "attempt_id": os.environ.get(env.ATTEMPT, ""),
-        "gate": CommitGate.from_env(),
-    }
 
 
 # --- signals -------------------------------------------------------------------------------------
@@ -386,6 +248,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     tokens_per_step = global_batch * cfg.seq_len
 
     faults = FaultInjector(world.rank)  # chaos rehearsal (AERIE_FAULTS); a no-op otherwise
+    memsnap = memory_snapshotter(world.rank)
 
     model.train()
     while step < cfg.steps:
@@ -463,6 +326,20 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
                 {"step": step, "consumed_samples": consumed, "tokens": tokens},
                 metrics_at_step={"loss": loss_value, "grad_norm": grad_norm.item(), "lr": lr},
             )
+        if memsnap is not None:
+            memsnap.observe_step(step_s)
+            if math.isfinite(loss_value) and memsnap.due(step):
+                extra = {"step": step, "consumed_samples": consumed, "tokens": tokens}
+                header = memsnap.snapshot(step, model, optimizer, scheduler, extra, group=checkpointer.group)
+                metrics.event(
+                    MetricEvent.CHECKPOINT_MEMORY,
+                    step,
+                    **{
+                        keys.SNAPSHOT_PATH: str(memsnap.path(step)),
+                        keys.SIZE_BYTES: header.size,
+                        keys.SNAPSHOT_S: memsnap.last_cost_s,
+                    },
+                )
 
     if stopping:
         # A save in flight was staged before the signal: let it finish and commit, within a grace

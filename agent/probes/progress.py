@@ -11,6 +11,13 @@ whole save as a stall); `checkpoint_wait` (the loop blocks on the in-flight uplo
 `upload_wait` pause that the upload's end closes. `eval_begin`/`eval_end` bound an eval pause.
 Each closed section's duration is kept (`durations`), so the agent learns its timeouts and
 reports them in heartbeats.
+
+TensorBoard records (`"source": "tensorboard"`, agent/tb_progress.py) reach disk only when the
+trainer's writer flushes, usually after its log lines did: they only ever move a rank forward. One
+whose step is not beyond the rank's last step is no new step when either of the two came from
+TensorBoard (a step is counted once, from whichever source gave it first); a same-step TensorBoard
+record after a TensorBoard step only fills in a loss that step lacked. Log lines, `aerie_report`
+and Aerie's own trainer are taken as they come, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections import deque
 from pathlib import Path
 from statistics import median
 
+from aerie_contracts import byo
 from aerie_contracts import metrics as keys
 from aerie_contracts.health import LEARNED_SAMPLES, SUMMARY_COMPUTE_P50, SUMMARY_WAIT_P50, Section
 from aerie_contracts.metrics import MetricEvent
@@ -81,6 +89,8 @@ class ProgressProbe:
         self.first_step_t: float | None = None
         self.timing: dict[int, deque[tuple[float, float]]] = {}  # rank -> recent (compute_s, wait_s)
         self.first_nan: dict[int, dict] = {}  # rank -> its first step with a non-finite loss
+        self.last_source: dict[int, str | None] = {}  # rank -> the source of its last step
+        self.repeated = 0  # TensorBoard/other-source records for a step already counted
 
     def _discover(self) -> None:
         try:
@@ -105,19 +115,20 @@ class ProgressProbe:
                     continue
                 if isinstance(rec, dict):
                     rec.setdefault("rank", rank)
-                    self.ingest(rec)
-                    new.append(rec)
+                    if self.ingest(rec):
+                        new.append(rec)
         return new
 
-    def ingest(self, rec: dict) -> None:
-        """Fold one metrics record in (also used to replay recorded traces)."""
+    def ingest(self, rec: dict) -> bool:
+        """Fold one metrics record in (also used to replay recorded traces). False: a step that
+        another source already gave (see the module's docstring), left out."""
         rank = int(rec.get(keys.RANK, 0))
         t = float(rec.get(keys.T, 0.0))
         event = rec.get(keys.EVENT)
         self.last_record[rank] = rec
         if event is not None:
             self._event(rank, t, str(event))
-            return
+            return True
         if rec.get(keys.STEP) is not None:
             loss = rec.get(keys.LOSS)
             if isinstance(loss, str):  # "nan", "inf" written by hand-rolled loggers
@@ -125,6 +136,11 @@ class ProgressProbe:
                     loss = float(loss)
                 except ValueError:
                     loss = None
+            seen = self._seen_step(rank, rec, loss)
+            if seen is not None:
+                self.repeated += not seen
+                return seen
+            self.last_source[rank] = rec.get(byo.SOURCE_KEY)
             step_s = rec.get(keys.STEP_S)
             self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, rec[keys.STEP], loss, step_s])
             if self.first_step_t is None or t < self.first_step_t:
@@ -136,6 +152,27 @@ class ProgressProbe:
             compute, wait = rec.get(keys.COMPUTE_S), rec.get(keys.WAIT_S)
             if isinstance(compute, (int, float)) and isinstance(wait, (int, float)):
                 self.timing.setdefault(rank, deque(maxlen=TIMING_STEPS)).append((float(compute), float(wait)))
+        return True
+
+    def _seen_step(self, rank: int, rec: dict, loss: object) -> bool | None:
+        """None: a new step. Else the rank already has it, from TensorBoard or followed by it (the
+        module's docstring): True when the record filled in the step's loss, False when it adds nothing."""
+        series = self.steps.get(rank)
+        if not series:
+            return None
+        source, last = rec.get(byo.SOURCE_KEY), self.last_source.get(rank)
+        if byo.SOURCE_TENSORBOARD not in (source, last):
+            return None
+        step, last_step = rec[keys.STEP], series[-1][1]
+        if source == last == byo.SOURCE_TENSORBOARD and step == last_step and series[-1][2] is None:
+            if loss is None:
+                return False
+            series[-1][2] = loss  # the step's loss landed in a later flush than its other scalars
+            if rank not in self.first_nan and _non_finite(loss):
+                self.first_nan[rank] = {keys.STEP: step, keys.LOSS: loss}
+            return True
+        numbers = all(isinstance(x, (int, float)) for x in (step, last_step))
+        return False if numbers and step <= last_step else None
 
     def _event(self, rank: int, t: float, event: str) -> None:
         opened = self.open.setdefault(rank, {})

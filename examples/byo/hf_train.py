@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=10)
     p.add_argument("--logging-steps", type=int, default=1)
     p.add_argument("--step-sleep", type=float, default=0.0, help="slow each step down (seconds)")
+    p.add_argument("--report-to", default="none", help="transformers' report_to: none | tensorboard | ...")
     args = p.parse_args()
 
     config = GPTNeoXConfig(
@@ -62,7 +63,7 @@ def main() -> None:
         logging_steps=args.logging_steps,
         save_steps=args.save_steps,
         save_total_limit=2,
-        report_to=[],
+        report_to=[] if args.report_to == "none" else [args.report_to],
         use_cpu=True,
         dataloader_num_workers=0,
         seed=0,

@@ -100,6 +100,7 @@ class CheckpointOut(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
     reason: str | None = None  # why it is bad or deleted
     state_at: float | None = None  # when it left `good`
+    tier: str = "s3"  # aerie_contracts.checkpoints.CheckpointTier
 
 
 class LogsOut(BaseModel):
@@ -115,6 +116,20 @@ class HeartbeatIn(BaseModel):
 class HeartbeatOut(BaseModel):
     ok: bool = True
     stop: bool = False
+
+
+class NextOut(BaseModel):
+    """What an agent whose worker group ended does next (aerie_contracts.restarts.NextAction).
+    With `restart`: the in-place attempt it now serves, that attempt's agent token (scoped to it,
+    minted for this node), where its ranks resume from and its rendezvous port."""
+
+    action: str
+    why: str = ""
+    attempt_id: str | None = None
+    attempt_number: int | None = None
+    token: str | None = None
+    resume_from: str | None = None
+    master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
 
 
 class VerdictIn(BaseModel):
@@ -136,6 +151,8 @@ class CheckpointIn(BaseModel):
     step: int = Field(ge=0)
     uri: str = Field(min_length=1, max_length=2048)
     meta: dict[str, Any] = Field(default_factory=dict)
+    # aerie_contracts.checkpoints.CheckpointTier; absent: read from the URI (mem:// is memory).
+    tier: str | None = Field(default=None, max_length=16)
 
 
 class MetricsIn(BaseModel):

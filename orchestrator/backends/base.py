@@ -32,6 +32,9 @@ class LaunchRequest:
     resume_from: str | None = None
     exclude_nodes: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
+    # An in-place attempt (aerie_contracts.restarts): the failed attempt's handle, whose nodes'
+    # agents are still up and restart their worker groups for this one; None: launch anew.
+    in_place_of: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,14 +111,17 @@ def read_log_chunk(path: Path, start: int, max_bytes: int) -> dict[str, Any]:
     return {"text": data.decode("utf-8", "replace"), "offset": start + len(data)}
 
 
-def node_outcome(ml_root: Path, host: str) -> NodeStatus | None:
-    """How a node ended, from the `agent/exit.json` its agent wrote (None while it runs)."""
+def node_outcome(ml_root: Path, host: str, attempt_id: str | None = None) -> NodeStatus | None:
+    """How a node ended, from the `agent/exit.json` its agent wrote (None while it runs). With
+    `attempt_id` (a node whose agent serves several attempts in place), only that attempt's."""
     try:
         outcome = json.loads((ml_root / "agent" / "exit.json").read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(outcome, dict):
         return None
+    if attempt_id is not None and outcome.get("attempt") != attempt_id:
+        return None  # the outcome of the attempt before, whose agent has not switched yet
     code = int(outcome.get("exit_code", 1))
     reason = outcome.get("reason")
     if reason and reason.get("kind") == FailureKind.USER_STOP:

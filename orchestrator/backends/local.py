@@ -24,6 +24,7 @@ import psutil
 
 from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
+from aerie_contracts.restarts import not_in_place
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
 from orchestrator.backends import local_fence, netns, placement
 from orchestrator.backends.base import (
@@ -45,6 +46,8 @@ STOP_GRACE_S = 20.0
 
 class LocalBackend(Backend):
     name = "local"
+    # After a failed worker group, an agent waits this long for an in-place successor, then exits.
+    in_place_wait_s = 120.0
 
     def __init__(self, jobs_dir: Path, channel_cache: Path | None = None):
         self.jobs_dir = Path(jobs_dir)
@@ -55,6 +58,8 @@ class LocalBackend(Backend):
     # --- launch -----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        if request.in_place_of is not None:
+            return self._in_place(request)
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
         # The first free slots of the job's node pool: excluded (blamed) nodes are left out.
@@ -97,6 +102,9 @@ class LocalBackend(Backend):
             if spec.backend_options.get("model_artifacts_uri"):
                 env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
             env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
+            if spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
+                # The agents outlive their worker groups: a failed attempt may be restarted in place.
+                env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
             argv = [sys.executable, "-m", "agent.entrypoint"]
             if container_paths:
                 # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
@@ -126,6 +134,26 @@ class LocalBackend(Backend):
         write_json(root / "handle.json", handle)
         return handle
 
+    def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
+        """A warm attempt: nothing to spawn. The failed attempt's agents are still up; each learns
+        of this attempt from the control plane (GET .../next) and restarts its worker group. The
+        handle is the old one's, told to read only this attempt's outcomes."""
+        assert request.in_place_of is not None
+        path = Path(request.in_place_of["root"]) / f"handle-{request.attempt_number}.json"
+        existing = read_json(path)
+        if isinstance(existing, dict) and existing.get("attempt_id") == request.attempt_id:
+            return existing  # idempotent: a re-adopted launch keeps its port
+        # A rendezvous port of its own: a new worker group can never join a store the last one's
+        # torchrun still serves while it is being stopped.
+        handle = {
+            **request.in_place_of,
+            "attempt_id": request.attempt_id,
+            "in_place": True,
+            "master_port": _free_port(),
+        }
+        write_json(path, handle)
+        return handle
+
     # --- poll -------------------------------------------------------------------------------
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
@@ -133,7 +161,8 @@ class LocalBackend(Backend):
         marker = read_json(root / "launched", {}) or {}
         launched_at = float(marker.get("t", 0.0)) if isinstance(marker, dict) else 0.0
         stop = read_json(root / "stop.json")
-        nodes = [self._node_status(root / host, host, launched_at, stop) for host in handle["hosts"]]
+        attempt_id = handle.get("attempt_id")
+        nodes = [self._node_status(root / host, host, launched_at, stop, attempt_id) for host in handle["hosts"]]
         if stop and isinstance(stop, dict) and time.time() - stop["t"] > STOP_GRACE_S:
             for host in handle["hosts"]:
                 _kill_node(root / host, signal.SIGKILL)
@@ -145,9 +174,11 @@ class LocalBackend(Backend):
             netns.destroy(handle["netns"])
         return result
 
-    def _node_status(self, ml_root: Path, host: str, launched_at: float, stop: Any) -> NodeStatus:
+    def _node_status(
+        self, ml_root: Path, host: str, launched_at: float, stop: Any, attempt_id: str | None = None
+    ) -> NodeStatus:
         node_dir = ml_root / "agent"
-        ended = node_outcome(ml_root, host)
+        ended = node_outcome(ml_root, host, attempt_id)
         if ended is not None:
             return ended
         pid = _read_pid(node_dir / "agent.pid")

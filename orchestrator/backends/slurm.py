@@ -11,6 +11,9 @@ combined with the nodes' own `agent/exit.json`,
 which say why a node ended (a verdict, a rank's exit code, a stop). Stop is `scancel`: Slurm sends
 SIGTERM to every process of the job, then SIGKILL after `KillWait`. The handle is plain JSON, so a
 restarted control plane re-adopts running jobs.
+
+Over 400 lines on purpose: one Backend implementation (launch, poll, stop, fence) and the
+validation of every value that reaches a batch script, which must stay next to the script it guards.
 """
 
 from __future__ import annotations

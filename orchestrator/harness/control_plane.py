@@ -170,6 +170,10 @@ def event_story(events: list[dict]) -> list[str]:
     return out
 
 
+# The story of a job that completes on its first attempt.
+FIRST_ATTEMPT_STORY = ["job Submitted", "job InProgress", "attempt 1 Running", "attempt 1 Completed", "job Completed"]
+
+
 def write_spec(path: Path, **fields) -> Path:
     path.write_text(json.dumps(fields))
     return path

@@ -31,6 +31,7 @@ def trainer_spec(
     checkpoint_uri: str | None = None,
     every_steps: int = 20,
     max_restarts: int = 0,
+    in_place_restarts: int | None = None,
     health: dict | None = None,
     extra_hps: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
@@ -43,7 +44,8 @@ def trainer_spec(
         "args": ["--config", "examples/configs/pythia-tiny.yaml"],
         "hyperparameters": {"steps": str(steps), "eval_every": "1000000", "seq_len": "64", **(extra_hps or {})},
         "resources": {"instance_count": nodes, "procs_per_node": procs},
-        "retry": {"max_restarts": max_restarts},
+        "retry": {"max_restarts": max_restarts}
+        | ({} if in_place_restarts is None else {"in_place_restarts": in_place_restarts}),
         "health": {**FAST_HEALTH, **(health or {})},
         "backend_options": {"workdir": str(REPO), **(backend_options or {})},
         "env": dict(env or {}),
@@ -71,9 +73,37 @@ def step_records(attempt_dir: Path, rank: int | None = 0) -> list[dict]:
     return recs
 
 
+def served_by(root: Path) -> list[int]:
+    """The attempts whose ranks ran under a launched attempt's directory, in order: its own and
+    the in-place attempts that followed on the same agents (the backend's `handle-<n>.json`)."""
+    own = int(root.name.split("-")[1])
+    return sorted({own} | {int(h.stem.split("-")[1]) for h in root.glob("handle-*.json")})
+
+
+def attempt_step_records(job_dir: Path, number: int, rank: int | None = 0) -> list[dict]:
+    """`step_records` of attempt `number`, relaunched or restarted in place: an in-place attempt
+    runs under the directory of the attempt that launched its agents, where each agent set the
+    stream of the group before aside as `output/metrics.attempt-<n>`."""
+    roots = [d for d in job_dir.glob("attempt-*") if number in served_by(d)]
+    if not roots:
+        return []
+    served = served_by(roots[0])
+    metrics = "metrics" if number == served[-1] else f"metrics.attempt-{number}"
+    pattern = "rank-*.jsonl" if rank is None else f"rank-{rank:05d}.jsonl"
+    recs = []
+    for f in roots[0].glob(f"algo-*/output/{metrics}/{pattern}"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") is None and rec.get("step") is not None:
+                recs.append(rec)
+    return recs
+
+
 def rank_losses(jobs_dir: Path, job_id: str, rank: int = 0) -> dict[int, dict[int, float]]:
     """{attempt number: {step: loss}} from the metrics stream of `rank` in every attempt."""
-    return {
-        int(d.name.split("-")[1]): {int(r["step"]): r["loss"] for r in step_records(d, rank)}
-        for d in sorted((jobs_dir / job_id).glob("attempt-*"))
-    }
+    job_dir = jobs_dir / job_id
+    numbers = sorted({n for d in job_dir.glob("attempt-*") for n in served_by(d)})
+    return {n: {int(r["step"]): r["loss"] for r in attempt_step_records(job_dir, n, rank)} for n in numbers}

@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from aerie_contracts.checkpoints import CheckpointTier
+
 
 def now() -> float:
     return time.time()
@@ -148,6 +150,11 @@ class Checkpoint(Base):
     created_at: Mapped[float] = mapped_column(Float, default=now)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     state_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # An aerie_contracts.checkpoints.CheckpointTier: `s3` (durable) or `memory` (node shared
+    # memory + a peer replica; `incomplete` until the nodes' reports cover every rank).
+    tier: Mapped[str] = mapped_column(
+        String(16), default=CheckpointTier.S3.value, server_default=CheckpointTier.S3.value
+    )
 
 
 class Token(Base):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 
 import pytest
 from botocore.config import Config
@@ -24,11 +23,7 @@ MiB = 1 << 20
 
 @pytest.fixture
 def bucket(counting_s3, monkeypatch):
-    for name, value in counting_s3.env().items():
-        monkeypatch.setenv(name, value)
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    counting_s3.server.create_bucket(name)
-    return name
+    return counting_s3.fresh_bucket(monkeypatch.setenv)
 
 
 def _plain_client():

@@ -34,45 +34,17 @@ TRACE_HEALTH = {"startup_grace_s": 15, "hang_floor_s": 15, "gpu_idle_s": 10, "ni
 COMMON = ["--compute-s", "0.15", "--wait-s", "0.25", "--bytes", str(1 << 20), "--start-delay", "2"]
 NS_A, NS_B, VETH_A, VETH_B = "aerie-trace-a", "aerie-trace-b", "aetrace-a", "aetrace-b"
 ADDR_A = "10.213.77.1"
+# Both ranks of the hiccup scenario share these; rank 1 adds the hiccup.
+SLOW_CKPT_EVAL = [
+    *("--start-delay", "5", "--slow-first", "4,2,1", "--ckpt-every", "40", "--ckpt-s", "22"),
+    *("--eval-after", "110", "--eval-s", "20"),
+]
 
 SCENARIOS: dict[str, dict] = {
     "clean_ckpt_eval_hiccup": dict(
         expect=[],
         duration=170,
-        ranks=[
-            [
-                "--start-delay",
-                "5",
-                "--slow-first",
-                "4,2,1",
-                "--ckpt-every",
-                "40",
-                "--ckpt-s",
-                "22",
-                "--eval-after",
-                "110",
-                "--eval-s",
-                "20",
-            ],
-            [
-                "--start-delay",
-                "5",
-                "--slow-first",
-                "4,2,1",
-                "--ckpt-every",
-                "40",
-                "--ckpt-s",
-                "22",
-                "--eval-after",
-                "110",
-                "--eval-s",
-                "20",
-                "--hiccup-after",
-                "75",
-                "--hiccup-s",
-                "11",
-            ],
-        ],
+        ranks=[SLOW_CKPT_EVAL, [*SLOW_CKPT_EVAL, "--hiccup-after", "75", "--hiccup-s", "11"]],
         note="slow start-up and first steps, 22 s checkpoints every 40 steps, an 11 s data-loader "
         "hiccup on rank 1 at +75 s, a 20 s eval at +110 s (times after step 1)",
     ),

@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 
 from aerie_contracts import byo
+from agent.config import AgentConfig
 from agent.monitor import Monitor
-from agent.supervisor import AgentConfig, Supervisor, prints_progress
+from agent.progress_sources import prints_progress
+from agent.supervisor import Supervisor
+from tests.helpers.supervisor_parts import RecordingReporter, SampleMonitor
 
 
 def _cfg(tmp_path: Path, host: str) -> AgentConfig:
@@ -74,49 +77,25 @@ def test_a_node_whose_ranks_all_exited_cleanly_is_not_hung(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (ranks / "rank-0.pid").write_text(str(dead.pid))
-    health = {"startup_grace_s": 0, "hang_floor_s": 5}
-    mon = Monitor(
-        node_dir=tmp_path / "agent",
-        metrics_dir=metrics,
-        interfaces=["lo"],
-        accelerator="cpu",
-        health=health,
-        started_at=now - 60,
-    )
+
+    def monitor() -> Monitor:  # a fresh one for each case
+        return Monitor(
+            node_dir=tmp_path / "agent",
+            metrics_dir=metrics,
+            interfaces=["lo"],
+            accelerator="cpu",
+            health={"startup_grace_s": 0, "hang_floor_s": 5},
+            started_at=now - 60,
+        )
+
     (ranks / "rank-0.exit.json").write_text(json.dumps({"rank": 0, "exit_code": 0, "signal": None}))
-    assert mon.tick(now) == []
+    assert monitor().tick(now) == []
     (ranks / "rank-0.exit.json").write_text(json.dumps({"rank": 0, "exit_code": 1, "signal": None}))
-    mon2 = Monitor(
-        node_dir=tmp_path / "agent",
-        metrics_dir=metrics,
-        interfaces=["lo"],
-        accelerator="cpu",
-        health=health,
-        started_at=now - 60,
-    )
-    assert [v.kind for v in mon2.tick(now)] == ["silent.hang"]
-
-
-class _Monitor:
-    last_sample: dict = {}
-
-    def tick(self, now):
-        return []
-
-
-class _Reporter:
-    def __init__(self):
-        self.batches: list[list[dict]] = []
-
-    def metrics(self, records):
-        self.batches.append(records)
-
-    def checkpoint(self, body):
-        pass
+    assert [v.kind for v in monitor().tick(now)] == ["silent.hang"]
 
 
 def test_a_bar_step_without_metrics_is_progress_only(tmp_path):
-    monitor, reporter = _Monitor(), _Reporter()
+    monitor, reporter = SampleMonitor(), RecordingReporter()
     sup = Supervisor(_cfg(tmp_path, "algo-1"), monitor=monitor, reporter=reporter)
     log = {byo.SOURCE_KEY: byo.SOURCE_LOG, "rank": 0, "event": None}
     monitor.last_sample = {"records": [{**log, "t": 1.0, "step": 3}, {**log, "t": 1.1, "step": 3, "loss": 2.5}]}

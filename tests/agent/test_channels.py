@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def bucket(counting_s3, monkeypatch):
-    for name, value in counting_s3.env().items():
-        monkeypatch.setenv(name, value)
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    counting_s3.server.create_bucket(name)
-    return name
+    return counting_s3.fresh_bucket(monkeypatch.setenv)
 
 
 def _node(root: Path, channels: dict, host: str = "algo-1", hosts=("algo-1",), cache: Path | None = None):

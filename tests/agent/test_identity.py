@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import AgentConfig
 from agent.contract import NodeContract, trainer_env
 from agent.identity import (
     DEFAULT_MASTER_PORT,
@@ -19,7 +20,6 @@ from agent.identity import (
     node_dir,
     resolve_identity,
 )
-from agent.supervisor import AgentConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

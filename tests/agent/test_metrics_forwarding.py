@@ -5,25 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.supervisor import AgentConfig, Supervisor
-
-
-class _Monitor:
-    last_sample: dict = {}
-
-    def tick(self, now):
-        return []
-
-
-class _Reporter:
-    def __init__(self):
-        self.batches: list[list[dict]] = []
-
-    def metrics(self, records):
-        self.batches.append(records)
-
-    def checkpoint(self, body):
-        pass
+from agent.config import AgentConfig
+from agent.supervisor import Supervisor
+from tests.helpers.supervisor_parts import RecordingReporter, SampleMonitor
 
 
 def test_rank0_steps_are_batched_and_json_safe(tmp_path: Path):
@@ -35,7 +19,7 @@ def test_rank0_steps_are_batched_and_json_safe(tmp_path: Path):
         host="algo-1",
         entrypoint=("true",),
     )
-    monitor, reporter = _Monitor(), _Reporter()
+    monitor, reporter = SampleMonitor(), RecordingReporter()
     sup = Supervisor(cfg, monitor=monitor, reporter=reporter)
     monitor.last_sample = {
         "records": [

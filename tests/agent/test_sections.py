@@ -13,11 +13,11 @@ from aerie_contracts.env import SECTIONS
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.health import SUMMARY_SECTIONS, Section, compact_learned
 from aerie_contracts.metrics import MetricEvent
+from agent.config import AgentConfig
 from agent.detect import HealthConfig, detect_all
 from agent.monitor import Observations, replay
 from agent.probes.progress import ProgressProbe
 from agent.sections import learned_summary, section_limit
-from agent.supervisor import AgentConfig
 from orchestrator.learned import learned_env
 
 HANG = FailureKind.SILENT_HANG.value

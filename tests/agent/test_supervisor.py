@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import AgentConfig, rank_command
 from agent.contract import NodeContract
-from agent.supervisor import AgentConfig, rank_command
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,28 +6,17 @@ not asserted here (see the bench itself); that both training runs log the same l
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.bench import run_bench
 
 
 @pytest.mark.slow
 def test_bench_prints_download_and_fastfile_lines():
     download_args = ["--size-mb", "6", "--objects", "3", "--connections", "4"]
     train_args = ["--train-mb", "1", "--steps", "6", "--warmup", "2"]
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "data.py"), *download_args, *train_args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-        cwd=ROOT,
-    ).stdout
-    result = json.loads(out.strip().splitlines()[-1])
+    result = json.loads(run_bench("data.py", *download_args, *train_args, timeout=600)[-1])
     download = result["file_mode_download"]
     assert download["aerie_MBps"] > 0 and download["baseline_download_file_loop_MBps"] > 0
     assert download["aerie_verified"] == {"CRC32": 3}

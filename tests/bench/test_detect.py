@@ -6,28 +6,16 @@ constant. Speed is not asserted (see the bench's goal)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers.bench import run_bench
 from trainer import parallel
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_bench_detects_a_killed_rank_and_reads_the_collective_timeout_from_the_run():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "detect.py"), "--faults", "sigkill", "--runs", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-        cwd=ROOT,
-    ).stdout
-    result = json.loads(out.strip().splitlines()[-1])
+    result = json.loads(run_bench("detect.py", "--faults", "sigkill", "--runs", "1", timeout=300)[-1])
     assert result["params"]["runs"] == 1 and result["params"]["faults"] == ["sigkill"]
     assert "max(30 s, 3 x p95" in result["goal"]
     sigkill = result["kinds"]["sigkill"]

@@ -5,22 +5,15 @@ that policy (c) rests on assumed recovery costs. Speed and the goals are not ass
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.bench import run_bench
 
 
 def test_bench_prints_three_policies_and_names_every_parameter(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "goodput_at_scale.py"), "--days", "3", "--replications", "2",
-         "--no-measure", "--plot", str(tmp_path / "goodput.png")],
-        capture_output=True, text=True, timeout=120, check=True, cwd=ROOT,
-    ).stdout  # fmt: skip
-    lines = out.strip().splitlines()
+    args = ["--days", "3", "--replications", "2", "--no-measure", "--plot", str(tmp_path / "goodput.png")]
+    lines = run_bench("goodput_at_scale.py", *args, timeout=120)
     assert len(lines) == 1
     result = json.loads(lines[0])
     assert set(result["policies"]) == {"a_baseline", "b_aerie_relaunch_s3", "c_aerie_in_place"}

@@ -5,43 +5,17 @@ comparison. Speed is not asserted here (see the bench itself)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.bench import run_bench
 
 
 @pytest.mark.slow
 def test_bench_prints_eager_and_bf16_lines_for_a_family():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "trainer_vs_hf.py"),
-            "--family",
-            "llama",
-            "--no-compile",
-            "--rounds",
-            "2",
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-            "--batch",
-            "2",
-            "--seq",
-            "16",
-            "--threads",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
-    result = json.loads(out.strip().splitlines()[-1])
+    args = ["--family", "llama", "--no-compile", "--rounds", "2", "--steps", "1", "--warmup", "0"]
+    args += ["--batch", "2", "--seq", "16", "--threads", "1"]
+    result = json.loads(run_bench("trainer_vs_hf.py", *args, timeout=300)[-1])
     assert set(result["meets_goal"]) == {"llama_eager", "llama_bf16"}
     for line in ("eager", "bf16"):
         got = result["llama"][line]

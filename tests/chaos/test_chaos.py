@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.harness.chaos import EXPECTED_REASONS, STEPS, TRAINER_FAULTS, run_chaos
-from orchestrator.harness.control_plane import ControlPlane
 from tests.helpers.goodput_checks import check_chaos_ledger
+from tests.helpers.planes import running_control_plane
 from trainer.checkpoint.manifest import verify
 
 pytestmark = pytest.mark.slow
@@ -20,12 +20,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def cp(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    plane = ControlPlane(home, s3=True).start()
-    yield plane
-    plane.stop()
-    plane.cleanup_nodes()
+    with running_control_plane(tmp_path / "home", s3=True) as plane:
+        yield plane
 
 
 def test_chaos_run_finishes_with_the_uninterrupted_losses(cp, tmp_path, monkeypatch):

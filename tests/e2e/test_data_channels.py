@@ -10,7 +10,6 @@ FastFile job on the same data, and one job whose channel names a missing prefix.
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 
 import pytest
@@ -40,11 +39,7 @@ def plane(tmp_path_factory, counting_s3):
 @pytest.fixture(scope="module")
 def bucket(counting_s3):
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in counting_s3.env().items():
-            mp.setenv(name, value)
-        name = f"data-{uuid.uuid4().hex[:10]}"
-        counting_s3.server.create_bucket(name)
-        yield name
+        yield counting_s3.fresh_bucket(mp.setenv, "data")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +60,8 @@ def file_job(plane, dataset, bucket, counting_s3, tmp_path_factory):
             {"channel": "shards", "s3_uri": f"s3://{bucket}/shards/", "distribution": "ShardedByS3Key"},
         ],
         dataset["config"],
-        retry={"max_restarts": 1},
+        # A relaunch (new nodes' directories, the host's channel cache), not an in-place restart.
+        retry={"max_restarts": 1, "in_place_restarts": 0},
         env={"AERIE_FAULTS": json.dumps([{"kind": "exit", "step": 2, "rank": 0}])},
     )
     return {"job": job, "gets": counting_s3.object_gets(bucket, mark)}

@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.harness.control_plane import REPO, ControlPlane, write_spec
-from tests.helpers.slack_standin import BOT_TOKEN, SlackStandIn
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -52,14 +51,7 @@ COMMIT = [
 
 
 @pytest.fixture
-def standin():
-    s = SlackStandIn()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def cp(tmp_path, standin):
+def cp(tmp_path, slack_standin):
     home = tmp_path / "home"
     home.mkdir()
     record = tmp_path / "sampler.jsonl"
@@ -67,8 +59,7 @@ def cp(tmp_path, standin):
     plane = ControlPlane(
         home,
         extra_env={
-            "AERIE_SLACK_API_URL": standin.base_url,
-            "SLACK_BOT_TOKEN": BOT_TOKEN,
+            **slack_standin.env(),
             "AERIE_EVAL_SAMPLER_COMMAND": json.dumps([*sampler, "--record", str(record)]),
         },
     ).start()
@@ -84,22 +75,22 @@ def sampler_events(record: Path) -> dict[str, float]:
     return {e["event"]: e["t"] for e in map(json.loads, record.read_text().splitlines())}
 
 
-def test_a_long_eval_holds_up_neither_launches_nor_lost_node_detection(cp, standin, tmp_path):
-    # Job X: a node that will be lost. Running before the eval starts.
-    cp.cli(
-        "submit",
-        str(
-            write_spec(
-                tmp_path / "x.json",
-                name="loses-a-node",
-                entrypoint=["python", "-c", "import time; time.sleep(300)"],
-                resources={"instance_count": 1, "procs_per_node": 1},
-                retry={"max_restarts": 0},
-                health={"heartbeat_s": HEARTBEAT_S},
-            )
-        ),
-        check=True,
+def submit(cp: ControlPlane, tmp_path: Path, name: str, entrypoint: list[str], **fields) -> None:
+    """Submit a one-node, one-rank job (its spec file under tmp_path)."""
+    spec = write_spec(
+        tmp_path / f"{name}.json",
+        name=name,
+        entrypoint=entrypoint,
+        resources={"instance_count": 1, "procs_per_node": 1},
+        **fields,
     )
+    cp.cli("submit", str(spec), check=True)
+
+
+def test_a_long_eval_holds_up_neither_launches_nor_lost_node_detection(cp, slack_standin, tmp_path):
+    # Job X: a node that will be lost. Running before the eval starts.
+    sleeps = ["python", "-c", "import time; time.sleep(300)"]
+    submit(cp, tmp_path, "loses-a-node", sleeps, retry={"max_restarts": 0}, health={"heartbeat_s": HEARTBEAT_S})
     wait_for(
         lambda: any(n["last_heartbeat_at"] for a in cp.job("loses-a-node")["attempt_list"] for n in a["nodes"]),
         60,
@@ -107,36 +98,13 @@ def test_a_long_eval_holds_up_neither_launches_nor_lost_node_detection(cp, stand
     )
 
     # Job E: commits a checkpoint, whose eval then runs for EVAL_S seconds.
-    cp.cli(
-        "submit",
-        str(
-            write_spec(
-                tmp_path / "e.json",
-                name="evaluated",
-                entrypoint=COMMIT,
-                resources={"instance_count": 1, "procs_per_node": 1},
-                env={"CKPT_URI": str(tmp_path / "ckpt" / "step_00000001")},
-                eval={"prompts": PROMPTS, "slack_channel": CHANNEL},
-            )
-        ),
-        check=True,
-    )
+    ckpt = {"CKPT_URI": str(tmp_path / "ckpt" / "step_00000001")}
+    submit(cp, tmp_path, "evaluated", COMMIT, env=ckpt, eval={"prompts": PROMPTS, "slack_channel": CHANNEL})
     eval_start = wait_for(lambda: sampler_events(cp.record).get("start"), 60, "the eval sampler to start")
 
     # While it runs: job L is submitted and must launch and finish ...
     submitted = time.time()
-    cp.cli(
-        "submit",
-        str(
-            write_spec(
-                tmp_path / "l.json",
-                name="launches",
-                entrypoint=["python", "-c", "print('launched')"],
-                resources={"instance_count": 1, "procs_per_node": 1},
-            )
-        ),
-        check=True,
-    )
+    submit(cp, tmp_path, "launches", ["python", "-c", "print('launched')"])
     # ... and job X's agent freezes (SIGSTOP): no more heartbeats from its node.
     x = cp.job("loses-a-node")
     agent_pid = int((cp.home / "jobs" / x["id"] / "attempt-1" / "algo-1" / "agent" / "agent.pid").read_text())
@@ -165,7 +133,7 @@ def test_a_long_eval_holds_up_neither_launches_nor_lost_node_detection(cp, stand
     assert lost["reason"]["retry_exhausted"] is True
 
     # The eval itself was real and finishes: one message per prompt, its event delivered once.
-    wait_for(lambda: len(standin.messages(CHANNEL)) == len(PROMPTS), EVAL_S + 60, "the eval's Slack messages")
+    wait_for(lambda: len(slack_standin.messages(CHANNEL)) == len(PROMPTS), EVAL_S + 60, "the eval's Slack messages")
     assert sampler_events(cp.record)["end"] - eval_start >= EVAL_S
 
     def checkpoint_event_status() -> str:
@@ -174,4 +142,4 @@ def test_a_long_eval_holds_up_neither_launches_nor_lost_node_detection(cp, stand
         return row["status"]
 
     wait_for(lambda: checkpoint_event_status() == "delivered", 30, "the checkpoint event marked delivered")
-    assert len(standin.calls_of("chat.postMessage")) == len(PROMPTS)
+    assert len(slack_standin.calls_of("chat.postMessage")) == len(PROMPTS)

@@ -30,7 +30,8 @@ import pytest
 from aerie_contracts import events as contract_events
 from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, write_spec
 
-pytestmark = pytest.mark.slow
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]
 
 FAILPOINT = "events.after_publish:Aerie Attempt State Change:Failed"
 # Attempt 1 fails with exit code 3 (retryable); later attempts succeed.

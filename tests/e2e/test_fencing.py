@@ -31,8 +31,8 @@ import pytest
 
 from infra.local.s3proxy import ThrottlingProxy
 from orchestrator.backends.local import STOP_GRACE_S
-from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import trainer_spec
+from tests.helpers.planes import running_control_plane
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -90,12 +90,8 @@ class OffNode:
 
 @pytest.fixture
 def cp(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    plane = ControlPlane(home, s3=True).start()
-    yield plane
-    plane.stop()
-    plane.cleanup_nodes()
+    with running_control_plane(tmp_path / "home", s3=True) as plane:
+        yield plane
 
 
 def _node_pids(ml_root: Path) -> list[int]:
@@ -121,6 +117,7 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
         "AWS_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(key, value)
+    from trainer.checkpoint import gc as ckpt_gc
     from trainer.checkpoint import manifest
 
     proxy = ThrottlingProxy("127.0.0.1", s3["port"], rate=FAST).start()
@@ -156,7 +153,7 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
         proxy.set_rate(TRICKLE)
         wait_for(
             what="the step-20 upload in flight",
-            check=lambda: manifest.list_incomplete_uploads(zombie),
+            check=lambda: ckpt_gc.list_incomplete_uploads(zombie),
             every_s=0.05,
             timeout_s=180,
         )
@@ -208,7 +205,7 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
         stale = [i for i in infos if i.attempt == 1 and i.step >= 20]
         stale_keys = {k for i in stale for k in i.keys}
         assert all(k.startswith("step_000000") and "/attempt_0001/" in k for k in stale_keys), stale_keys
-        assert manifest.list_incomplete_uploads(zombie) == []  # the upload did finish
+        assert ckpt_gc.list_incomplete_uploads(zombie) == []  # the upload did finish
         assert all(i.state == "incomplete" for i in stale), [(i.uri, i.state, i.reasons) for i in stale]
         record = recorded()
         assert not [u for u in record if "/attempt_0001" in u and manifest.parse_uri(u).step >= 20], record

@@ -17,11 +17,11 @@ import sys
 
 import httpx
 import pytest
-import yaml
 
 from lambdas import slack_blocks
 from orchestrator.harness.control_plane import ControlPlane, write_spec
-from tests.helpers.slack_standin import BOT_TOKEN, SIGNING_SECRET, SlackStandIn, block_actions_payload, signed_request
+from tests.helpers.slack_standin import block_actions_payload, signed_request
+from tests.helpers.tiny_trainer import write_tiny_config
 from tests.helpers.wait import wait_for
 
 CHANNEL = "#eval-e2e"
@@ -29,20 +29,11 @@ PROMPTS = ["def main(", "class Parser:"]
 
 
 @pytest.fixture
-def standin():
-    s = SlackStandIn()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def cp(tmp_path, standin):
+def cp(tmp_path, slack_standin):
     plane = ControlPlane(
         tmp_path / "home",
         extra_env={
-            "AERIE_SLACK_API_URL": standin.base_url,
-            "SLACK_BOT_TOKEN": BOT_TOKEN,
-            "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+            **slack_standin.env(),
             "OMP_NUM_THREADS": "1",
         },
     )
@@ -62,23 +53,8 @@ def cp(tmp_path, standin):
 
 
 @pytest.mark.slow
-def test_checkpoint_to_slack_to_ratings(cp, standin, tmp_path):
-    config = tmp_path / "train.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"preset": "pythia-tiny"},
-                "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(tmp_path / "data-cache")},
-                "seq_len": 32,
-                "micro_batch_size": 4,
-                "steps": 4,
-                "warmup": 1,
-                "lr": 3e-3,
-                "min_lr": 3e-4,
-                "checkpoint": {"async": False},
-            }
-        )
-    )
+def test_checkpoint_to_slack_to_ratings(cp, slack_standin, tmp_path):
+    config = write_tiny_config(tmp_path / "train.yaml", tmp_path / "data-cache", checkpoint={"async": False})
     spec = write_spec(
         tmp_path / "job.json",
         name="eval-e2e",
@@ -101,7 +77,7 @@ def test_checkpoint_to_slack_to_ratings(cp, standin, tmp_path):
 
     # The dispatcher delivers "checkpoint committed" to eval_dispatch: one message per prompt.
     messages = wait_for(
-        lambda: len(standin.messages(CHANNEL)) == len(PROMPTS) and standin.messages(CHANNEL),
+        lambda: len(slack_standin.messages(CHANNEL)) == len(PROMPTS) and slack_standin.messages(CHANNEL),
         240,
         "the eval messages at the Slack stand-in",
     )
@@ -112,14 +88,14 @@ def test_checkpoint_to_slack_to_ratings(cp, standin, tmp_path):
         assert "*Tokens seen*\n512" in fields and any(re.fullmatch(r"\*Loss\*\n\d+\.\d{4}", f) for f in fields)
 
     # Three people rate both samples; one flags a hallucination on the first.
-    channel = standin.channel_id(CHANNEL)
+    channel = slack_standin.channel_id(CHANNEL)
     clicks = [("U1", "rate_4"), ("U2", "rate_3"), ("U3", "rate_2"), ("U3", "hallucination")]
     for i, message in enumerate(messages):
         for user, action in clicks if i == 0 else clicks[:3]:
             body, headers = signed_request(block_actions_payload(message, channel, user, action))
             resp = httpx.post(cp.url + "/v1/slack/interactions", content=body, headers=headers, timeout=30)
             assert resp.status_code == 200, resp.text
-    wait_for(lambda: len(standin.calls_of("chat.update")) == 7, 60, "the tallies updated in place")
+    wait_for(lambda: len(slack_standin.calls_of("chat.update")) == 7, 60, "the tallies updated in place")
 
     out = cp.cli("ratings", "eval-e2e", check=True).stdout
     print(out)
@@ -129,4 +105,4 @@ def test_checkpoint_to_slack_to_ratings(cp, standin, tmp_path):
     assert api_row["mean_score"] == pytest.approx(3.0) and api_row["hallucination_rate"] == pytest.approx(1 / 6)
 
     # Nothing was posted twice along the way (the dispatcher delivers at least once).
-    assert len(standin.calls_of("chat.postMessage")) == len(PROMPTS)
+    assert len(slack_standin.calls_of("chat.postMessage")) == len(PROMPTS)

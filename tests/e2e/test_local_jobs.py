@@ -7,33 +7,15 @@ import time
 import psutil
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane, event_story, write_spec
-
-CONTRACT = ["python", "tests/e2e/contract_check.py"]
+from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, event_story
+from tests.helpers.contract_jobs import contract_spec
+from tests.helpers.planes import running_control_plane
 
 
 @pytest.fixture
 def cp(tmp_path):
-    plane = ControlPlane(tmp_path / "home")
-    plane.home.mkdir()
-    plane.start()
-    yield plane
-    plane.stop()
-    plane.cleanup_nodes()
-
-
-def _spec(tmp_path, name: str, args: list[str], **extra) -> str:
-    return str(
-        write_spec(
-            tmp_path / f"{name}.json",
-            name=name,
-            entrypoint=CONTRACT,
-            args=args,
-            hyperparameters={"lr": "3e-4", "layers": "2"},
-            resources={"instance_count": 2, "procs_per_node": 2},
-            **extra,
-        )
-    )
+    with running_control_plane(tmp_path / "home") as plane:
+        yield plane
 
 
 def _all_nodes_running(job: dict) -> bool:
@@ -46,18 +28,12 @@ def _all_nodes_running(job: dict) -> bool:
 
 
 def test_two_nodes_two_procs_job_completes_with_events_and_logs(cp, tmp_path):
-    r = cp.cli("submit", _spec(tmp_path, "ok-job", ["--steps", "3"]), "--follow")
+    r = cp.cli("submit", contract_spec(tmp_path, "ok-job", ["--steps", "3"]), "--follow")
     assert r.returncode == 0, r.stdout + r.stderr
     job = cp.job("ok-job")
     assert job["state"] == "Completed"
     assert len(job["attempt_list"]) == 1
-    assert event_story(cp.events("ok-job")) == [
-        "job Submitted",
-        "job InProgress",
-        "attempt 1 Running",
-        "attempt 1 Completed",
-        "job Completed",
-    ]
+    assert event_story(cp.events("ok-job")) == FIRST_ATTEMPT_STORY
 
     events = cp.cli("events", "ok-job", check=True).stdout
     order = [events.index(word) for word in ("Submitted", "Running", "attempt 1 Completed", "Completed")]
@@ -70,7 +46,9 @@ def test_two_nodes_two_procs_job_completes_with_events_and_logs(cp, tmp_path):
 
 
 def test_nonzero_exit_fails_the_job_with_the_exit_code(cp, tmp_path):
-    r = cp.cli("submit", _spec(tmp_path, "exit-three", ["--exit-code", "3"], retry={"max_restarts": 0}), "--follow")
+    r = cp.cli(
+        "submit", contract_spec(tmp_path, "exit-three", ["--exit-code", "3"], retry={"max_restarts": 0}), "--follow"
+    )
     assert r.returncode == 1
     job = cp.job("exit-three")
     assert job["state"] == "Failed"
@@ -88,7 +66,7 @@ def test_nonzero_exit_fails_the_job_with_the_exit_code(cp, tmp_path):
 
 
 def test_control_plane_killed_mid_job_readopts_it(cp, tmp_path):
-    cp.cli("submit", _spec(tmp_path, "survivor", ["--steps", "8", "--sleep", "1"]), check=True)
+    cp.cli("submit", contract_spec(tmp_path, "survivor", ["--steps", "8", "--sleep", "1"]), check=True)
     cp.wait_state("survivor", {"InProgress"})
     deadline = time.time() + 60
     while not _all_nodes_running(cp.job("survivor")):
@@ -101,14 +79,14 @@ def test_control_plane_killed_mid_job_readopts_it(cp, tmp_path):
     assert job["state"] == "Completed", job
     assert len(job["attempt_list"]) == 1
     story = event_story(cp.events("survivor"))
-    assert story == ["job Submitted", "job InProgress", "attempt 1 Running", "attempt 1 Completed", "job Completed"]
+    assert story == FIRST_ATTEMPT_STORY
     # The nodes really ran once: one contract line per rank in the logs.
     logs = cp.cli("logs", "survivor", check=True).stdout
     assert logs.count("contract ok=True") == 4
 
 
 def test_stop_kills_the_whole_tree(cp, tmp_path):
-    cp.cli("submit", _spec(tmp_path, "to-stop", ["--steps", "600", "--sleep", "1"]), check=True)
+    cp.cli("submit", contract_spec(tmp_path, "to-stop", ["--steps", "600", "--sleep", "1"]), check=True)
     deadline = time.time() + 60
     while not _all_nodes_running(cp.job("to-stop")):
         assert time.time() < deadline
@@ -130,7 +108,7 @@ def test_stop_kills_the_whole_tree(cp, tmp_path):
 
 def test_no_secret_reaches_any_log(cp, tmp_path):
     """Tokens (admin, agent, service) never appear in the control plane's or any node's output."""
-    r = cp.cli("submit", _spec(tmp_path, "quiet", ["--steps", "2"]), "--follow")
+    r = cp.cli("submit", contract_spec(tmp_path, "quiet", ["--steps", "2"]), "--follow")
     assert r.returncode == 0, r.stdout + r.stderr
     logs = [cp.log] + list(cp.home.glob("jobs/**/node.log"))
     text = "\n".join(p.read_text(errors="replace") for p in logs) + r.stdout + r.stderr

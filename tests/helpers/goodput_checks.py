@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.harness.jobs import FAST_HEALTH, step_records
+from orchestrator.harness.jobs import FAST_HEALTH, attempt_step_records
 
 HANG_SLACK_S = 45.0  # a hang verdict after the floor: a heartbeat or two, a loaded 2-core machine
 QUICK_S = 30.0  # a crash or a NaN: the next heartbeat and the controller's reconcile pass
@@ -40,7 +40,7 @@ def check_chaos_ledger(cp, job: dict, faults: list[dict[str, Any]], reasons: lis
     jobs_dir = cp.home / "jobs" / job["id"]
     for injected, got in zip(faults, led["faults"], strict=True):
         n = got["attempt"]
-        own = {r["step"]: r["t"] for r in step_records(jobs_dir / f"attempt-{n}", 0)}
+        own = {r["step"]: r["t"] for r in attempt_step_records(jobs_dir, n, 0)}
         allowed = {injected["step"] - 1} | ({injected["step"]} if injected["kind"] == "nan" else set())
         assert got["last_step"] in allowed, (injected, got)
         if injected["kind"] == "nan":  # ranks train on past a NaN until the verdict stops them
@@ -57,7 +57,7 @@ def check_chaos_ledger(cp, job: dict, faults: list[dict[str, Any]], reasons: lis
         nxt = attempts[n + 1]
         assert got["resumed_step"] == nxt["resumed_step"]
         assert got["redone_steps"] == got["last_step"] - nxt["resumed_step"], got
-        redone_by_next = {r["step"] for r in step_records(jobs_dir / f"attempt-{n + 1}", 0)}
+        redone_by_next = {r["step"] for r in attempt_step_records(jobs_dir, n + 1, 0)}
         assert set(range(nxt["resumed_step"] + 1, got["last_step"] + 1)) <= redone_by_next
         assert got["redone_steps"] == 0 or got["redone_s"] > 0
     return led

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 import uvicorn
 
+from orchestrator.events import Dispatcher, Handler, LambdaContext, Subscription
 from orchestrator.harness.control_plane import free_port
 from orchestrator.server import build_app, service_token
 from orchestrator.settings import Settings
@@ -30,6 +31,16 @@ class LiveApi:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+    def context(self, function_name: str) -> LambdaContext:
+        """What a handler named `function_name` is given in AWS Lambda: this API and its service token."""
+        return LambdaContext(function_name=function_name, aerie_api=self.url, aerie_token=self.service)
+
+    def dispatcher(self, function_name: str, detail_type: str, handler: Handler) -> Dispatcher:
+        """The control plane's dispatcher with one subscription: `handler` gets `detail_type` events
+        with this API's context, as `aerie up` wires it."""
+        subscription = Subscription(function_name, frozenset({detail_type}), handler)
+        return Dispatcher(self.db, [subscription], api_url=self.url, token=self.service)
 
 
 def start_live_api(settings: Settings) -> LiveApi:

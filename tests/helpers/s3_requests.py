@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.devstack import S3Server
@@ -21,6 +23,14 @@ class CountingS3:
 
     def env(self) -> dict[str, str]:
         return self.server.env()
+
+    def fresh_bucket(self, setenv: Callable[[str, str], None], prefix: str = "t") -> str:
+        """Point this process at the server (`setenv`: a monkeypatch's) and make a bucket of its own."""
+        for name, value in self.env().items():
+            setenv(name, value)
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.server.create_bucket(name)
+        return name
 
     def mark(self) -> int:
         """A position in the log: count what comes after it."""

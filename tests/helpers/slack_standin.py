@@ -75,6 +75,14 @@ class SlackStandIn:
         self.server.shutdown()
         self.server.server_close()
 
+    def env(self) -> dict[str, str]:
+        """The variables that point Aerie's WebClient here and let it verify Slack's requests."""
+        return {
+            "AERIE_SLACK_API_URL": self.base_url,
+            "SLACK_BOT_TOKEN": self.token,
+            "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        }
+
     # --- test controls -------------------------------------------------------------------------
 
     def rate_limit(self, calls: int = 1, retry_after: int = 1) -> None:

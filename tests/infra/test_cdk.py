@@ -165,11 +165,12 @@ def test_handler_bundle_holds_the_handlers_and_only_the_torch_free_trainer_files
     assert set(trainer_files) <= {
         "trainer/__init__.py",
         "trainer/checkpoint/__init__.py",
+        "trainer/checkpoint/storage.py",
         "trainer/checkpoint/manifest.py",
-        "trainer/checkpoint/s3io.py",
+        "trainer/checkpoint/gc.py",
     }
     assert (bundle / "slack_sdk").is_dir() and (bundle / "httpx").is_dir()
-    assert (bundle / "aerie_s3" / "settings.py").is_file()  # what trainer/checkpoint/s3io.py builds on
+    assert (bundle / "aerie_s3" / "settings.py").is_file()  # what trainer/checkpoint/storage.py builds on
     assert not any(bundle.rglob("*.so")), "the bundle must be pure Python"
     assert not (bundle / "torch").exists() and not (bundle / "boto3").exists()
     for module in HANDLERS:
@@ -229,6 +230,15 @@ def rule_targets(resources: dict, rule: dict) -> set[str]:
     return handlers
 
 
+# Which handlers each event the control plane publishes must reach (the rules' contract).
+ROUTED = [
+    ("aerie_attempt_failed", {"chain_restart"}),
+    ("aerie_attempt_running", set()),
+    ("aerie_checkpoint_committed", {"checkpoint_gc", "eval_dispatch"}),
+    ("aerie_verdict_raised", set()),
+]
+
+
 def delivered_to(resources: dict, event: dict, *, custom_bus: bool) -> set[str]:
     """Handlers EventBridge would invoke for `event` put on the Aerie bus or the default bus."""
     handlers: set[str] = set()
@@ -239,15 +249,7 @@ def delivered_to(resources: dict, event: dict, *, custom_bus: bool) -> set[str]:
     return handlers
 
 
-@pytest.mark.parametrize(
-    "event_name, handlers",
-    [
-        ("aerie_attempt_failed", {"chain_restart"}),
-        ("aerie_attempt_running", set()),
-        ("aerie_checkpoint_committed", {"checkpoint_gc", "eval_dispatch"}),
-        ("aerie_verdict_raised", set()),
-    ],
-)
+@pytest.mark.parametrize("event_name, handlers", ROUTED)
 def test_aerie_events_reach_the_right_handlers_on_the_aerie_bus(resources, event_name, handlers):
     event = load_event(event_name)
     assert delivered_to(resources, event, custom_bus=True) == handlers
@@ -298,15 +300,7 @@ def published_events(tmp_path) -> dict[str, dict]:
     return out
 
 
-@pytest.mark.parametrize(
-    "event_name, handlers",
-    [
-        ("aerie_attempt_failed", {"chain_restart"}),
-        ("aerie_attempt_running", set()),
-        ("aerie_checkpoint_committed", {"checkpoint_gc", "eval_dispatch"}),
-        ("aerie_verdict_raised", set()),
-    ],
-)
+@pytest.mark.parametrize("event_name, handlers", ROUTED)
 def test_what_the_control_plane_publishes_reaches_the_right_handlers(resources, tmp_path, event_name, handlers):
     """Not a fixture file: the events the outbox writes and the publisher sends, against the
     synthesized rules; the sample files above have exactly their fields, so they cannot drift."""

@@ -105,8 +105,10 @@ def test_poll_fails_loudly_when_slurmctld_does_not_answer(slurm_cluster, tmp_pat
     from orchestrator.backends.slurm import SlurmError
 
     conf = tmp_path / "slurm.conf"
+    # Nothing listens on port 9; a short MessageTimeout makes Slurm's client give up in 1 s, not 9.
     conf.write_text(
         re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=9", Path(slurm_cluster["SLURM_CONF"]).read_text())
+        + "\nMessageTimeout=2\n"
     )
     monkeypatch.setenv("SLURM_CONF", str(conf))
     root = tmp_path / "attempt-1"

@@ -7,13 +7,11 @@ contract) downloads before its rank starts, into the per-host cache the operator
 from __future__ import annotations
 
 import json
-import subprocess
-import uuid
 
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane
 from tests.helpers.data_jobs import SHARDS, STEPS, files, prepare_dataset, submit
+from tests.helpers.slurm_plane import slurm_control_plane
 
 pytestmark = pytest.mark.slow
 
@@ -22,23 +20,13 @@ pytestmark = pytest.mark.slow
 def cp(tmp_path, slurm_cluster, counting_s3):
     cache = tmp_path / "node-cache"
     env = {**slurm_cluster, **counting_s3.env(), "OMP_NUM_THREADS": "1", "AERIE_CHANNEL_CACHE": str(cache)}
-    plane = ControlPlane(tmp_path / "home", extra_env=env)
-    plane.home.mkdir()
-    plane.start()
-    yield plane
-    plane.stop()
-    for handle in (plane.home / "jobs").glob("*/attempt-*/handle.json"):
-        subprocess.run(["scancel", str(json.loads(handle.read_text())["slurm_job_id"])], capture_output=True)
-    plane.cleanup_nodes()
+    with slurm_control_plane(tmp_path / "home", env) as plane:
+        yield plane
 
 
 @pytest.fixture
 def bucket(counting_s3, monkeypatch):
-    for name, value in counting_s3.env().items():
-        monkeypatch.setenv(name, value)
-    name = f"slurm-data-{uuid.uuid4().hex[:8]}"
-    counting_s3.server.create_bucket(name)
-    return name
+    return counting_s3.fresh_bucket(monkeypatch.setenv, "slurm-data")
 
 
 def test_a_two_node_slurm_job_trains_on_its_s3_channels(cp, bucket, tmp_path, counting_s3):

@@ -7,7 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from orchestrator.harness.control_plane import REPO
+
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py).
+pytestmark = pytest.mark.side_by_side
 
 
 def _backends(env: dict[str, str]) -> dict[str, str]:
@@ -47,7 +52,8 @@ def test_backends_lists_local_and_a_reachable_slurm(slurm_cluster):
 def test_slurm_without_a_controller_is_listed_unreachable(slurm_cluster, tmp_path):
     conf = tmp_path / "slurm.conf"
     real = open(slurm_cluster["SLURM_CONF"]).read()
-    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=9", real))  # nothing listens there
+    # Nothing listens on port 9; a short MessageTimeout makes Slurm's client give up in 1 s, not 9.
+    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=9", real) + "\nMessageTimeout=2\n")
     rows = _backends(
         {
             **_clean_env(),

@@ -9,43 +9,25 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane, event_story, write_spec
-
-CONTRACT = ["python", "tests/e2e/contract_check.py"]
+from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, ControlPlane, event_story, write_spec
+from tests.helpers.contract_jobs import contract_spec
+from tests.helpers.slurm_plane import slurm_control_plane
 
 
 @pytest.fixture
 def cp(tmp_path, slurm_cluster):
-    plane = ControlPlane(tmp_path / "home", extra_env=slurm_cluster)
-    plane.home.mkdir()
-    plane.start()
-    yield plane
-    plane.stop()
-    for handle in (plane.home / "jobs").glob("*/attempt-*/handle.json"):
-        subprocess.run(["scancel", str(json.loads(handle.read_text())["slurm_job_id"])], capture_output=True)
-    plane.cleanup_nodes()
+    with slurm_control_plane(tmp_path / "home", slurm_cluster) as plane:
+        yield plane
 
 
-def _spec(tmp_path: Path, name: str, args: list[str], nodes: int = 2, procs: int = 2, **extra) -> str:
-    return str(
-        write_spec(
-            tmp_path / f"{name}.json",
-            name=name,
-            entrypoint=CONTRACT,
-            args=args,
-            hyperparameters={"lr": "3e-4", "layers": "2"},
-            backend="slurm",
-            resources={"instance_count": nodes, "procs_per_node": procs},
-            **extra,
-        )
-    )
+def _spec(tmp_path: Path, name: str, args: list[str], **extra) -> str:
+    return contract_spec(tmp_path, name, args, backend="slurm", **extra)
 
 
 def _wait_running(cp: ControlPlane, ref: str, nodes: int = 2, timeout_s: float = 90) -> dict:
@@ -91,13 +73,7 @@ def test_two_node_job_completes_through_aerie_up(cp, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr + cp.log.read_text()[-3000:]
     job = cp.job("slurm-ok")
     assert job["state"] == "Completed" and job["backend"] == "slurm"
-    assert event_story(cp.events("slurm-ok")) == [
-        "job Submitted",
-        "job InProgress",
-        "attempt 1 Running",
-        "attempt 1 Completed",
-        "job Completed",
-    ]
+    assert event_story(cp.events("slurm-ok")) == FIRST_ATTEMPT_STORY
     attempt = job["attempt_list"][0]
     assert sorted(n["host"] for n in attempt["nodes"]) == ["node1", "node2"]
     assert _slurm_state(_handle(cp, job)["slurm_job_id"]) == "COMPLETED"

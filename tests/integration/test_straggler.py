@@ -3,9 +3,13 @@ local backend, rank 3 (node algo-2) sleeping 0.3 s a step (the `slow` fault). Ev
 slow everywhere (lockstep); rank 3's compute time is not. The controller names algo-2 a
 straggler, and with `straggler: restart` the next attempt runs without it (on the spare slot).
 
-The spec shortens `straggler_persist_s` to 5 s to keep the test short (~36 s here, the verdict
-~18 s after submission); with the default 30 s the verdict would come ~25 s later, still within
-the 60 s of the acceptance line.
+The spec shortens `straggler_persist_s` to 5 s (the default is 30 s) and the heartbeat to 2 s
+(default 5 s). Why not the defaults here: they would add ~25-30 s to a suite already at its time
+limit, and timing belongs to benches, not tests. The "within 60 s" of the acceptance line at the
+default settings is shown by bench/detect.py's `straggler` kind instead (defaults but for
+`straggler: restart`, which ends the attempt at the verdict without changing when it comes; median
+and max over 3 runs in bench/results/detect.txt). This test keeps the behaviour: the right node and
+signal, the evidence, and the exclusion on restart; its own bound is loose (60 s from submission).
 """
 
 from __future__ import annotations

@@ -12,27 +12,17 @@ import random
 from pathlib import Path
 
 import httpx
-import pytest
 
 from aerie_contracts import DetailType
 from lambdas import chain_restart
-from orchestrator.events import Dispatcher, LambdaContext, Subscription
-from orchestrator.settings import Settings
+from orchestrator.events import LambdaContext
 from orchestrator.store import repo
-from tests.helpers.live_api import start_live_api
 
 FIXTURE = Path(__file__).parent.parent / "data" / "events" / "attempt_failed.json"
 
 
-@pytest.fixture
-def api(aerie_home):
-    live = start_live_api(Settings())
-    yield live
-    live.stop()
-
-
 def _ctx(api) -> LambdaContext:
-    return LambdaContext(function_name="chain_restart", aerie_api=api.url, aerie_token=api.service)
+    return api.context("chain_restart")
 
 
 def _job(api, spec_extra: dict | None = None, failed: dict | None = None) -> str:
@@ -153,12 +143,7 @@ def test_redelivered_out_of_order_through_the_dispatcher_yields_one_attempt_per_
     assert [n for n, *_ in _attempts(api, job_id)] == [1, 2]
 
     # And the dispatcher itself: pending events reach the handler, then are marked delivered.
-    dispatcher = Dispatcher(
-        api.db,
-        [Subscription("chain_restart", frozenset({DetailType.ATTEMPT_STATE_CHANGE}), chain_restart.handler)],
-        api_url=api.url,
-        token=api.service,
-    )
+    dispatcher = api.dispatcher("chain_restart", DetailType.ATTEMPT_STATE_CHANGE, chain_restart.handler)
     dispatcher.deliver_once()
     with api.db.session() as s:
         statuses = {e.status for e in repo.list_events(s, repo.get_job(s, "default", job_id))}
@@ -295,3 +280,49 @@ def test_retry_follows_the_policy_table(api):
         job_id = _job(api, failed=reason)
         result = chain_restart.handler(_event(job_id, reason=reason), _ctx(api))
         assert result["action"] == action, (reason, result)
+
+
+def _with_nodes(api, job_id: str, hosts: tuple[str, ...] = ("algo-1", "algo-2")) -> None:
+    with api.db.session() as s:
+        attempt = repo.get_job(s, "default", job_id).attempts[-1]
+        for host in hosts:
+            repo.record_heartbeat(s, attempt, host, {"t": 1.0})
+
+
+def _causes(api, job_id):
+    with api.db.session() as s:
+        return [a.cause for a in repo.get_job(s, "default", job_id).attempts[1:]]
+
+
+def test_the_decision_records_its_mode_and_reason_once_however_often_the_event_comes(api):
+    """A rank crash on healthy nodes: in place, recorded in the new attempt's cause (what the API
+    and `aerie describe` show); the same event three times still makes one attempt."""
+    job_id = _job(api, failed={"kind": "exit.nonzero", "exit_code": 1, "host": "algo-2"})
+    _with_nodes(api, job_id)
+    event = _event(job_id, reason={"kind": "exit.nonzero", "exit_code": 1})
+    results = [chain_restart.handler(copy.deepcopy(event), _ctx(api)) for _ in range(3)]
+    assert [r["action"] for r in results] == ["restart", "none", "none"]
+    assert results[0]["mode"] == "in_place" and "exit.nonzero on healthy nodes" in results[0]["mode_reason"]
+    [cause] = _causes(api, job_id)
+    assert cause["mode"] == "in_place" and cause["mode_reason"] == results[0]["mode_reason"]
+    shown = httpx.get(
+        f"{api.url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {api.admin}"}, timeout=10
+    ).json()
+    assert shown["attempt_list"][1]["cause"]["mode"] == "in_place"
+
+
+def test_a_blamed_and_excluded_node_or_a_lost_one_falls_back_to_a_relaunch(api):
+    # The recorded busy hang blames algo-2, excluded after one blame (the default).
+    job_id = _recorded_failure(api, "busy_hang_rank3")
+    result = chain_restart.handler(_event(job_id, reason={"kind": "silent.hang"}), _ctx(api))
+    assert result["mode"] == "relaunch" and "algo-2 excluded" in result["mode_reason"], result
+    # Excluded only at the second blame: the first restarts in place, on the blamed node too.
+    job_id = _recorded_failure(api, "busy_hang_rank3", retry={"exclude_after_blames": 2})
+    result = chain_restart.handler(_event(job_id, reason={"kind": "silent.hang"}), _ctx(api))
+    assert result["mode"] == "in_place" and result["exclude_nodes"] == [], result
+    lost = {"kind": "node.lost", "host": "algo-1", "message": "no heartbeat"}
+    job_id = _job(api, failed=lost)
+    _with_nodes(api, job_id)
+    result = chain_restart.handler(_event(job_id, reason=lost), _ctx(api))
+    assert result["mode"] == "relaunch" and "node.lost" in result["mode_reason"], result
+    assert _causes(api, job_id)[0]["mode"] == "relaunch"

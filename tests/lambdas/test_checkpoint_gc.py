@@ -7,23 +7,12 @@ import json
 from pathlib import Path
 
 import boto3
-import pytest
 
 from lambdas import checkpoint_gc
-from orchestrator.events import LambdaContext
-from orchestrator.settings import Settings
 from orchestrator.store import repo
-from tests.helpers.live_api import start_live_api
 from trainer.checkpoint.manifest import checkpoint_uri, commit, list_checkpoints
 
 FIXTURE = Path(__file__).parent.parent / "data" / "events" / "checkpoint_committed.json"
-
-
-@pytest.fixture
-def api(aerie_home, s3_env):
-    live = start_live_api(Settings())
-    yield live
-    live.stop()
 
 
 def _checkpoint(uri: str, step: int, attempt: int) -> None:
@@ -32,7 +21,7 @@ def _checkpoint(uri: str, step: int, attempt: int) -> None:
     commit(uri, step=step, tokens=step * 1000, attempt=attempt)
 
 
-def test_keeps_the_last_and_every_resume_point_and_is_idempotent(api, s3_bucket):
+def test_keeps_the_last_and_every_resume_point_and_is_idempotent(s3_bucket, api):
     """Attempt 1 committed 10-30 and was superseded; a zombie of it then committed 40 in S3 (never
     recorded); attempt 2 resumed from 10 and committed 40 and 50. keep_last=2 keeps attempt 2's
     two, 10 (a resume point); GC deletes 20 and 30 (their records say `deleted`) and the zombie's."""
@@ -63,7 +52,7 @@ def test_keeps_the_last_and_every_resume_point_and_is_idempotent(api, s3_bucket)
         job_id = job.id
 
     event = json.loads(FIXTURE.read_text().replace("JOB_ID", job_id).replace("URI", checkpoint_uri(prefix, 50, 2)))
-    ctx = LambdaContext(function_name="checkpoint_gc", aerie_api=api.url, aerie_token=api.service)
+    ctx = api.context("checkpoint_gc")
     first = checkpoint_gc.handler(event, ctx)
     assert sorted(first["deleted"]) == [
         checkpoint_uri(prefix, 20, 1),

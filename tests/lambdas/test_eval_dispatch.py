@@ -10,26 +10,18 @@ from here, so the WebClient talks to a local stand-in speaking Slack's Web API w
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
-import yaml
 
 from aerie_contracts import DetailType
 from lambdas import eval_dispatch, slack_blocks
 from lambdas.cron import parse_cron
-from orchestrator.events import Dispatcher, LambdaContext, Subscription
-from orchestrator.settings import Settings
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
-from tests.helpers.live_api import start_live_api
-from tests.helpers.slack_standin import BOT_TOKEN, SlackStandIn
+from tests.helpers.tiny_trainer import train, trainer_env, write_tiny_config
 
-REPO = Path(__file__).resolve().parents[2]
 CHANNEL = "#eval-pythia"
 PROMPTS = ["def main(", "import os\n"]
 
@@ -38,61 +30,14 @@ PROMPTS = ["def main(", "import os\n"]
 def trained(tmp_path_factory) -> dict:
     """A real training run: 4 steps of pythia-tiny, checkpoints at steps 2 and 4 (synchronous)."""
     root = tmp_path_factory.mktemp("trained")
-    config = root / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"preset": "pythia-tiny"},
-                "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(root / "cache")},
-                "seq_len": 32,
-                "micro_batch_size": 4,
-                "steps": 4,
-                "warmup": 1,
-                "lr": 3e-3,
-                "min_lr": 3e-4,
-                "checkpoint": {"uri": str(root / "ckpt"), "every_steps": 2, "async": False},
-            }
-        )
+    config = write_tiny_config(
+        root / "config.yaml",
+        root / "cache",
+        checkpoint={"uri": str(root / "ckpt"), "every_steps": 2, "async": False},
     )
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "AERIE_METRICS_PATH": str(root / "metrics"),
-        "SM_OUTPUT_DATA_DIR": str(root / "output"),
-        "AERIE_CHECKPOINT_URI": "",
-        "AERIE_RESUME_FROM": "",
-    }
-    env.pop("SM_HPS", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--config", str(config)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = train(config, trainer_env(root, AERIE_CHECKPOINT_URI=""))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {"config": str(config), "ckpt": root / "ckpt"}
-
-
-@pytest.fixture
-def standin(monkeypatch):
-    s = SlackStandIn()
-    monkeypatch.setenv("AERIE_SLACK_API_URL", s.base_url)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def api(aerie_home):
-    live = start_live_api(Settings())
-    yield live
-    live.stop()
-
-
-def _ctx(api) -> LambdaContext:
-    return LambdaContext(function_name="eval_dispatch", aerie_api=api.url, aerie_token=api.service)
 
 
 def make_job(api, trained, steps=(2,), **eval_extra) -> tuple[str, list[dict]]:
@@ -128,11 +73,11 @@ def make_job(api, trained, steps=(2,), **eval_extra) -> tuple[str, list[dict]]:
     return job_id, events
 
 
-def test_posts_one_valid_block_kit_message_per_prompt(api, standin, trained):
+def test_posts_one_valid_block_kit_message_per_prompt(api, slack_env, trained):
     job_id, [event] = make_job(api, trained)
-    result = eval_dispatch.handler(copy.deepcopy(event), _ctx(api))
+    result = eval_dispatch.handler(copy.deepcopy(event), api.context("eval_dispatch"))
     assert result["action"] == "posted" and len(result["posted"]) == len(PROMPTS)
-    messages = standin.messages(CHANNEL)
+    messages = slack_env.messages(CHANNEL)
     assert len(messages) == len(PROMPTS)
     with api.db.session() as s:
         samples = repo.eval_samples_of(s, repo.get_job(s, "default", job_id))
@@ -147,24 +92,19 @@ def test_posts_one_valid_block_kit_message_per_prompt(api, standin, trained):
         assert message["metadata"]["event_payload"]["sample_id"] == sample.id
 
 
-def test_redelivered_events_post_nothing_twice(api, standin, trained, monkeypatch):
+def test_redelivered_events_post_nothing_twice(api, slack_env, trained, monkeypatch):
     """Acceptance 3: the same event delivered three times, then through the real dispatcher."""
     runs = []
     real = eval_dispatch.run_sampler
     monkeypatch.setattr(eval_dispatch, "run_sampler", lambda *a, **k: runs.append(1) or real(*a, **k))
     job_id, [event] = make_job(api, trained)
-    results = [eval_dispatch.handler(copy.deepcopy(event), _ctx(api)) for _ in range(3)]
+    results = [eval_dispatch.handler(copy.deepcopy(event), api.context("eval_dispatch")) for _ in range(3)]
     assert [r["action"] for r in results] == ["posted", "none", "none"]
     assert len(runs) == 1, "a redelivery must not sample again"
-    dispatcher = Dispatcher(
-        api.db,
-        [Subscription("eval_dispatch", frozenset({DetailType.CHECKPOINT_COMMITTED}), eval_dispatch.handler)],
-        api_url=api.url,
-        token=api.service,
-    )
+    dispatcher = api.dispatcher("eval_dispatch", DetailType.CHECKPOINT_COMMITTED, eval_dispatch.handler)
     dispatcher.deliver_once()
-    assert len(standin.calls_of("chat.postMessage")) == len(PROMPTS)
-    assert len(standin.messages(CHANNEL)) == len(PROMPTS)
+    assert len(slack_env.calls_of("chat.postMessage")) == len(PROMPTS)
+    assert len(slack_env.messages(CHANNEL)) == len(PROMPTS)
     with api.db.session() as s:
         statuses = {
             e.status
@@ -174,19 +114,19 @@ def test_redelivered_events_post_nothing_twice(api, standin, trained, monkeypatc
     assert statuses == {"delivered"}
 
 
-def test_rate_limited_post_is_retried_after_retry_after(api, standin, trained):
+def test_rate_limited_post_is_retried_after_retry_after(api, slack_env, trained):
     """Acceptance 3: a 429 with Retry-After from the stand-in; the WebClient waits and retries."""
     _job_id, [event] = make_job(api, trained)
-    standin.rate_limit(calls=1, retry_after=1)
-    result = eval_dispatch.handler(event, _ctx(api))
+    slack_env.rate_limit(calls=1, retry_after=1)
+    result = eval_dispatch.handler(event, api.context("eval_dispatch"))
     assert len(result["posted"]) == len(PROMPTS)
-    posts = standin.calls_of("chat.postMessage")
+    posts = slack_env.calls_of("chat.postMessage")
     assert [c.status for c in posts] == [429] + [200] * len(PROMPTS)
     assert posts[1].t - posts[0].t >= 1.0
-    assert len(standin.messages(CHANNEL)) == len(PROMPTS)
+    assert len(slack_env.messages(CHANNEL)) == len(PROMPTS)
 
 
-def test_a_dead_posters_message_is_found_not_posted_again(api, standin, trained, monkeypatch):
+def test_a_dead_posters_message_is_found_not_posted_again(api, slack_env, trained, monkeypatch):
     """The crash window: a delivery posted, then died before recording the ts. Its claim expires,
     and the next delivery finds the message by the sample id in its metadata."""
     job_id, [event] = make_job(api, trained)
@@ -201,29 +141,29 @@ def test_a_dead_posters_message_is_found_not_posted_again(api, standin, trained,
 
     monkeypatch.setattr(eval_dispatch.Api, "call", dies_after_posting)
     with pytest.raises(ConnectionError):
-        eval_dispatch.handler(copy.deepcopy(event), _ctx(api))
-    assert len(standin.messages(CHANNEL)) == 1
+        eval_dispatch.handler(copy.deepcopy(event), api.context("eval_dispatch"))
+    assert len(slack_env.messages(CHANNEL)) == 1
     monkeypatch.setattr(eval_dispatch, "LEASE_S", 0.5)  # let the dead delivery's claim expire
     import time
 
     time.sleep(0.6)
-    eval_dispatch.handler(copy.deepcopy(event), _ctx(api))
-    assert len(standin.calls_of("chat.postMessage")) == len(PROMPTS)
+    eval_dispatch.handler(copy.deepcopy(event), api.context("eval_dispatch"))
+    assert len(slack_env.calls_of("chat.postMessage")) == len(PROMPTS)
     with api.db.session() as s:
         samples = repo.eval_samples_of(s, repo.get_job(s, "default", job_id))
-        assert sorted(x.slack_ts for x in samples) == [m["ts"] for m in standin.messages(CHANNEL)]
+        assert sorted(x.slack_ts for x in samples) == [m["ts"] for m in slack_env.messages(CHANNEL)]
 
 
-def test_every_second_good_checkpoint(api, standin, trained):
+def test_every_second_good_checkpoint(api, slack_env, trained):
     _job_id, events = make_job(api, trained, steps=(2, 4), every_n_checkpoints=2)
-    first = eval_dispatch.handler(events[0], _ctx(api))
+    first = eval_dispatch.handler(events[0], api.context("eval_dispatch"))
     assert first["action"] == "none" and "every 2" in first["why"]
-    second = eval_dispatch.handler(events[1], _ctx(api))
+    second = eval_dispatch.handler(events[1], api.context("eval_dispatch"))
     assert second["action"] == "posted" and second["step"] == 4
-    assert len(standin.messages(CHANNEL)) == len(PROMPTS)
+    assert len(slack_env.messages(CHANNEL)) == len(PROMPTS)
 
 
-def test_cron_schedule_samples_the_first_checkpoint_after_each_firing(api, standin, trained, monkeypatch):
+def test_cron_schedule_samples_the_first_checkpoint_after_each_firing(api, slack_env, trained, monkeypatch):
     """Commit times are arranged in the store (10:05 job, 10:10 and 11:01 checkpoints, hourly schedule).
     The sampler is stubbed here: which checkpoints are chosen is what this test is about."""
     monkeypatch.setattr(eval_dispatch, "run_sampler", lambda spec, uri, prompts, sampling: ["stub"] * len(prompts))
@@ -233,14 +173,14 @@ def test_cron_schedule_samples_the_first_checkpoint_after_each_firing(api, stand
         job.created_at = _t("2026-01-01T10:05")
         for c, when in zip(repo.list_checkpoints(s, job), ("2026-01-01T10:10", "2026-01-01T11:01")):
             c.created_at = _t(when)
-    first = eval_dispatch.handler(events[0], _ctx(api))
+    first = eval_dispatch.handler(events[0], api.context("eval_dispatch"))
     assert first["action"] == "none" and "has not fired" in first["why"]
-    assert eval_dispatch.handler(events[1], _ctx(api))["action"] == "posted"
-    assert eval_dispatch.handler(events[1], _ctx(api))["action"] == "none"  # redelivered
-    assert len(standin.messages(CHANNEL)) == len(PROMPTS)
+    assert eval_dispatch.handler(events[1], api.context("eval_dispatch"))["action"] == "posted"
+    assert eval_dispatch.handler(events[1], api.context("eval_dispatch"))["action"] == "none"  # redelivered
+    assert len(slack_env.messages(CHANNEL)) == len(PROMPTS)
 
 
-def test_no_eval_section_does_nothing(api, standin, trained):
+def test_no_eval_section_does_nothing(api, slack_env, trained):
     with api.db.session() as s:
         job = repo.create_job(s, {"name": "plain", "entrypoint": ["x"]}, "default")
         attempt = repo.create_attempt(s, job, 1)
@@ -248,8 +188,8 @@ def test_no_eval_section_does_nothing(api, standin, trained):
         event = next(
             repo.eventbridge(e) for e in repo.list_events(s, job) if e.detail_type == DetailType.CHECKPOINT_COMMITTED
         )
-    assert eval_dispatch.handler(event, _ctx(api))["action"] == "none"
-    assert standin.calls == []
+    assert eval_dispatch.handler(event, api.context("eval_dispatch"))["action"] == "none"
+    assert slack_env.calls == []
 
 
 def _t(text: str) -> float:

@@ -15,14 +15,9 @@ import pytest
 
 from lambdas import slack_blocks, slack_interactions
 from lambdas.slack_interactions import Refused, parse_actions, verify_request
-from orchestrator.events import LambdaContext
-from orchestrator.settings import Settings
 from orchestrator.store import repo
-from tests.helpers.live_api import start_live_api
 from tests.helpers.slack_standin import (
-    BOT_TOKEN,
     SIGNING_SECRET,
-    SlackStandIn,
     block_actions_payload,
     signed_request,
 )
@@ -101,23 +96,6 @@ def test_verify_refuses(case, status):
     assert info.value.status == status
 
 
-@pytest.fixture
-def env(monkeypatch):
-    standin = SlackStandIn()
-    monkeypatch.setenv("AERIE_SLACK_API_URL", standin.base_url)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_SIGNING_SECRET", SIGNING_SECRET)
-    yield standin
-    standin.stop()
-
-
-@pytest.fixture
-def api(aerie_home, env):
-    live = start_live_api(Settings())
-    yield live
-    live.stop()
-
-
 def _gateway_event(body: bytes, headers: dict, b64: bool) -> dict:
     """API Gateway (REST, proxy integration) as it hands Slack's POST to a Lambda."""
     return {
@@ -130,7 +108,7 @@ def _gateway_event(body: bytes, headers: dict, b64: bool) -> dict:
     }
 
 
-def test_lambda_handler_records_through_the_api_and_updates_the_message(api, env):
+def test_lambda_handler_records_through_the_api_and_updates_the_message(slack_env, api):
     with api.db.session() as s:
         job = repo.create_job(s, {"name": "lam", "entrypoint": ["x"]}, "default")
         [sample] = repo.add_eval_samples(
@@ -147,8 +125,8 @@ def test_lambda_handler_records_through_the_api_and_updates_the_message(api, env
     resp = slack_interactions.web_client().chat_postMessage(channel="#eval", **message)
     with api.db.session() as s:
         repo.mark_eval_sample_posted(s, repo.get_eval_sample(s, sid), resp["channel"], resp["ts"])
-    ctx = LambdaContext(function_name="slack_interactions", aerie_api=api.url, aerie_token=api.service)
-    posted = env.channels[resp["channel"]].messages[resp["ts"]]
+    ctx = api.context("slack_interactions")
+    posted = slack_env.channels[resp["channel"]].messages[resp["ts"]]
     for i, (user, action) in enumerate([("U1", "rate_2"), ("U2", "rate_4"), ("U2", "hallucination")]):
         body, headers = signed_request(block_actions_payload(posted, resp["channel"], user, action))
         assert slack_interactions.handler(_gateway_event(body, headers, b64=i % 2 == 0), ctx)["statusCode"] == 200
@@ -157,6 +135,6 @@ def test_lambda_handler_records_through_the_api_and_updates_the_message(api, env
     with api.db.session() as s:
         rows = repo.ratings_by_checkpoint(s, repo.get_job(s, "default", job_ref["id"]))
     assert rows[0]["mean_score"] == 3.0 and rows[0]["hallucination_rate"] == 0.5 and rows[0]["raters"] == 2
-    assert len(env.calls_of("chat.update")) == 3
-    tally = env.messages("#eval")[0]["blocks"][-1]["elements"][0]["text"]
+    assert len(slack_env.calls_of("chat.update")) == 3
+    tally = slack_env.messages("#eval")[0]["blocks"][-1]["elements"][0]["text"]
     assert "2 rating(s)" in tally and "mean *3.00*" in tally

@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.server import build_app
 from orchestrator.settings import Settings
+from orchestrator.store import Database
 
 
 @pytest.fixture
@@ -17,3 +18,11 @@ def api(aerie_home):
     admin = settings.admin_token_path.read_text().strip()
     with TestClient(app) as client:
         yield client, app, admin
+
+
+@pytest.fixture
+def db(db_url):
+    """The store on each supported database (see `db_url`)."""
+    database = Database(db_url)
+    yield database
+    database.dispose()

@@ -20,19 +20,16 @@ from typer.testing import CliRunner
 from lambdas import chain_restart, checkpoint_gc
 from orchestrator.cli import app
 from orchestrator.events import LambdaContext
-from orchestrator.settings import Settings
 from orchestrator.store import repo
-from tests.helpers.live_api import start_live_api
 from trainer.checkpoint import fence, manifest
 
 DATA = Path(__file__).parents[1] / "data" / "events"
 
 
 @pytest.fixture
-def api(aerie_home, s3_env):
-    live = start_live_api(Settings())
-    yield live
-    live.stop()
+def api(s3_env, live_api):
+    """The live API over HTTP (here, not the in-process client of tests/orchestrator/conftest.py)."""
+    return live_api
 
 
 def _gate(api, attempt_id: str, number: int) -> fence.CommitGate:
@@ -129,3 +126,42 @@ def test_sizes_bad_after_failed_verification_and_deleted_after_gc(api, s3_bucket
         page = web.get(f"/ui/jobs/{job_id}/checkpoints").text
     assert page.count('class="ck ck-deleted"') == 2 and page.count('class="ck ck-good"') == 3
     assert "deleted by checkpoint GC" in page and "1.1 MB" in page
+
+
+def test_memory_tier_reports_over_the_agents_route(api, s3_bucket):
+    """Issue #22: two nodes report their part of a memory checkpoint the agent's way (HTTP, the
+    node route, `agent.memckpt.ring.report_body`); the job's record shows it `incomplete`, then
+    `good` with tier `memory` beside an S3 one, and `chain_restart` verifies only the S3 rows (a
+    memory row has no objects and is never reported bad for it). A wrong tier is a 422."""
+    from agent.memckpt.ring import Replicated, report_body
+
+    base = f"s3://{s3_bucket}/ckpt"
+    spec = {"name": "mem", "backend": "local", "entrypoint": ["python", "-m", "trainer.train"]}
+    spec["checkpoint"] = {"s3_uri": base}
+    with api.db.session() as s:
+        job = repo.create_job(s, spec, "default")
+        repo.set_job_state(s, job, "InProgress")
+        repo.set_attempt_state(s, repo.create_attempt(s, job, 1), "Running")
+        job_id = job.id
+        token = repo.mint_token(s, "agent", attempt_id=f"{job_id}-a1")
+    _save(_gate(api, f"{job_id}-a1", 1), f"{base}/{job_id}", 10)
+    agent = httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {token}"})
+    admin = {"Authorization": f"Bearer {api.admin}"}
+
+    def states() -> dict[int, tuple[str, str]]:
+        rows = httpx.get(f"{api.url}/v1/jobs/{job_id}/checkpoints", headers=admin).json()
+        return {r["step"]: (r["state"], r["tier"]) for r in rows}
+
+    for node, ranks, peer in (("algo-1", [0, 1], "algo-2"), ("algo-2", [2, 3], "algo-1")):
+        body = report_body(Replicated(12, ranks, 10), job=job_id, attempt=1, node=node, world_size=4, peer_node=peer)
+        assert agent.post(f"/v1/attempts/{job_id}-a1/nodes/{node}/checkpoints", json=body).status_code == 200
+        if node == "algo-1":
+            assert states() == {10: ("good", "s3"), 12: ("incomplete", "memory")}
+    assert states() == {10: ("good", "s3"), 12: ("good", "memory")}
+    wrong = dict(body, tier="s3")
+    assert agent.post(f"/v1/attempts/{job_id}-a1/nodes/algo-2/checkpoints", json=wrong).status_code == 422
+
+    from lambdas.api import Api
+
+    recorded = chain_restart.recorded_checkpoints(Api(api.url, api.admin), job_id)
+    assert list(recorded) == [manifest.checkpoint_uri(f"{base}/{job_id}", 10, 1)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 from sqlalchemy import select
 
 from aerie_contracts import DetailType
@@ -14,13 +13,6 @@ from orchestrator.events import Dispatcher, Subscription
 from orchestrator.store import Database, repo
 from orchestrator.store.models import Event
 from tests.helpers.wait import wait_for
-
-
-@pytest.fixture
-def db(db_url):
-    database = Database(db_url)
-    yield database
-    database.dispose()
 
 
 def _job(db) -> str:

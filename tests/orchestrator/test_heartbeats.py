@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from orchestrator.heartbeats import HeartbeatBuffer
 from orchestrator.store import Database, repo
 from orchestrator.store.models import Node
-
-
-@pytest.fixture
-def db(db_url):
-    database = Database(db_url)
-    yield database
-    database.dispose()
 
 
 def _attempt(db: Database) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from lambdas.nan_replay import first_nan, recurred, samples_of
+from orchestrator.backends.base import NodeStatus, PollResult
 from orchestrator.controller import Controller
 from orchestrator.settings import Settings
 from orchestrator.store import Database, repo
@@ -43,8 +44,9 @@ def test_a_nan_at_another_step_is_no_recurrence():
     assert recurred(job, job["attempt_list"][1])["kind"] == "user.error"
 
 
-def test_a_nan_that_does_not_recur_is_sdc_suspect_and_blames_its_node(aerie_home):
-    db = Database(Settings().db_url)
+def _replaying(db: Database, last_steps: dict[str, int]) -> tuple[str, str]:
+    """Attempt 1 failed with rank 3's NaN at step 12 on algo-2; attempt 2 replays it, its nodes
+    last reported at `last_steps`. (first id, second id)"""
     with db.session() as s:
         job = repo.create_job(s, {"name": "j", "backend": "local"}, "default")
         repo.set_job_state(s, job, "InProgress")
@@ -56,10 +58,14 @@ def test_a_nan_that_does_not_recur_is_sdc_suspect_and_blames_its_node(aerie_home
         second.cause = {"failed_attempt": 1, "reason": {"kind": "loss.nan"}}
         repo.set_attempt_state(s, second, "Running")
         second.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"]}
-        for host, last in (("algo-1", 14), ("algo-2", 11)):  # algo-2 has not replayed step 12 yet
-            summary = {"t": time.time(), "last_step": last, "last_loss": 4.2}
-            repo.record_heartbeat(s, second, host, summary)
-        job_id, first_id, second_id = job.id, first.id, second.id
+        for host, last in last_steps.items():
+            repo.record_heartbeat(s, second, host, {"t": time.time(), "last_step": last, "last_loss": 4.2})
+        return first.id, second.id
+
+
+def test_a_nan_that_does_not_recur_is_sdc_suspect_and_blames_its_node(aerie_home):
+    db = Database(Settings().db_url)
+    first_id, second_id = _replaying(db, {"algo-1": 14, "algo-2": 11})  # algo-2 has not replayed step 12 yet
     controller = Controller(db, Settings(), {"local": Running()})
     controller.reconcile_once()
     with db.session() as s:
@@ -72,7 +78,26 @@ def test_a_nan_that_does_not_recur_is_sdc_suspect_and_blames_its_node(aerie_home
     with db.session() as s:
         verdicts = [(v.kind, v.host) for v in repo.verdicts_of(s, [first_id])]
         assert verdicts == [("loss.nan", "algo-2"), ("sdc.suspect", "algo-2")]
-        blames = [(b.attempt_id, b.host, b.kind, b.rule) for b in repo.blames_of(s, repo.get_job(s, "default", job_id))]
+        job = repo.get_attempt(s, first_id).job
+        blames = [(b.attempt_id, b.host, b.kind, b.rule) for b in repo.blames_of(s, job)]
         assert blames == [(first_id, "algo-2", "sdc.suspect", "reported")]
         assert repo.get_attempt(s, second_id).state == "Running"
+    db.dispose()
+
+
+class Completes(Running):
+    def poll(self, handle):
+        return PollResult("Completed", (NodeStatus("algo-1", "Completed"), NodeStatus("algo-2", "Completed")))
+
+
+def test_a_replay_that_completes_between_heartbeats_is_judged_too(aerie_home):
+    """The replaying attempt ran to its end before any node reported a step past the NaN's: it
+    trained that step with no loss.nan all the same, so the first NaN is still sdc.suspect."""
+    db = Database(Settings().db_url)
+    first_id, second_id = _replaying(db, {"algo-1": 11, "algo-2": 11})
+    Controller(db, Settings(), {"local": Completes()}).reconcile_once()
+    with db.session() as s:
+        assert repo.get_attempt(s, second_id).state == "Completed"
+        verdicts = [(v.kind, v.host) for v in repo.verdicts_of(s, [first_id])]
+        assert verdicts == [("loss.nan", "algo-2"), ("sdc.suspect", "algo-2")]
     db.dispose()

@@ -158,3 +158,15 @@ def test_channels_keep_their_mode_and_distribution_through_sagemaker_and_pipe_is
         JobSpec.model_validate(local)
     local["inputs"] = local["inputs"][:1]
     assert JobSpec.model_validate(local).inputs[0].distribution == "ShardedByS3Key"
+
+
+def test_memory_checkpoint_interval_is_auto_a_count_or_off():
+    """checkpoint.memory_every_steps (issue #22): `auto` by default, a step count, 0 for off."""
+    from orchestrator.spec import CheckpointConfig
+
+    assert CheckpointConfig().memory_every_steps == "auto"
+    assert CheckpointConfig(memory_every_steps=25).memory_every_steps == 25
+    assert CheckpointConfig(memory_every_steps=0).memory_every_steps == 0
+    for bad in (-1, "often", 2.5):
+        with pytest.raises(ValidationError):
+            CheckpointConfig(memory_every_steps=bad)

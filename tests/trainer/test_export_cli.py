@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.tiny_trainer import REPO, train, trainer_env, write_tiny_config
 
 
 def test_export_of_a_trained_checkpoint_loads_in_transformers(tmp_path):
@@ -20,39 +17,17 @@ def test_export_of_a_trained_checkpoint_loads_in_transformers(tmp_path):
     from trainer.models import build_model, get_preset
 
     cache = tmp_path / "cache"
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"preset": "pythia-tiny"},
-                "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(cache)},
-                "seq_len": 32,
-                "micro_batch_size": 2,
-                "steps": 3,
-                "warmup": 1,
-                "instance_type": "c7i.xlarge",
-                "checkpoint": {"async": False},
-            }
-        )
+    config = write_tiny_config(
+        tmp_path / "config.yaml",
+        cache,
+        micro_batch_size=2,
+        steps=3,
+        instance_type="c7i.xlarge",
+        checkpoint={"async": False},
     )
     ckpt = tmp_path / "ckpt"
-    env = {
-        **os.environ,
-        "AERIE_CHECKPOINT_URI": f"file://{ckpt}",
-        "AERIE_CHECKPOINT_EVERY": "3",
-        "AERIE_METRICS_PATH": str(tmp_path / "metrics"),
-        "SM_OUTPUT_DATA_DIR": str(tmp_path / "out"),
-        "OMP_NUM_THREADS": "1",
-    }
-    env.pop("AERIE_ML_ROOT", None)
-    run = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--config", str(config)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = trainer_env(tmp_path, AERIE_CHECKPOINT_URI=f"file://{ckpt}", AERIE_CHECKPOINT_EVERY="3")
+    run = train(config, env)
     assert run.returncode == 0, run.stderr[-3000:]
     step_dir = ckpt / "step_00000003"
     assert (step_dir / "manifest.json").exists()

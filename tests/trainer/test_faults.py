@@ -1,5 +1,6 @@
-"""The `spike` fault (trainer/faults.py): the reported loss of the ranks it names is `factor`
-times larger from its step on, in the attempt it names only; the CLI form parses its factor."""
+"""The fault injector (trainer/faults.py): the `spike` fault's reported loss is `factor` times
+larger from its step on, in the attempt it names only; the CLI form parses its factor; a fault
+fires in its own attempt only; a malformed fault is refused with its reason."""
 
 from __future__ import annotations
 
@@ -27,3 +28,30 @@ def test_the_cli_form_of_a_spike_and_a_bad_option():
     assert parse_cli("spike@30:factor=4.5") == {"kind": "spike", "step": 30, "factor": 4.5}
     with pytest.raises(ValueError, match="bad fault option"):
         parse_cli("spike@30:scale=4")
+
+
+def test_a_fault_fires_only_in_the_attempt_it_names():
+    """What NaN attribution's end-to-end test relies on (tests/e2e/test_nan_attribution.py): a
+    fault of attempt 1 (the default) is gone in attempt 2; one per attempt recurs."""
+    once = [{"kind": "nan", "step": 12, "rank": 3}]
+    assert injector(3, once).loss_is_nan(12) and not injector(3, once, attempt=2).loss_is_nan(12)
+    every = [{"kind": "nan", "step": 12, "attempt": n} for n in (1, 2)]
+    assert all(injector(0, every, attempt=n).loss_is_nan(12) for n in (1, 2))
+    assert not injector(0, every, attempt=3).loss_is_nan(12)
+
+
+@pytest.mark.parametrize(
+    ("fault", "why"),
+    [
+        ({"kind": "nan", "step": 12, "attempts": [1]}, "unknown fault option"),
+        ({"kind": "nan", "step": 12, "attempt": 0}, "attempt must be a whole number >= 1"),
+        ({"kind": "nan", "step": "12"}, "step must be a whole number"),
+        ({"kind": "nan", "step": 12, "rank": -1}, "rank must be a whole number >= 0"),
+        ({"kind": "nan"}, "needs the step"),
+        ({"kind": "slow", "step": 2, "seconds": -1}, "seconds must be a number >= 0"),
+        ({"kind": "melt", "step": 2}, "unknown fault kind"),
+    ],
+)
+def test_a_bad_fault_is_refused_with_its_reason(fault, why):
+    with pytest.raises(ValueError, match=why):
+        injector(0, [fault])

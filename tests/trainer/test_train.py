@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from tests.helpers.tiny_trainer import trainer_env, write_tiny_config
 from trainer.config import TrainConfig, load_config
 from trainer.metrics import TENSORBOARD_SCALARS
 from trainer.train import build_optimizer, loss_of, lr_at, train_step
@@ -34,22 +35,8 @@ def data_cache(tmp_path_factory) -> Path:
 
 
 def write_config(directory: Path, cache: Path, **overrides) -> Path:
-    cfg = {
-        "model": {"preset": "pythia-tiny"},
-        "data": {"corpus": "stdlib", "max_bytes": 1_000_000, "cache_dir": str(cache)},
-        "seq_len": 32,
-        "micro_batch_size": 4,
-        "grad_accum": 2,
-        "steps": 40,
-        "warmup": 4,
-        "lr": 3e-3,
-        "min_lr": 3e-4,
-        "instance_type": "c7i.xlarge",
-    }
-    cfg.update(overrides)
-    path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    cfg = {"grad_accum": 2, "steps": 40, "warmup": 4, "instance_type": "c7i.xlarge", **overrides}
+    return write_tiny_config(directory / "config.yaml", cache, max_bytes=1_000_000, **cfg)
 
 
 def run_trainer(
@@ -364,17 +351,7 @@ def test_sigterm_stops_cleanly_with_exit_143(tmp_path, data_cache):
     config = write_config(tmp_path, data_cache, steps=100_000, grad_accum=1)
     ckpt = tmp_path / "ckpt"
     metrics = tmp_path / "metrics"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-        "AERIE_METRICS_PATH": str(metrics),
-        "SM_OUTPUT_DATA_DIR": str(tmp_path / "out"),
-        "AERIE_CHECKPOINT_URI": f"file://{ckpt}",
-        "AERIE_CHECKPOINT_EVERY": "7",
-        "AERIE_RESUME_FROM": "",
-    }
-    env.pop("SM_HPS", None)
+    env = trainer_env(tmp_path, PYTHONPATH=str(REPO), AERIE_CHECKPOINT_URI=f"file://{ckpt}", AERIE_CHECKPOINT_EVERY="7")
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer.train", "--config", str(config)],
         env=env,
@@ -437,3 +414,40 @@ def test_precision_bf16_runs_the_forward_under_cpu_autocast():
     optimizer, scheduler = build_optimizer(model, cfg)
     train_step(model, optimizer, scheduler, iter([tokens]), cpu, cfg)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay float32
+
+
+def test_memory_tier_snapshots_and_resume_parity_world_size_2(tmp_path, data_cache):
+    """Issue #22's in-memory tier in the real loop: 2 ranks snapshot every 4 steps into shared
+    memory (the newest two kept per rank); attempt 2 resumed from the memory checkpoint of step 8
+    reports steps 9-12 bitwise as the uninterrupted run did."""
+    import shutil
+    import tempfile
+
+    from aerie_contracts import memckpt
+    from aerie_contracts.checkpoints import memory_uri
+
+    root = Path(tempfile.mkdtemp(prefix="aerie-test-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    try:
+        config = write_config(tmp_path, data_cache, steps=12)
+        aerie = {"AERIE_JOB": "job-m", "AERIE_MEMORY_CHECKPOINT_DIR": str(root)}
+        env1 = {**aerie, "AERIE_ATTEMPT_NUMBER": "1", "AERIE_MEMORY_CHECKPOINT_EVERY": "4"}
+        rc, full = run_trainer(tmp_path, config, 2, name="full", env=env1)
+        assert rc == 0
+        local = memckpt.local_dir(root, "job-m")
+        assert sorted(p.name for p in local.iterdir()) == [
+            memckpt.file_name(step, rank) for rank in (0, 1) for step in (8, 12)
+        ]
+        for rank in (0, 1):
+            events = [r for r in read_metrics(full, rank) if r["event"] == "checkpoint_memory"]
+            assert [r["step"] for r in events] == [4, 8, 12]
+        env2 = {**aerie, "AERIE_ATTEMPT_NUMBER": "2", "AERIE_RESUME_FROM": memory_uri("job-m", 8, 1)}
+        rc, resumed = run_trainer(tmp_path, config, 2, name="resumed", env=env2)
+        assert rc == 0
+        for rank in (0, 1):
+            a, b = steps_of(read_metrics(full, rank)), steps_of(read_metrics(resumed, rank))
+            assert sorted(b) == list(range(9, 13))
+            for step in range(9, 13):
+                for key in ("loss", "grad_norm", "lr", "tokens"):
+                    assert a[step][key] == b[step][key], (rank, step, key)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

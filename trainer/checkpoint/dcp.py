@@ -34,7 +34,6 @@ import random
 import subprocess
 import threading
 import time
-import urllib.parse
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from aerie_contracts import env
 from aerie_contracts import metrics as keys
 from aerie_contracts.metrics import MetricEvent
+from trainer.checkpoint import manifest, s3io
+from trainer.checkpoint.storage import is_s3, local_path
 
 log = logging.getLogger(__name__)
 
@@ -60,42 +61,19 @@ def _rng_key(rank: int) -> str:
     return f"rng_rank_{rank:05d}"
 
 
-def is_s3(uri: str) -> bool:
-    return str(uri).startswith("s3://")
-
-
-def local_path(uri: str) -> str:
-    text = str(uri)
-    return urllib.parse.urlparse(text).path if text.startswith("file://") else text
-
-
-def join_uri(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name
-
-
 def step_uri(base: str, step: int, attempt: int | None = None) -> str:
     """Where `attempt` (its epoch; None outside Aerie) saves `step` (aerie_contracts.checkpoints)."""
-    from trainer.checkpoint import manifest
-
     return manifest.checkpoint_uri(base, step, attempt)
 
 
 def _writer(uri: str, thread_count: int):
-    if is_s3(uri):
-        from trainer.checkpoint import s3io
-
-        return s3io.storage_writer(uri, thread_count=thread_count)
-    path = local_path(uri)
-    Path(path).mkdir(parents=True, exist_ok=True)
-    return dcp.FileSystemWriter(path, thread_count=thread_count)
+    if not is_s3(uri):
+        Path(local_path(uri)).mkdir(parents=True, exist_ok=True)
+    return s3io.storage_writer(uri, thread_count=thread_count)
 
 
 def _reader(uri: str):
-    if is_s3(uri):
-        from trainer.checkpoint import s3io
-
-        return s3io.storage_reader(uri)
-    return dcp.FileSystemReader(local_path(uri))
+    return s3io.storage_reader(uri)
 
 
 # --- RNG -----------------------------------------------------------------------------------------

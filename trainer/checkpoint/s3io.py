@@ -2,9 +2,10 @@
 
 The torch-free half (settings, the boto3 and CRT clients, the parallel ranged-GET engine) lives in
 `aerie_s3`, shared with the agent's channel downloads and FastFile reads; the names checkpoint
-code and the handlers use are re-exported here (`S3Settings`, `parse_uri`, `is_s3`,
-`boto3_client`, `parallel_get`). This module imports torch and s3torchconnector only when a
-writer or reader is asked for.
+code used to know are re-exported here (`S3Settings`, `parse_uri`, `is_s3`, `boto3_client`,
+`parallel_get`). The writer and reader classes live in `s3dcp`, which imports torch and
+s3torchconnector; this module imports it only when an S3 writer or reader is asked for, so that
+importing `s3io` (and its re-exports) stays torch-free and cheap (s3torchconnector loads the CRT).
 
 How data moves (checked against s3torchconnector 1.5.0 and torch 2.13):
 
@@ -22,19 +23,14 @@ How data moves (checked against s3torchconnector 1.5.0 and torch 2.13):
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import copy
-import dataclasses
-import functools
-import io
 import os
-import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
 
+# Re-exported for the checkpoint tests and operators' scripts that know them by these names;
+# new code imports them from `aerie_s3` (their home).
 from aerie_s3.clients import boto3_client
-from aerie_s3.ranged import buffer_sink, coalesce, fetch_ranges, parallel_get
+from aerie_s3.ranged import coalesce, parallel_get
 from aerie_s3.settings import MiB, S3Settings, is_s3, parse_uri
+from trainer.checkpoint.storage import local_path
 
 __all__ = [
     "MiB",
@@ -49,213 +45,23 @@ __all__ = [
 _coalesce = coalesce  # the name the reader's tests know
 
 
-# --- CRT / torch half (imports s3torchconnector lazily) ---------------------------------
-
-
-def _crt_config(settings: S3Settings):
-    from s3torchconnector import S3ClientConfig
-
-    return S3ClientConfig(
-        throughput_target_gbps=settings.throughput_target_gbps,
-        part_size=settings.part_size,
-        force_path_style=settings.path_style,
-        max_attempts=settings.max_attempts,
-    )
-
-
-def crt_client(settings: S3Settings | None = None):
-    """s3torchconnector's CRT client bound to the configured endpoint."""
-    from s3torchconnector._s3client import S3Client
-
-    settings = settings or S3Settings.from_env()
-    return S3Client(settings.region, endpoint=settings.endpoint_url, s3client_config=_crt_config(settings))
-
-
-@functools.cache
-def _dcp_classes():
-    """Subclasses of s3torchconnector's DCP writer/reader that honour our endpoint.
-
-    In s3torchconnector 1.5.0 `S3StorageWriter/Reader` build their own `S3FileSystem`
-    without an endpoint (only `AWS_ENDPOINT_URL` would reach it). These subclasses let
-    the parent set up as usual, then swap in a file system whose CRT client has the
-    configured endpoint; everything else is the parent's. Built on first use so that
-    importing this module does not import torch.
-    """
-    from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
-    from s3torchconnector.dcp.s3_file_system import S3FileSystem
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.futures import Future
-
-    class AerieS3StorageWriter(S3StorageWriter):
-        def __init__(self, path: str, settings: S3Settings, thread_count: int = 8, **kwargs):
-            cfg = _crt_config(settings)
-            super().__init__(settings.region, path, s3client_config=cfg, thread_count=thread_count, **kwargs)
-            self.fs = S3FileSystem(settings.region, s3_client=crt_client(settings))
-            self.path = self.fs.init_path(path)
-
-    class AerieS3StorageReader(S3StorageReader):
-        """Restores with `connections` ranged GETs in flight, all the same size.
-
-        The parent reads one file after another; reading files in parallel still left
-        connections idle, measured through the throttling proxy: the CRT fetches the first
-        part of each object alone (to learn its size) before fanning out, and each file
-        ends with a tail of one or two parts. Here the byte ranges this rank needs (items
-        of a file, coalesced across gaps below a read part) are cut into equal slices of
-        at most `read_part_size`, fetched through the CRT by `aerie_s3.ranged` into
-        memory, then deserialised by the parent's code. At
-        most about `buffer_bytes` are held at once; the next batch downloads while the
-        previous one is deserialised.
-        """
-
-        def __init__(
-            self, path: str, settings: S3Settings, connections: int = 16, buffer_bytes: int = 1 << 30, **kwargs
-        ):
-            cfg = _crt_config(settings)
-            super().__init__(settings.region, path, s3client_config=cfg, **kwargs)
-            # Parts as large as a slice: each slice is then exactly one GET, so `connections`
-            # is what is in flight (the CRT would split a larger range over its own pool).
-            self.part_size = settings.read_part_size
-            crt_part = max(self.part_size, 5 * MiB)  # the CRT refuses smaller parts, even for GETs
-            self.crt = crt_client(dataclasses.replace(settings, part_size=crt_part))
-            self.fs = S3FileSystem(settings.region, s3_client=self.crt, reader_constructor=self._reader_constructor)
-            self.path = self.fs.init_path(path)
-            self.settings = settings
-            self.connections = max(1, connections)
-            self.buffer_bytes = buffer_bytes
-
-        def read_data(self, plan, planner):
-            per_file: dict[str, list] = {}
-            for item in plan.items:
-                per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-            batches, batch, size = [], [], 0
-            for rel, items in per_file.items():
-                spans = _coalesce(
-                    [
-                        (self.storage_data[i.storage_index].offset, self.storage_data[i.storage_index].length)
-                        for i in items
-                    ],
-                    self.part_size,
-                )
-                batch.append((rel, items, spans))
-                size += sum(hi - lo for lo, hi in spans)
-                if size >= self.buffer_bytes:
-                    batches.append(batch)
-                    batch, size = [], 0
-            if batch:
-                batches.append(batch)
-            # One batch downloads (its own `connections` GETs) while the previous one is parsed.
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3-batch") as pool:
-                pending = self._fetch(pool, batches[0]) if batches else None
-                for i, batch in enumerate(batches):
-                    windows = pending()
-                    if i + 1 < len(batches):
-                        pending = self._fetch(pool, batches[i + 1])  # downloads while this one is parsed
-                    view = copy.copy(self)  # the parent's read_data, on files already in memory
-                    view.fs = _MemoryFiles(windows)
-                    sub_plan = dataclasses.replace(plan, items=[item for _, items, _ in batch for item in items])
-                    FileSystemReader.read_data(view, sub_plan, planner)
-            done = Future()
-            done.set_result(None)
-            return done
-
-        def _fetch(self, pool, batch):
-            """Start fetching every span of `batch` (through `aerie_s3.ranged`, on a thread of
-            `pool`); returns a function that waits for {relative_path: [(start, buffer)]}."""
-            windows = {rel: [(lo, bytearray(hi - lo)) for lo, hi in spans] for rel, _, spans in batch}
-            bucket, prefix = parse_uri(str(self.path))
-            ranges = [
-                (bucket, f"{prefix.rstrip('/')}/{rel}", lo, lo + len(buf), buffer_sink(buf, lo))
-                for rel, spans in windows.items()
-                for lo, buf in spans
-            ]
-            future = pool.submit(
-                fetch_ranges,
-                ranges,
-                settings=self.settings,
-                connections=self.connections,
-                max_part=self.part_size,
-            )
-
-            def wait():
-                future.result()
-                return windows
-
-            return wait
-
-    return AerieS3StorageWriter, AerieS3StorageReader
-
-
-class _MemoryFiles:
-    """The slice of a DCP file system the parent's `read_data` uses, serving bytes fetched
-    already: {relative path: [(start offset, buffer)]}."""
-
-    def __init__(self, windows: dict[str, list[tuple[int, bytearray]]]):
-        self.windows = windows
-
-    def concat_path(self, path, suffix: str) -> str:
-        return suffix
-
-    @contextlib.contextmanager
-    def create_stream(self, path: str, mode: str):
-        assert mode == "rb", mode
-        yield _WindowsReader(self.windows[path])
-
-
-class _WindowsReader(io.RawIOBase):
-    """A read-only, seekable file over the fetched spans of one object (offsets are the
-    object's). DCP seeks to an item and reads within it, so a read never crosses spans."""
-
-    def __init__(self, windows: list[tuple[int, bytearray]]):
-        super().__init__()
-        self.starts = [lo for lo, _ in windows]
-        self.views = [memoryview(buf) for _, buf in windows]
-        self.pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        end = self.starts[-1] + len(self.views[-1])
-        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: end}[whence] + offset
-        return self.pos
-
-    def readinto(self, b) -> int:
-        i = bisect.bisect_right(self.starts, self.pos) - 1
-        if i < 0:
-            raise OSError(f"offset {self.pos} was not fetched")
-        view = self.views[i][self.pos - self.starts[i] :]
-        n = min(len(b), len(view))
-        memoryview(b).cast("B")[:n] = view[:n]
-        self.pos += n
-        return n
-
-
-def _local_path(uri: str | os.PathLike) -> str:
-    text = str(uri)
-    return urllib.parse.urlparse(text).path if text.startswith("file://") else text
-
-
 def storage_writer(uri: str | os.PathLike, thread_count: int = 8, settings: S3Settings | None = None, **kwargs):
     """A DCP `StorageWriter` for `s3://` (streams to S3) or `file://`/a path."""
     if is_s3(uri):
-        writer_cls, _ = _dcp_classes()
-        return writer_cls(str(uri), settings or S3Settings.from_env(), thread_count=thread_count, **kwargs)
+        from trainer.checkpoint.s3dcp import AerieS3StorageWriter
+
+        return AerieS3StorageWriter(str(uri), settings or S3Settings.from_env(), thread_count=thread_count, **kwargs)
     from torch.distributed.checkpoint import FileSystemWriter
 
-    return FileSystemWriter(_local_path(uri), thread_count=thread_count, **kwargs)
+    return FileSystemWriter(local_path(uri), thread_count=thread_count, **kwargs)
 
 
 def storage_reader(uri: str | os.PathLike, connections: int = 16, settings: S3Settings | None = None, **kwargs):
     """A DCP `StorageReader` for `s3://` (`connections` ranged GETs at once) or `file://`/a path."""
     if is_s3(uri):
-        _, reader_cls = _dcp_classes()
-        return reader_cls(str(uri), settings or S3Settings.from_env(), connections=connections, **kwargs)
+        from trainer.checkpoint.s3dcp import AerieS3StorageReader
+
+        return AerieS3StorageReader(str(uri), settings or S3Settings.from_env(), connections=connections, **kwargs)
     from torch.distributed.checkpoint import FileSystemReader
 
-    return FileSystemReader(_local_path(uri), **kwargs)
+    return FileSystemReader(local_path(uri), **kwargs)

@@ -2,10 +2,10 @@
 
 The asset is a directory holding:
 - `lambdas/` from the repo (the handlers) and `aerie_contracts/` (the contracts they speak),
-- a skeleton `trainer/` with only `__init__.py` and `checkpoint/{__init__,manifest,s3io}.py`,
-  the torch-free part the handlers may import (`manifest` uses `s3io`'s boto3 half; `s3io`
-  imports its torch half lazily); the rest of `trainer/` needs torch and must not ship,
-- `aerie_s3/`, the torch-free S3 package `s3io` builds on (pure Python; the CRT client it can
+- a skeleton `trainer/` with only `__init__.py` and `checkpoint/{__init__,storage,manifest,gc}.py`,
+  the torch-free part the handlers may import (`storage` uses `aerie_s3`'s boto3 client); the
+  rest of `trainer/` needs torch and must not ship,
+- `aerie_s3/`, the torch-free S3 package `storage` builds on (pure Python; the CRT client it can
   use is imported only for data transfers, which the handlers never make),
 - the pure-Python third-party distributions the handlers use (`slack_sdk`, `httpx` and their
   requirements), copied file by file from the environment that runs the synth.
@@ -41,8 +41,9 @@ HANDLER_PACKAGES = ("lambdas", "aerie_contracts")
 TRAINER_FILES = (
     "trainer/__init__.py",
     "trainer/checkpoint/__init__.py",
+    "trainer/checkpoint/storage.py",
     "trainer/checkpoint/manifest.py",
-    "trainer/checkpoint/s3io.py",
+    "trainer/checkpoint/gc.py",
 )
 # Whole first-party packages the files above import (pure Python, torch-free).
 SHARED_PACKAGES = ("aerie_s3",)

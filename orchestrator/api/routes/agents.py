@@ -1,4 +1,5 @@
-"""What node agents report: heartbeats, verdicts, exits and committed checkpoints.
+"""What node agents report: heartbeats, verdicts, exits and committed checkpoints; and what an
+agent whose worker group ended does next (an in-place restart, or nothing).
 
 Each call is authorised for one attempt (`agent_of`): an agent token minted for attempt A is
 refused on attempt B, so a compromised node can't speak for another job.
@@ -11,9 +12,11 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
+from aerie_contracts.restarts import NextAction, RestartMode, mode_of
+from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState
 from orchestrator.api.deps import Principal, SessionDep, agent_of
 from orchestrator.api.routes import checkpoints
-from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, MetricsIn, VerdictIn
+from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, MetricsIn, NextOut, VerdictIn
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt
 
@@ -108,3 +111,41 @@ def metrics(
     """Training-step records (rank 0) for the dashboard's curves; steps already stored are skipped."""
     attempt = _attempt(s, who, attempt_id)
     return {"ok": True, "new": repo.record_metrics(s, attempt, body.records)}
+
+
+@router.get("/next", response_model=NextOut)
+def next_attempt(
+    s: SessionDep,
+    attempt_id: str,
+    host: str,
+    who: Principal = Depends(agent_of),
+) -> NextOut:
+    """Asked by an agent kept up after its worker group ended. Fencing: only the in-place
+    successor of this very attempt, once launched on this node, is handed over, with a token
+    scoped to it alone; this attempt's own token stays good for this attempt only, which is no
+    longer current, so nothing its stale ranks commit is recorded."""
+    attempt = _attempt(s, who, attempt_id)
+    job = attempt.job
+    if job.stop_requested or job.state in JOB_TERMINAL:
+        return NextOut(action=NextAction.EXIT, why=f"job {job.state}")
+    latest = max(job.attempts, key=lambda a: a.number)
+    if latest.number == attempt.number:
+        why = "no decision yet" if attempt.state in ATTEMPT_TERMINAL else f"attempt {attempt.state}"
+        return NextOut(action=NextAction.WAIT, why=why)
+    if latest.number != attempt.number + 1 or mode_of(latest.cause) != RestartMode.IN_PLACE:
+        return NextOut(action=NextAction.EXIT, why=f"attempt {latest.number} is not this one's in-place successor")
+    if latest.state in (AttemptState.PENDING, AttemptState.LAUNCHING) or not latest.handle:
+        return NextOut(action=NextAction.WAIT, why=f"attempt {latest.number} {latest.state}")
+    if latest.state in ATTEMPT_TERMINAL or host not in (latest.handle.get("hosts") or ()):
+        return NextOut(action=NextAction.EXIT, why=f"attempt {latest.number} does not run on {host}")
+    token = repo.mint_token(
+        s, "agent", tenant=job.tenant, attempt_id=latest.id, name=f"agent for {latest.id} (in place on {host})"
+    )
+    return NextOut(
+        action=NextAction.RESTART,
+        attempt_id=latest.id,
+        attempt_number=latest.number,
+        token=token,
+        resume_from=latest.resume_from,
+        master_port=latest.handle.get("master_port"),
+    )

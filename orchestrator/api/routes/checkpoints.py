@@ -46,6 +46,7 @@ def checkpoint_out(c: Checkpoint) -> CheckpointOut:
         meta=c.meta or {},
         reason=c.reason,
         state_at=c.state_at,
+        tier=c.tier or "s3",
     )
 
 
@@ -60,7 +61,9 @@ def record(s: Session, attempt: Attempt, body: CheckpointIn) -> dict:
     """Record a committed checkpoint, or 409 when its attempt was superseded (the agents' route
     for `checkpoint_committed` lines and the trainer's own commit both come here)."""
     try:
-        created = repo.record_checkpoint(s, attempt, body.step, body.uri, body.meta)
+        created = repo.record_checkpoint(s, attempt, body.step, body.uri, body.meta, tier=body.tier)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
     except repo.Superseded as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     return {"ok": True, "new": created is not None}

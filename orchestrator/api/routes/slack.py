@@ -71,20 +71,22 @@ def human_eval_dir(settings: Settings, job_id: str) -> Path:
 def write_human_score(db: Database, settings: Settings, job_id: str) -> None:
     from orchestrator import tb_scalars
 
-    with db.session() as s:
-        job = s.get(Job, job_id)
-        rows = repo.ratings_by_checkpoint(s, job, raters_needed(job))
-    series = []
-    for row in rows:
-        values = {}
-        if row["mean_score"] is not None:
-            values["eval/human_score"] = row["mean_score"]
-        if row["hallucination_rate"] is not None:
-            values["eval/hallucination_rate"] = row["hallucination_rate"]
-        if values:
-            series.append((row["step"], values))
-    if series:
-        tb_scalars.write_series(human_eval_dir(settings, job_id), series)
+    def read() -> tb_scalars.Series:
+        with db.session() as s:
+            job = s.get(Job, job_id)
+            rows = repo.ratings_by_checkpoint(s, job, raters_needed(job))
+        series = []
+        for row in rows:
+            values = {}
+            if row["mean_score"] is not None:
+                values["eval/human_score"] = row["mean_score"]
+            if row["hallucination_rate"] is not None:
+                values["eval/hallucination_rate"] = row["hallucination_rate"]
+            if values:
+                series.append((row["step"], values))
+        return series
+
+    tb_scalars.write_series(human_eval_dir(settings, job_id), read)
 
 
 def _after_response(db: Database, settings: Settings, results: list[dict[str, Any]]) -> None:

@@ -9,6 +9,7 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session, aliased
 
 from aerie_contracts import DetailType
+from aerie_contracts.checkpoints import CheckpointTier, tier_of_uri
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.states import ATTEMPT_ACTIVE, CheckpointState
 from orchestrator.store.models import (
@@ -48,9 +49,46 @@ def hold_current_attempt(s: Session, attempt: Attempt) -> bool:
     return result.rowcount == 1
 
 
-def record_checkpoint(s: Session, attempt: Attempt, step: int, uri: str, meta: dict[str, Any]) -> Checkpoint | None:
+def _tier(uri: str, tier: str | None) -> CheckpointTier:
+    """The tier a report names, checked against its URI (mem:// is the memory tier's scheme)."""
+    from_uri = tier_of_uri(uri)
+    if tier is None:
+        return from_uri
+    try:
+        named = CheckpointTier(tier)
+    except ValueError:
+        raise ValueError(f"tier {tier!r}: one of {', '.join(t.value for t in CheckpointTier)}") from None
+    if named != from_uri:
+        raise ValueError(f"tier {tier!r} does not match the URI {uri!r}")
+    return named
+
+
+def _ranks(meta: dict[str, Any]) -> set[int]:
+    ranks = meta.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise ValueError("a memory checkpoint's report lists the ranks it holds (meta.ranks: [int])")
+    return set(ranks)
+
+
+def _world_size(meta: dict[str, Any]) -> int:
+    size = meta.get("world_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError("a memory checkpoint's report names the world size (meta.world_size: int >= 1)")
+    return size
+
+
+def record_checkpoint(
+    s: Session, attempt: Attempt, step: int, uri: str, meta: dict[str, Any], *, tier: str | None = None
+) -> Checkpoint | None:
     """Record a committed checkpoint as good; None if it is known already. Raises `Superseded`
-    when its attempt is no longer the job's current one: a zombie's commit never becomes good."""
+    when its attempt is no longer the job's current one: a zombie's commit never becomes good.
+
+    A memory-tier checkpoint is reported by each node once both copies of its ranks' snapshots
+    are complete (agent/memckpt/ring.py): the row is `incomplete` until the reports' `ranks`
+    cover `world_size`, then `good` (returned once, when it becomes good)."""
+    kind = _tier(uri, tier)
+    if kind == CheckpointTier.MEMORY:
+        return _record_memory(s, attempt, step, uri, meta)
     exists = s.scalars(select(Checkpoint).where(Checkpoint.job_id == attempt.job_id, Checkpoint.uri == uri)).first()
     if exists:
         return None  # already known: reported twice, by two ranks or on a re-sent line
@@ -78,6 +116,42 @@ def record_checkpoint(s: Session, attempt: Attempt, step: int, uri: str, meta: d
     s.add(ckpt)
     emit(s, attempt.job, DetailType.CHECKPOINT_COMMITTED, {"attempt_id": attempt.id, "step": step, "uri": uri})
     return ckpt
+
+
+def _record_memory(s: Session, attempt: Attempt, step: int, uri: str, meta: dict[str, Any]) -> Checkpoint | None:
+    ranks, world = _ranks(meta), _world_size(meta)
+    if any(r < 0 or r >= world for r in ranks):
+        raise ValueError(f"ranks {sorted(ranks)} outside a world of {world}")
+    if not hold_current_attempt(s, attempt):
+        raise Superseded(f"attempt {attempt.id} is no longer its job's current attempt: {uri} is not recorded")
+    row = s.scalars(select(Checkpoint).where(Checkpoint.job_id == attempt.job_id, Checkpoint.uri == uri)).first()
+    node = str(meta.get("node", ""))
+    size = meta.get("size_bytes") if isinstance(meta.get("size_bytes"), int) else 0
+    if row is None:
+        row = Checkpoint(
+            job_id=attempt.job_id,
+            attempt_id=attempt.id,
+            step=step,
+            uri=uri,
+            size_bytes=0,
+            meta={"world_size": world, "ranks": [], "nodes": {}},
+            state=CheckpointState.INCOMPLETE,
+            tier=CheckpointTier.MEMORY.value,
+        )
+        s.add(row)
+    if row.state != CheckpointState.INCOMPLETE:
+        return None  # good already (a re-sent report), or bad / deleted since
+    held = set(row.meta.get("ranks", [])) | ranks
+    nodes = dict(row.meta.get("nodes", {}))
+    nodes[node] = {"ranks": sorted(ranks), "replica_node": meta.get("replica_node"), "size_bytes": size}
+    # A new dict: the JSON column sees the change.
+    row.meta = {"world_size": world, "ranks": sorted(held), "nodes": nodes}
+    row.size_bytes = sum(int(n.get("size_bytes") or 0) for n in nodes.values())
+    if held >= set(range(world)):
+        row.state, row.state_at = CheckpointState.GOOD, now()
+        # No `checkpoint committed` event: its handlers (evaluation, GC) read S3 checkpoints.
+        return row
+    return None
 
 
 def list_checkpoints(s: Session, job: Job) -> Sequence[Checkpoint]:

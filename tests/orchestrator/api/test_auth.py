@@ -6,21 +6,10 @@ import os
 import stat
 
 import pytest
-from fastapi.testclient import TestClient
 
 from orchestrator.server import build_app
 from orchestrator.settings import Settings
 from orchestrator.store import repo
-
-
-@pytest.fixture
-def api(aerie_home):
-    settings = Settings()
-    app = build_app(settings, with_controller=False)
-    admin = settings.admin_token_path.read_text().strip()
-    with TestClient(app) as client:
-        yield client, app, admin, settings
-
 
 # Authenticated by Slack's request signature instead of a bearer token (tested in test_slack.py).
 SIGNED_BY_SLACK = {"/v1/slack/interactions"}
@@ -39,7 +28,8 @@ def _job_with_attempt(app, name: str) -> tuple[str, str, str]:
 
 
 def test_admin_token_file_is_private_and_stable(api, aerie_home):
-    _client, _app, admin, settings = api
+    _client, _app, admin = api
+    settings = Settings()  # what the app was built from: the same environment
     mode = stat.S_IMODE(os.stat(settings.admin_token_path).st_mode)
     assert mode == 0o600
     build_app(settings, with_controller=False)  # a restart keeps the same token
@@ -96,7 +86,7 @@ def test_agent_token_works_only_for_its_own_attempt(api):
 
 
 def test_spec_with_three_bad_fields_is_refused_naming_all_three(api):
-    client, _app, admin, _ = api
+    client, _app, admin = api
     bad = {"name": "not a valid name!", "entrypoint": [], "resources": {"instance_count": -1}}
     r = client.post("/v1/jobs", json=bad, headers=_auth(admin))
     assert r.status_code == 422
@@ -105,7 +95,7 @@ def test_spec_with_three_bad_fields_is_refused_naming_all_three(api):
 
 
 def test_submit_list_describe_stop(api):
-    client, _app, admin, _ = api
+    client, _app, admin = api
     r = client.post("/v1/jobs", json={"name": "ok", "entrypoint": ["python", "x.py"]}, headers=_auth(admin))
     assert r.status_code == 201
     job_id = r.json()["id"]
@@ -118,7 +108,7 @@ def test_submit_list_describe_stop(api):
 
 def test_numbers_beyond_64_bits_are_refused_not_crashed_on(api):
     """Found by the fuzz test: an offset of 2**63 overflowed in the SQLite driver (a 500)."""
-    client, _app, admin, _ = api
+    client, _app, admin = api
     huge = 2**63
     assert client.get(f"/v1/jobs?offset={huge}", headers=_auth(admin)).status_code == 422
     assert client.delete(f"/v1/tokens/{huge}", headers=_auth(admin)).status_code == 422

@@ -20,11 +20,7 @@ from lambdas.slack_interactions import web_client
 from orchestrator.settings import Settings
 from orchestrator.store import repo
 from orchestrator.store.models import Rating
-from tests.helpers.live_api import start_live_api
 from tests.helpers.slack_standin import (
-    BOT_TOKEN,
-    SIGNING_SECRET,
-    SlackStandIn,
     block_actions_payload,
     signed_request,
 )
@@ -34,24 +30,13 @@ CHANNEL = "#eval"
 
 
 @pytest.fixture
-def standin(monkeypatch):
-    s = SlackStandIn()
-    monkeypatch.setenv("AERIE_SLACK_API_URL", s.base_url)
-    monkeypatch.setenv("SLACK_BOT_TOKEN", BOT_TOKEN)
-    monkeypatch.setenv("SLACK_SIGNING_SECRET", SIGNING_SECRET)
-    yield s
-    s.stop()
+def api(slack_env, live_api):
+    """The live API, started once the Slack settings are in the environment."""
+    return live_api
 
 
 @pytest.fixture
-def api(aerie_home, standin):
-    live = start_live_api(Settings())
-    yield live
-    live.stop()
-
-
-@pytest.fixture
-def posted(api, standin) -> dict:
+def posted(api, slack_env) -> dict:
     """A job with one checkpoint's sample stored and posted to the stand-in (as eval_dispatch does)."""
     with api.db.session() as s:
         job = repo.create_job(s, {"name": "rated", "entrypoint": ["x"], "eval": {"raters_needed": 3}}, "default")
@@ -88,8 +73,8 @@ def posted(api, standin) -> dict:
     return {"job_id": job_ref["id"], "sample_id": sample_dict["id"], "channel": resp["channel"], "ts": resp["ts"]}
 
 
-def click(api, standin, posted, user: str, action: str, **sign) -> httpx.Response:
-    message = standin.channels[posted["channel"]].messages[posted["ts"]]
+def click(api, slack_env, posted, user: str, action: str, **sign) -> httpx.Response:
+    message = slack_env.channels[posted["channel"]].messages[posted["ts"]]
     body, headers = signed_request(block_actions_payload(message, posted["channel"], user, action), **sign)
     return httpx.post(api.url + "/v1/slack/interactions", content=body, headers=headers, timeout=30)
 
@@ -99,7 +84,7 @@ def ratings_rows(api) -> list[tuple]:
         return [(r.user_id, r.score, r.hallucination) for r in s.query(Rating).order_by(Rating.user_id)]
 
 
-def test_three_raters_tally_in_place_api_cli_and_tensorboard(api, standin, posted, monkeypatch):
+def test_three_raters_tally_in_place_api_cli_and_tensorboard(api, slack_env, posted, monkeypatch):
     for user, action in [
         ("U1", "rate_4"),
         ("U2", "rate_5"),
@@ -107,12 +92,12 @@ def test_three_raters_tally_in_place_api_cli_and_tensorboard(api, standin, poste
         ("U3", "rate_2"),
         ("U1", "rate_3"),
     ]:  # U1 changes their mind: the second score replaces the first
-        assert click(api, standin, posted, user, action).status_code == 200
+        assert click(api, slack_env, posted, user, action).status_code == 200
     assert ratings_rows(api) == [("U1", 3, False), ("U2", 5, True), ("U3", 2, False)]
 
     # The message is updated in place with the tally (chat.update on the same ts).
-    wait_for(lambda: len(standin.calls_of("chat.update")) == 5)
-    [message] = standin.messages(CHANNEL)
+    wait_for(lambda: len(slack_env.calls_of("chat.update")) == 5)
+    [message] = slack_env.messages(CHANNEL)
     assert message["ts"] == posted["ts"] and "edited" in message
     tally = next(b for b in message["blocks"] if b["block_id"] == "tally")["elements"][0]["text"]
     assert "3 rating(s)" in tally and "mean *3.33*" in tally and "1 hallucination" in tally and "done" in tally
@@ -141,55 +126,65 @@ def test_three_raters_tally_in_place_api_cli_and_tensorboard(api, standin, poste
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb_dir = Settings().jobs_dir / posted["job_id"] / "tensorboard" / "human_eval"
-    wait_for(lambda: any(tb_dir.glob("events.out.tfevents.*")))
-    time.sleep(0.3)  # the last background write
-    acc = EventAccumulator(str(tb_dir))
-    acc.Reload()
-    points = acc.Scalars("eval/human_score")
-    assert [p.step for p in points] == [100] and points[-1].value == pytest.approx(10 / 3, rel=1e-6)
-    assert acc.Scalars("eval/hallucination_rate")[-1].value == pytest.approx(1 / 3, rel=1e-6)
+
+    def scalars() -> dict[str, list] | None:
+        # Written after each click's response, in the background: read until the third rating's
+        # tally is there (a fixed sleep raced the last write under load).
+        if not any(tb_dir.glob("events.out.tfevents.*")):
+            return None
+        acc = EventAccumulator(str(tb_dir))
+        acc.Reload()
+        tags = acc.Tags().get("scalars", [])
+        if "eval/human_score" not in tags or "eval/hallucination_rate" not in tags:
+            return None
+        out = {t: acc.Scalars(t) for t in ("eval/human_score", "eval/hallucination_rate")}
+        return out if out["eval/human_score"][-1].value == pytest.approx(10 / 3, rel=1e-6) else None
+
+    points = wait_for(scalars, what="the TensorBoard tally of the three ratings")
+    assert [p.step for p in points["eval/human_score"]] == [100]
+    assert points["eval/hallucination_rate"][-1].value == pytest.approx(1 / 3, rel=1e-6)
 
 
-def _refused(api, standin, body: bytes, headers: dict, status: int) -> None:
+def _refused(api, slack_env, body: bytes, headers: dict, status: int) -> None:
     r = httpx.post(api.url + "/v1/slack/interactions", content=body, headers=headers, timeout=30)
     assert r.status_code == status, r.text
     time.sleep(0.1)
     assert ratings_rows(api) == [], "a refused request must store nothing"
-    assert standin.calls_of("chat.update") == []
+    assert slack_env.calls_of("chat.update") == []
 
 
-def _payload(standin, posted, action="rate_5", user="U1"):
-    message = standin.channels[posted["channel"]].messages[posted["ts"]]
+def _payload(slack_env, posted, action="rate_5", user="U1"):
+    message = slack_env.channels[posted["channel"]].messages[posted["ts"]]
     return block_actions_payload(message, posted["channel"], user, action)
 
 
-def test_wrong_signature_is_refused(api, standin, posted):
-    body, headers = signed_request(_payload(standin, posted), secret="not-the-signing-secret")
-    _refused(api, standin, body, headers, 401)
+def test_wrong_signature_is_refused(api, slack_env, posted):
+    body, headers = signed_request(_payload(slack_env, posted), secret="not-the-signing-secret")
+    _refused(api, slack_env, body, headers, 401)
 
 
-def test_timestamp_older_than_five_minutes_is_refused(api, standin, posted):
-    body, headers = signed_request(_payload(standin, posted), timestamp=int(time.time()) - 5 * 60 - 5)
-    _refused(api, standin, body, headers, 401)
+def test_timestamp_older_than_five_minutes_is_refused(api, slack_env, posted):
+    body, headers = signed_request(_payload(slack_env, posted), timestamp=int(time.time()) - 5 * 60 - 5)
+    _refused(api, slack_env, body, headers, 401)
 
 
-def test_replayed_body_with_a_new_timestamp_is_refused(api, standin, posted):
-    body, old = signed_request(_payload(standin, posted), timestamp=int(time.time()) - 600)
+def test_replayed_body_with_a_new_timestamp_is_refused(api, slack_env, posted):
+    body, old = signed_request(_payload(slack_env, posted), timestamp=int(time.time()) - 600)
     headers = {**old, "X-Slack-Request-Timestamp": str(int(time.time()))}  # the old signature, a fresh time
-    _refused(api, standin, body, headers, 401)
+    _refused(api, slack_env, body, headers, 401)
 
 
 @pytest.mark.parametrize("missing", ["X-Slack-Signature", "X-Slack-Request-Timestamp", "both"])
-def test_missing_headers_are_refused(api, standin, posted, missing):
-    body, headers = signed_request(_payload(standin, posted))
+def test_missing_headers_are_refused(api, slack_env, posted, missing):
+    body, headers = signed_request(_payload(slack_env, posted))
     for name in ["X-Slack-Signature", "X-Slack-Request-Timestamp"] if missing == "both" else [missing]:
         headers.pop(name)
-    _refused(api, standin, body, headers, 401)
+    _refused(api, slack_env, body, headers, 401)
 
 
-def test_a_one_megabyte_body_is_refused(api, standin, posted):
+def test_a_one_megabyte_body_is_refused(api, slack_env, posted):
     body, headers = signed_request(None, body=b"payload=" + b"x" * (1024 * 1024))
-    _refused(api, standin, body, headers, 413)
+    _refused(api, slack_env, body, headers, 413)
     # Without a Content-Length (chunked), the limit holds while reading.
     chunks = (b"x" * 65536 for _ in range(16))
     r = httpx.post(api.url + "/v1/slack/interactions", content=chunks, headers=headers, timeout=30)
@@ -204,20 +199,20 @@ def test_a_one_megabyte_body_is_refused(api, standin, posted):
         b"payload=%7B%22type%22%3A%22view_submission%22%7D",  # not block_actions
     ],
 )
-def test_malformed_signed_bodies_are_refused(api, standin, posted, body):
+def test_malformed_signed_bodies_are_refused(api, slack_env, posted, body):
     body, headers = signed_request(None, body=body)
-    _refused(api, standin, body, headers, 400)
+    _refused(api, slack_env, body, headers, 400)
 
 
-def test_signed_click_naming_no_sample_or_a_bad_value_is_refused(api, standin, posted):
-    payload = _payload(standin, posted)
+def test_signed_click_naming_no_sample_or_a_bad_value_is_refused(api, slack_env, posted):
+    payload = _payload(slack_env, posted)
     payload["actions"][0]["value"] = "es_" + "0" * 32 + "|5"
-    _refused(api, standin, *signed_request(payload), 400)
+    _refused(api, slack_env, *signed_request(payload), 400)
     payload["actions"][0]["value"] = posted["sample_id"] + "|9"
-    _refused(api, standin, *signed_request(payload), 400)
+    _refused(api, slack_env, *signed_request(payload), 400)
     payload["actions"][0]["value"] = posted["sample_id"] + "|5"
     payload["actions"][0]["action_id"] = "delete_everything"
-    _refused(api, standin, *signed_request(payload), 400)
+    _refused(api, slack_env, *signed_request(payload), 400)
 
 
 def test_store_keys_make_posting_and_rating_idempotent(db_url):

@@ -23,17 +23,15 @@ from orchestrator.controller import Controller
 from orchestrator.events import LambdaContext
 from orchestrator.settings import Settings
 from orchestrator.store import repo
-from tests.helpers.live_api import start_live_api
 
 REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "tests" / "data" / "sagemaker"
 
 
 @pytest.fixture
-def api(aerie_home):
-    live = start_live_api(Settings())
-    yield live
-    live.stop()
+def api(live_api):
+    """The live API over HTTP (here, not the in-process client of tests/orchestrator/conftest.py)."""
+    return live_api
 
 
 def _job_with_failed_first_attempt(api, checkpoints: str) -> str:

@@ -9,16 +9,9 @@ import time
 
 import pytest
 
-from orchestrator.store import Database, repo
+from orchestrator.store import repo
 
 HOLD_S = 0.6
-
-
-@pytest.fixture
-def db(db_url):
-    database = Database(db_url)
-    yield database
-    database.dispose()
 
 
 def _running_attempt(db) -> str:
@@ -132,3 +125,38 @@ def test_a_record_only_moves_good_to_bad_to_deleted(db):
         uris[1]: ("deleted", "gc", True),
         uris[2]: ("good", None, False),
     }
+
+
+def test_a_memory_checkpoint_is_good_once_the_nodes_reports_cover_every_rank(db):
+    """The memory tier (issue #22): each node reports its ranks once both copies are complete
+    (agent.memckpt.ring.report_body); the row is `incomplete` until every rank is covered, then
+    `good`, with its tier. An S3 checkpoint keeps tier `s3`; a tier that contradicts its URI, or a
+    memory report without its ranks, is refused."""
+    from aerie_contracts.checkpoints import memory_uri
+    from agent.memckpt.ring import Replicated, report_body
+
+    attempt_id = _running_attempt(db)
+    with db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        job_id = attempt.job_id
+        repo.record_checkpoint(s, attempt, 10, "s3://b/j/step_00000010/attempt_0001", {})
+    uri = memory_uri(job_id, 12, 1)
+    node_a = report_body(Replicated(12, [0, 1], 100), job=job_id, attempt=1, node="a", world_size=4, peer_node="b")
+    node_b = report_body(Replicated(12, [2, 3], 120), job=job_id, attempt=1, node="b", world_size=4, peer_node="a")
+    with db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        assert repo.record_checkpoint(s, attempt, 12, uri, node_a["meta"], tier=node_a["tier"]) is None
+    with db.session() as s:
+        rows = {c.step: (c.state, c.tier) for c in repo.list_checkpoints(s, repo.get_attempt(s, attempt_id).job)}
+        assert rows == {10: ("good", "s3"), 12: ("incomplete", "memory")}
+    with db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        assert repo.record_checkpoint(s, attempt, 12, uri, node_b["meta"], tier=node_b["tier"]) is not None
+        assert repo.record_checkpoint(s, attempt, 12, uri, node_b["meta"], tier="memory") is None  # re-sent
+    with db.session() as s:
+        (row,) = [c for c in repo.list_checkpoints(s, repo.get_attempt(s, attempt_id).job) if c.step == 12]
+        assert (row.state, row.tier, row.size_bytes, row.meta["ranks"]) == ("good", "memory", 220, [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="does not match"), db.session() as s:
+        repo.record_checkpoint(s, repo.get_attempt(s, attempt_id), 14, uri.replace("12", "14"), {}, tier="s3")
+    with pytest.raises(ValueError, match="ranks"), db.session() as s:
+        repo.record_checkpoint(s, repo.get_attempt(s, attempt_id), 14, memory_uri(job_id, 14, 1), {"world_size": 2})

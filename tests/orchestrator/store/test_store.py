@@ -9,13 +9,6 @@ from sqlalchemy.exc import IntegrityError
 from orchestrator.store import Database, repo
 
 
-@pytest.fixture
-def db(db_url):
-    database = Database(db_url)
-    yield database
-    database.dispose()
-
-
 def test_migrations_build_every_table_and_are_idempotent(db, db_url):
     tables = set(inspect(db.engine).get_table_names())
     assert {"jobs", "attempts", "nodes", "verdicts", "events", "checkpoints", "tokens", "alembic_version"} <= tables

@@ -154,7 +154,7 @@ def test_kill_9_of_a_rank_mid_save(tmp_path, data_cache, s3_prefix, s3_server):
                 assert time.monotonic() < deadline, "never saw the step-20 save in flight\n" + tail(tmp_path, "crashed")
                 assert all(p.poll() is None for p in procs), tail(tmp_path, "crashed")
                 if manifest.read_manifest(step10) is not None:
-                    mid_save = [u["key"] for u in manifest.list_incomplete_uploads(step20) if "/__1_" in u["key"]]
+                    mid_save = [u["key"] for u in ckpt_gc.list_incomplete_uploads(step20) if "/__1_" in u["key"]]
                 time.sleep(0.05)
             assert manifest.read_manifest(step20) is None
             os.kill(procs[1].pid, signal.SIGKILL)
@@ -174,12 +174,12 @@ def test_kill_9_of_a_rank_mid_save(tmp_path, data_cache, s3_prefix, s3_server):
     assert states[10] == "good" and states.get(20, "incomplete") == "incomplete"
 
     # The dead rank's multipart uploads are left over; GC lists them (dry run) and aborts them.
-    left = {u["key"] for u in manifest.list_incomplete_uploads(s3_prefix)}
+    left = {u["key"] for u in ckpt_gc.list_incomplete_uploads(s3_prefix)}
     assert set(mid_save) <= left and all(k.startswith(step20.split("/", 3)[3] + "/") for k in left)
     assert set(ckpt_gc.collect(s3_prefix, dry_run=True)["aborted_uploads"]) == left
     result = ckpt_gc.collect(s3_prefix, abort_uploads_older_than_s=0)
     assert set(result["aborted_uploads"]) == left and result["deleted"] == []
-    assert manifest.list_incomplete_uploads(s3_prefix) == []
+    assert ckpt_gc.list_incomplete_uploads(s3_prefix) == []
     assert manifest.last_good(s3_prefix) == step10
 
     # Resume from last_good, checkpointing again over the debris of the dead save.

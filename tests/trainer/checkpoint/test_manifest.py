@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.checkpoint import gc as ckpt_gc
 from trainer.checkpoint import manifest, s3io
 
 
@@ -142,28 +143,28 @@ def test_gc_keeps_last_every_protected_and_newest_good(prefix):
         save(prefix, step)
     save(prefix, 1100, commit=False)  # a save in progress: never touched
     manifest.mark_bad(manifest.checkpoint_uri(prefix, 1000), "bad eval")
-    deleted = manifest.gc(prefix, keep_last=2, keep_every=500, protect=[300])
+    deleted = ckpt_gc.prune(prefix, keep_last=2, keep_every=500, protect=[300])
     steps_left = [i.step for i in manifest.list_checkpoints(prefix)]
     # good: 100..900; newest good 900; keep_last 2 -> 800, 900; every 500 -> 500; protect 300;
     # 1000 (bad) and 1100 (in progress) are newer than the newest good one.
     assert steps_left == [300, 500, 800, 900, 1000, 1100]
     assert sorted(int(u.rsplit("_", 1)[1]) for u in deleted) == [100, 200, 400, 600, 700]
     assert manifest.last_good(prefix) == manifest.checkpoint_uri(prefix, 900)
-    assert manifest.gc(prefix, keep_last=2, keep_every=500, protect=[300]) == []
+    assert ckpt_gc.prune(prefix, keep_last=2, keep_every=500, protect=[300]) == []
 
 
 def test_gc_never_deletes_the_newest_good_one(prefix):
     save(prefix, 1)
     only = save(prefix, 2)
     save(prefix, 3, commit=False)
-    assert manifest.gc(prefix, keep_last=0) == [manifest.checkpoint_uri(prefix, 1)]
+    assert ckpt_gc.prune(prefix, keep_last=0) == [manifest.checkpoint_uri(prefix, 1)]
     assert manifest.last_good(prefix) == only
 
 
 def test_gc_without_any_good_checkpoint_deletes_nothing(prefix):
     save(prefix, 1, commit=False)
     save(prefix, 2, commit=False)
-    assert manifest.gc(prefix, keep_last=0) == []
+    assert ckpt_gc.prune(prefix, keep_last=0) == []
 
 
 def test_gc_deletes_broken_ones_older_than_newest_good(prefix):
@@ -171,7 +172,7 @@ def test_gc_deletes_broken_ones_older_than_newest_good(prefix):
     broken = save(prefix, 2)
     delete(f"{broken}/.metadata")
     save(prefix, 3)
-    deleted = manifest.gc(prefix, keep_last=5)
+    deleted = ckpt_gc.prune(prefix, keep_last=5)
     assert deleted == [manifest.checkpoint_uri(prefix, 1), manifest.checkpoint_uri(prefix, 2)]
 
 
@@ -186,17 +187,17 @@ def test_incomplete_multipart_uploads_are_listed_and_aborted(s3_prefix):
     up = client.create_multipart_upload(Bucket=bucket, Key=key)
     client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=1, Body=b"x" * 100)
     client.create_multipart_upload(Bucket=bucket, Key="elsewhere/obj")  # not under the prefix
-    listed = manifest.list_incomplete_uploads(s3_prefix)
+    listed = ckpt_gc.list_incomplete_uploads(s3_prefix)
     assert [(u["key"], u["upload_id"]) for u in listed] == [(key, up["UploadId"])]
-    aborted = manifest.abort_incomplete_uploads(s3_prefix)
+    aborted = ckpt_gc.abort_incomplete_uploads(s3_prefix)
     assert [u["upload_id"] for u in aborted] == [up["UploadId"]]
-    assert manifest.list_incomplete_uploads(s3_prefix) == []
-    assert len(manifest.list_incomplete_uploads(f"s3://{bucket}/elsewhere")) == 1
+    assert ckpt_gc.list_incomplete_uploads(s3_prefix) == []
+    assert len(ckpt_gc.list_incomplete_uploads(f"s3://{bucket}/elsewhere")) == 1
 
 
 def test_incomplete_uploads_on_files_is_empty(tmp_path):
-    assert manifest.list_incomplete_uploads(str(tmp_path)) == []
-    assert manifest.abort_incomplete_uploads(str(tmp_path)) == []
+    assert ckpt_gc.list_incomplete_uploads(str(tmp_path)) == []
+    assert ckpt_gc.abort_incomplete_uploads(str(tmp_path)) == []
 
 
 def test_plain_paths_work(tmp_path):
@@ -218,4 +219,4 @@ def test_gc_collect_dry_run_then_real(s3_prefix):
     real = ckpt_gc.collect(s3_prefix, keep_last=1, abort_uploads_older_than_s=0)
     assert real["deleted"] == dry["deleted"] and real["aborted_uploads"] == [key]
     assert [i.step for i in manifest.list_checkpoints(s3_prefix)] == [3]
-    assert manifest.list_incomplete_uploads(s3_prefix) == []
+    assert ckpt_gc.list_incomplete_uploads(s3_prefix) == []

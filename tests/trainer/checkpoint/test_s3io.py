@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.checkpoint import gc as ckpt_gc
 from trainer.checkpoint import manifest, s3io
 
 REPO = Path(__file__).resolve().parents[3]
@@ -125,7 +126,7 @@ def test_dcp_round_trip_through_the_loopback_server(torch1, s3_prefix, monkeypat
         dcp.load(out, storage_reader=s3io.storage_reader(uri, connections=4))
         assert_equal(torch, sd, out)
         assert proxy.stats.peak_active >= 2  # files read in parallel
-        assert manifest.list_incomplete_uploads(s3_prefix) == []
+        assert ckpt_gc.list_incomplete_uploads(s3_prefix) == []
 
 
 def test_restore_reads_equal_ranged_slices_in_bounded_batches(torch1, s3_prefix, s3_server, monkeypatch):
@@ -257,9 +258,9 @@ def test_an_outage_mid_save_fails_fast_commits_nothing_and_leaves_abortable_uplo
         proxy.heal()
         assert manifest.read_manifest(uri) is None
         assert manifest.last_good(s3_prefix) == previous
-        left = manifest.list_incomplete_uploads(s3_prefix)
-        aborted = manifest.abort_incomplete_uploads(s3_prefix)
+        left = ckpt_gc.list_incomplete_uploads(s3_prefix)
+        aborted = ckpt_gc.abort_incomplete_uploads(s3_prefix)
         # The CRT may still be aborting some of its own uploads in the background once the path is
         # back: whatever it did not, the manifest module lists and aborts, and nothing stays open.
         assert {u["upload_id"] for u in aborted} <= {u["upload_id"] for u in left}
-        assert manifest.list_incomplete_uploads(s3_prefix) == []
+        assert ckpt_gc.list_incomplete_uploads(s3_prefix) == []

@@ -6,7 +6,6 @@ the server."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import numpy as np
 import pytest
@@ -24,11 +23,7 @@ from trainer.data.s3_indexed import S3IndexedDataset
 @pytest.fixture(scope="module")
 def bucket(counting_s3):
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in counting_s3.env().items():
-            mp.setenv(name, value)
-        name = f"t-{uuid.uuid4().hex[:12]}"
-        counting_s3.server.create_bucket(name)
-        yield name
+        yield counting_s3.fresh_bucket(mp.setenv)
 
 
 @pytest.fixture(scope="module")

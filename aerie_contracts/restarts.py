@@ -1,0 +1,76 @@
+"""How a failed attempt's successor starts: on the same nodes (a warm attempt) or launched anew.
+
+`lambdas/chain_restart.py` decides and records the mode, with its reason, in the new attempt's
+`cause` (shown by the API and `aerie describe`); the controller and the backend act on it, and a
+node agent waiting between attempts asks the control plane what comes next (`NextAction`).
+Standard library only (it ships in the Lambda bundle and the torch-free agent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aerie_contracts._strenum import StrEnum
+from aerie_contracts.failures import FailureKind
+
+
+class RestartMode(StrEnum):
+    # The same node allocation: the agents stay up and restart only their worker group.
+    IN_PLACE = "in_place"
+    # The backend ends the attempt's nodes and launches the next attempt from nothing.
+    RELAUNCH = "relaunch"
+
+
+class NextAction(StrEnum):
+    """The answer to an agent whose worker group ended (`GET .../nodes/{host}/next`)."""
+
+    WAIT = "wait"  # no decision yet: ask again
+    RESTART = "restart"  # an in-place successor: restart the worker group for it
+    EXIT = "exit"  # nothing for this node (a relaunch, the job is over): end the agent
+
+
+# Keys of an attempt's `cause` that carry the decision.
+CAUSE_MODE = "mode"
+CAUSE_MODE_REASON = "mode_reason"
+
+# Backends whose agents outlive a worker group; the others relaunch every attempt.
+IN_PLACE_BACKENDS = frozenset({"local"})
+
+# Failures after which the attempt's allocation cannot be reused: a node is gone or cut off, or
+# the attempt never had its nodes.
+NOT_REUSABLE = frozenset(
+    {
+        FailureKind.NODE_LOST.value,
+        FailureKind.NODE_PREEMPTED.value,
+        FailureKind.LAUNCH_FAILED.value,
+        FailureKind.PLACEMENT_FAILED.value,
+    }
+)
+
+# `retry.in_place_restarts`: consecutive in-place restarts before a relaunch (0: never in place).
+DEFAULT_IN_PLACE_RESTARTS = 2
+
+
+def mode_of(cause: dict[str, Any] | None) -> RestartMode:
+    """An attempt's restart mode from its `cause`; a first attempt, or one recorded before modes
+    existed, was launched anew."""
+    value = (cause or {}).get(CAUSE_MODE)
+    return RestartMode.IN_PLACE if value == RestartMode.IN_PLACE else RestartMode.RELAUNCH
+
+
+def not_in_place(spec: dict[str, Any]) -> str | None:
+    """Why a job's spec rules in-place restarts out (None: it does not)."""
+    if (spec.get("backend_options") or {}).get("netns"):
+        return "network namespaces (backend_options.netns) are made per attempt"
+    if (spec.get("checkpoint") or {}).get("marker"):
+        # Not yet: a third-party trainer's node-local checkpoint directory would need clearing and
+        # its sync restarting between worker groups (agent/byo_checkpoints.py).
+        return "a third-party trainer's checkpoint directory (checkpoint.marker) is per attempt"
+    return None
+
+
+def may_restart_in_place(backend: str, reason: dict[str, Any] | None, budget: int) -> bool:
+    """Whether a failed attempt could still be followed in place, before blame is known: the
+    controller keeps its agents up until chaining decides (it tears them down on a relaunch)."""
+    kind = (reason or {}).get("kind")
+    return backend in IN_PLACE_BACKENDS and budget > 0 and kind not in NOT_REUSABLE

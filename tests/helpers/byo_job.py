@@ -1,0 +1,81 @@
+"""The bring-your-own-trainer rehearsal shared by tests/e2e/test_byo_*.py.
+
+`hang_restart_resume` submits a third-party trainer's spec (2 nodes x 2 ranks, one restart
+allowed) to a control plane with the loopback S3 server, waits for the agent to commit one of the
+trainer's own checkpoints, has `aerie chaos` SIGSTOP rank 1 on node 0, waits for the job to end,
+and checks what every such script must show: `silent.hang` from log-derived progress on the
+stopped rank's node, attempt 2 resumed from a committed checkpoint, rank 0's loss curve in the
+dashboard has every step once (no gap), the chaos request audited, and attempt 2's first step
+is the one after the resumed checkpoint's. The caller adds what is particular to its script.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from orchestrator.harness.control_plane import ControlPlane
+from tests.helpers.wait import wait_for
+
+
+@dataclass
+class ByoRun:
+    job_id: str
+    attempts: list[dict[str, Any]]
+    resume_step: int
+    series: dict[str, Any]  # the dashboard's series.json
+
+    def rank0_steps(self, cp: ControlPlane, attempt: int) -> list[dict[str, Any]]:
+        """Rank 0's metrics-stream records of one attempt (what the agent parsed from its log)."""
+        path = next((cp.home / "jobs" / self.job_id).glob(f"attempt-{attempt}/*/output/metrics/rank-00000.jsonl"))
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def hang_restart_resume(cp: ControlPlane, spec: dict[str, Any], work: Path, steps: int, save_steps: int) -> ByoRun:
+    name = spec["name"]
+    (work / "spec.json").write_text(json.dumps(spec))
+    cp.cli("submit", str(work / "spec.json"), check=True)
+    job_id = wait_for(what="the job", check=lambda: cp.job(name)["id"], timeout_s=60)
+
+    def good() -> list[dict]:
+        return [c for c in cp.get(f"/v1/jobs/{job_id}/checkpoints") if c["state"] == "good"]  # type: ignore[union-attr]
+
+    wait_for(what="a committed checkpoint", check=lambda: good() or None, timeout_s=240)
+    cp.cli("chaos", job_id, "--node", "0", "--rank", "1", "--fault", "sigstop", check=True)
+    pid_file = next((cp.home / "jobs" / job_id).glob("attempt-1/algo-1/agent/ranks/rank-1.pid"))
+    rank1 = psutil.Process(int(pid_file.read_text()))
+    wait_for(what="rank 1 stopped by its agent", check=lambda: rank1.status() == psutil.STATUS_STOPPED, timeout_s=20)
+
+    job = cp.wait_state(name, {"Completed", "Failed"}, timeout_s=300)
+    attempts = sorted(cp.get(f"/v1/jobs/{job_id}/attempts"), key=lambda a: a["number"])  # type: ignore[arg-type]
+    assert job["state"] == "Completed", (job, attempts)
+    # The stopped rank's node called the hang from log-derived progress. (The attempt's recorded
+    # reason may be a peer's crash instead: the verdict's node ends its ranks, gloo peers on the
+    # other node then fail at once, and a poll between the two exits sees only theirs.)
+    verdicts = cp.job(name)["verdicts"]
+    hangs = [v for v in verdicts if v["kind"] == "silent.hang" and v["attempt_id"] == attempts[0]["id"]]
+    assert hangs and "stopped/gone: ranks [1]" in hangs[0]["message"], verdicts
+    assert attempts[0]["reason"]["kind"] in ("silent.hang", "exit.nonzero"), attempts[0]
+    resumed = attempts[1]["resume_from"]
+    assert resumed in {c["uri"] for c in good()}, (resumed, good())
+    resume_step = int(resumed.split("step_")[1][:8])
+    assert resume_step >= save_steps
+
+    # The curve (the dashboard's series.json: attempt 1's points after the resume step are dropped).
+    with httpx.Client(base_url=cp.url) as web:
+        web.post("/ui/login", data={"token": cp.token, "next": "/ui/jobs"})
+        series = web.get(f"/ui/jobs/{job_id}/series.json").json()
+    xs = series["series"]["loss"]["x"]
+    assert xs == list(range(1, steps + 1)), (xs, series["resumes"])  # every step once, from both attempts, no gap
+    assert [r["step"] for r in series["resumes"]] == [resume_step]
+    audit = [e["detail"] for e in cp.events(name) if e["detail-type"] == "Aerie Chaos Injected"]
+    assert [(a["host"], a["rank"], a["fault"]) for a in audit] == [("algo-1", 1, "sigstop")]
+    run = ByoRun(job_id=job_id, attempts=attempts, resume_step=resume_step, series=series)
+    # Attempt 2 really resumed: its first step is the one after the restored checkpoint's.
+    assert min(r["step"] for r in run.rank0_steps(cp, 2)) == resume_step + 1
+    return run

@@ -1,0 +1,73 @@
+"""`GET /v1/attempts/{id}/nodes/{host}/next`: what an agent kept up after its worker group ended
+does next, and the fencing of the hand-over (the in-process app on a real SQLite store)."""
+
+from __future__ import annotations
+
+from aerie_contracts.restarts import CAUSE_MODE
+from orchestrator.store import repo
+
+
+def _auth(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _failed_attempt(app) -> tuple[str, str, str]:
+    with app.state.db.session() as s:
+        job = repo.create_job(s, {"name": "warm", "backend": "local", "entrypoint": ["x"]}, "default")
+        repo.set_job_state(s, job, "InProgress")
+        attempt = repo.create_attempt(s, job, 1)
+        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"]}
+        repo.set_attempt_state(s, attempt, "Running")
+        repo.set_attempt_state(s, attempt, "Failed", {"kind": "exit.nonzero"})
+        return job.id, attempt.id, repo.mint_token(s, "agent", attempt_id=attempt.id)
+
+
+def _successor(app, job_id: str, mode: str) -> str:
+    with app.state.db.session() as s:
+        job = repo.get_job(s, "default", job_id)
+        attempt = repo.create_attempt(s, job, 2, resume_from="s3://b/ckpt/step_10")
+        attempt.cause = {CAUSE_MODE: mode}
+        return attempt.id
+
+
+def test_an_agent_waits_then_gets_its_in_place_successor_with_a_token_for_it_alone(api):
+    client, app, _admin = api
+    job_id, a1, token = _failed_attempt(app)
+    ask = lambda host="algo-1", tok=token: client.get(f"/v1/attempts/{a1}/nodes/{host}/next", headers=_auth(tok))  # noqa: E731
+    assert ask().json()["action"] == "wait"  # no decision yet
+    a2 = _successor(app, job_id, "in_place")
+    assert ask().json()["action"] == "wait"  # decided, not launched yet
+    with app.state.db.session() as s:
+        attempt = repo.get_attempt(s, a2)
+        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"], "attempt_id": a2, "master_port": 4242}
+        repo.set_attempt_state(s, attempt, "Running")
+    answer = ask().json()
+    assert answer["action"] == "restart" and answer["attempt_id"] == a2 and answer["attempt_number"] == 2
+    assert answer["resume_from"] == "s3://b/ckpt/step_10" and answer["master_port"] == 4242
+    new = answer["token"]
+    # Fencing: the new token speaks for attempt 2 only, the old one for attempt 1 only.
+    assert (
+        client.post(f"/v1/attempts/{a2}/nodes/algo-1/heartbeat", json={"t": 1}, headers=_auth(new)).status_code == 200
+    )
+    assert (
+        client.post(f"/v1/attempts/{a1}/nodes/algo-1/heartbeat", json={"t": 1}, headers=_auth(new)).status_code == 403
+    )
+    assert (
+        client.post(f"/v1/attempts/{a2}/nodes/algo-1/exit", json={"exit_code": 1}, headers=_auth(token)).status_code
+        == 403
+    )
+    # A host the successor does not run on gets nothing; neither does a token of another attempt.
+    assert ask("algo-9").json()["action"] == "exit"
+    assert ask(tok=new).status_code == 403
+
+
+def test_a_relaunch_or_the_job_s_end_sends_the_agent_home(api):
+    client, app, _admin = api
+    job_id, a1, token = _failed_attempt(app)
+    _successor(app, job_id, "relaunch")
+    answer = client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=_auth(token)).json()
+    assert answer["action"] == "exit" and "in-place successor" in answer["why"]
+    job_id, a1, token = _failed_attempt(app)
+    with app.state.db.session() as s:
+        repo.set_job_state(s, repo.get_job(s, "default", job_id), "Failed", {"kind": "exit.nonzero"})
+    assert client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=_auth(token)).json()["action"] == "exit"

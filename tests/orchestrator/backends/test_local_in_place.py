@@ -1,0 +1,44 @@
+"""The local backend's in-place attempt: nothing spawned, the failed attempt's handle reused with
+its own attempt id and rendezvous port, and only that attempt's outcomes read from the nodes'
+`exit.json` (the agent, a real process here, serves both attempts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.local import LocalBackend
+from orchestrator.spec import JobSpec
+
+
+def _request(previous: dict) -> LaunchRequest:
+    spec = JobSpec.from_dict({"name": "warm", "entrypoint": ["python"], "resources": {"instance_count": 1}})
+    return LaunchRequest("warm-1", "warm", "warm-1-a2", 2, spec, "http://127.0.0.1:9", "tok", in_place_of=previous)
+
+
+def test_an_in_place_attempt_reuses_the_agents_and_reads_only_its_own_outcome(tmp_path):
+    root = tmp_path / "jobs" / "warm-1" / "attempt-1"
+    agent_dir = root / "algo-1" / "agent"
+    agent_dir.mkdir(parents=True)
+    # A process whose command line names the agent, standing for the agent kept up.
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "agent"])
+    try:
+        (agent_dir / "agent.pid").write_text(str(agent.pid))
+        (agent_dir / "exit.json").write_text(json.dumps({"exit_code": 1, "attempt": "warm-1-a1", "t": 1.0}))
+        backend = LocalBackend(tmp_path / "jobs")
+        previous = {"root": str(root), "hosts": ["algo-1"]}
+        assert backend.poll(previous).state == "Failed"  # attempt 1, as before
+
+        handle = backend.launch(_request(previous))
+        assert handle["root"] == str(root) and handle["attempt_id"] == "warm-1-a2" and handle["in_place"]
+        assert backend.launch(_request(previous)) == handle  # idempotent: the same port
+        assert not (root.parent / "attempt-2").exists()  # nothing launched anew
+        assert backend.poll(handle).state == "Running"  # attempt 1's outcome is not attempt 2's
+
+        (agent_dir / "exit.json").write_text(json.dumps({"exit_code": 0, "attempt": "warm-1-a2", "t": 2.0}))
+        assert backend.poll(handle).state == "Completed"
+    finally:
+        agent.kill()
+        agent.wait()

@@ -1,0 +1,253 @@
+"""The in-memory tier, trainer side: a snapshot in shared memory and back is bit-exact; a torn or
+corrupt one is refused; the `auto` interval keeps the measured cost within its budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aerie_contracts import memckpt
+from trainer.checkpoint import memory
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Run by torchrun on 2 ranks: train, snapshot into the shared-memory area, train on, load the
+# snapshot into a model built from another seed, and compare everything with the state at snapshot.
+WORKER = r"""
+import json, random, sys
+import numpy as np, torch, torch.nn.functional as F, torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
+torch.set_num_threads(1)
+from trainer import parallel
+from trainer.models import build_model, get_preset
+from trainer.checkpoint import memory
+
+root, parallelism, out = sys.argv[1], sys.argv[2], sys.argv[3]
+world = parallel.init_distributed()
+
+def make(seed):
+    torch.manual_seed(seed)
+    model = parallel.parallelize(build_model(get_preset("pythia-tiny")), world, parallelism)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    return model, opt, sched
+
+def train(model, opt, sched, n):
+    for _ in range(n):
+        x = torch.randint(0, 512, (2, 17))
+        F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
+        opt.step(); sched.step(); opt.zero_grad()
+
+def full(model, opt):
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    clone = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v
+    return ({k: clone(v) for k, v in msd.items()},
+            {k: {n: clone(t) for n, t in s.items()} for k, s in osd["state"].items()}, osd["param_groups"])
+
+def same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+torch.manual_seed(100 + world.rank); random.seed(world.rank); np.random.seed(world.rank)
+model, opt, sched = make(0)
+train(model, opt, sched, 3)
+expected, expected_sched = full(model, opt), sched.state_dict()
+extra = {"step": 3, "consumed_samples": 24, "tokens": 384}
+snap = memory.MemorySnapshotter(job="job-a", attempt=1, rank=world.rank, every=3, root=root)
+assert snap.due(3) and not snap.due(4)
+header = snap.maybe_snapshot(3, model, opt, sched, extra)
+draws = (torch.rand(3), random.random(), float(np.random.rand()))
+train(model, opt, sched, 2)  # training goes on: must not leak into the snapshot
+expected_after = full(model, opt)[0]
+
+model2, opt2, sched2 = make(1)
+train(model2, opt2, sched2, 1)
+assert not same(full(model2, opt2)[0], expected[0])
+got_header, got_extra = memory.load_snapshot(snap.path(3), model2, opt2, sched2)
+draws2 = (torch.rand(3), random.random(), float(np.random.rand()))
+result = {
+    "model": same(full(model2, opt2)[0], expected[0]),
+    "optim": same(full(model2, opt2)[1:], expected[1:]),
+    "scheduler": sched2.state_dict() == expected_sched,
+    "rng": same(draws, draws2),
+    "extra": got_extra == extra,
+    "header": got_header == header
+    and (header.job, header.attempt, header.step, header.rank) == ("job-a", 1, 3, world.rank),
+}
+# Both continue identically after the restore.
+train(model2, opt2, sched2, 2)
+result["continues"] = same(full(model2, opt2)[0], expected_after)
+open(f"{out}/rank-{world.rank}.json", "w").write(json.dumps(result))
+dist.destroy_process_group()
+import os
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)
+"""
+
+
+@pytest.fixture
+def shm_root(tmp_path):
+    """A private area in /dev/shm (the tier's home) where there is one, else the test's tmp dir."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="aerie-test-", dir="/dev/shm")) if Path("/dev/shm").is_dir() else tmp_path
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp2"])  # sharded state; plain tensors: the test below
+def test_snapshot_round_trip_is_bit_exact(tmp_path, shm_root, parallelism):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+        + [str(shm_root), parallelism, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert result == dict.fromkeys(("model", "optim", "scheduler", "rng", "extra", "header", "continues"), True)
+        # The snapshot is a complete, verified file of the shared-memory area.
+        path = memckpt.local_dir(shm_root, "job-a") / memckpt.file_name(3, rank)
+        assert memckpt.verify(path).rank == rank
+
+
+def test_plain_model_round_trip_in_process(shm_root):
+    """Unsharded state (DDP's, or a single process) through shared memory and back, bit-exact."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    for _ in range(3):
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step(), sched.step(), opt.zero_grad()
+    snap = memory.MemorySnapshotter(job="j", attempt=2, rank=0, every=1, root=shm_root)
+    snap.snapshot(3, model, opt, sched, {"step": 3, "consumed_samples": 12})
+    expected = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sched.state_dict())
+    draws = torch.rand(5)
+
+    torch.manual_seed(1)
+    model2 = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8))
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0 / (s + 1))
+    header, extra = memory.load_snapshot(snap.path(3), model2, opt2, sched2)
+    assert (header.step, extra) == (3, {"step": 3, "consumed_samples": 12})
+    assert all(torch.equal(v, model2.state_dict()[k]) for k, v in expected[0].items())
+    got = opt2.state_dict()
+    assert got["param_groups"] == expected[1]["param_groups"]
+    for index, state in expected[1]["state"].items():
+        assert all(torch.equal(t, got["state"][index][name]) for name, t in state.items())
+    assert sched2.state_dict() == expected[2]
+    assert torch.equal(torch.rand(5), draws)  # the RNG too
+
+
+def _state() -> dict:
+    torch.manual_seed(0)
+    return {"w": torch.randn(64, 64), "train_state": b"x"}
+
+
+def test_torn_snapshot_is_refused(tmp_path):
+    """A writer that died before the header (the header block is still zeros), or mid-header."""
+    path = tmp_path / memckpt.file_name(5, 0)
+    memory.write_snapshot(path, _state(), job="j", attempt=1, step=5, rank=0)
+    data = bytearray(path.read_bytes())
+    path.write_bytes(bytes(memckpt.HEADER_SIZE) + data[memckpt.HEADER_SIZE :])
+    with pytest.raises(memckpt.TornSnapshot):
+        memory.read_snapshot(path)
+    path.write_bytes(data[:40] + bytes(memckpt.HEADER_SIZE - 40) + data[memckpt.HEADER_SIZE :])
+    with pytest.raises(memckpt.TornSnapshot):
+        memory.read_snapshot(path)
+    path.write_bytes(data[: len(data) - 10])  # header written, payload cut short (a torn copy)
+    with pytest.raises(memckpt.TornSnapshot):
+        memory.read_snapshot(path)
+
+
+def test_flipped_byte_is_detected(tmp_path):
+    path = tmp_path / memckpt.file_name(5, 0)
+    header = memory.write_snapshot(path, _state(), job="j", attempt=1, step=5, rank=0)
+    assert memory.read_snapshot(path)[0] == header
+    data = bytearray(path.read_bytes())
+    data[memckpt.HEADER_SIZE + header.size // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(memckpt.CorruptSnapshot):
+        memory.read_snapshot(path)
+
+
+def test_a_rank_keeps_only_its_newest_snapshots(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    snap = memory.MemorySnapshotter(job="j", attempt=1, rank=3, every=1, root=tmp_path)
+    for step in range(1, 6):
+        snap.snapshot(step, model, opt, None, {"step": step})
+    names = sorted(p.name for p in snap.dir.iterdir())
+    assert names == [memckpt.file_name(4, 3), memckpt.file_name(5, 3)]
+
+
+def test_auto_interval_keeps_the_cost_within_budget():
+    auto = memory.AutoInterval(budget=0.01, first_after=2)
+    assert not auto.due(1) and auto.due(2)  # the first snapshot measures the cost
+    auto.observe_step(0.4)
+    auto.observe_step(0.6)
+    auto.observe_snapshot(2, 0.2)  # this rank's own mean step time: 0.5 s
+    assert auto.every() == 40  # 0.2 s per snapshot, 0.5 s per step: every 40 steps is 1 %
+    assert not auto.due(41) and auto.due(42)
+    for _ in range(40):
+        auto.observe_step(5.0)  # steps got slower: at the next snapshot the interval shrinks
+    assert auto.due(42) and auto.every() == 40  # not before it: ranks change only together
+    auto.observe_snapshot(42, 0.2, step_s=5.0)  # the values the ranks agreed on
+    assert auto.every() == 11  # EMA: step 0.5 -> 1.85 s; 0.2 / (0.01 * 1.85) = 10.8
+    cheap = memory.AutoInterval(budget=0.01, first_after=1)
+    cheap.observe_snapshot(1, 0.01, step_s=10.0)
+    assert cheap.every() == 1
+
+
+def test_auto_mode_ranks_agree_through_the_group(shm_root):
+    """A world of one over gloo: the snapshot all-reduces (cost, step time) and re-derives."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.AdamW(model.parameters())
+        snap = memory.MemorySnapshotter(job="j", attempt=1, rank=0, every=None, root=shm_root)
+        assert snap.auto is not None and not snap.due(1)
+        snap.observe_step(1.0)
+        snap.observe_step(1.0)
+        header = snap.maybe_snapshot(2, model, opt, None, {"step": 2}, group=dist.group.WORLD)
+        assert header is not None and header.step == 2
+        assert snap.auto.step_s == 1.0 and snap.auto.every() == 1  # a tiny state, 1 s steps
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("value,every", [("", 0), ("0", 0), ("25", 25), ("auto", None), (" AUTO ", None)])
+def test_every_setting(value, every):
+    assert memory.parse_every(value) == every
+
+
+@pytest.mark.parametrize("value", ["-1", "often", "1.5"])
+def test_every_setting_refuses_nonsense(value):
+    with pytest.raises(ValueError):
+        memory.parse_every(value)

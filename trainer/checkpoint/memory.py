@@ -1,0 +1,283 @@
+"""The in-memory checkpoint tier, trainer side: a rank's snapshot into the node's shared memory.
+
+Every `memory_every_steps` steps (or as often as `AutoInterval` finds affordable) a rank writes
+the same state an S3 checkpoint holds (`trainer.checkpoint.dcp.state_to_save`: model, optimizer,
+scheduler + data position, this rank's RNG) as one `torch.save` stream into a snapshot file of
+`aerie_contracts.memckpt` in `/dev/shm` (no disk), header last: a rank killed mid-write leaves a
+file the agent and the restore both recognise as torn. The node agent (agent/memckpt) keeps the
+newest complete snapshot per rank and replicates it to one peer node.
+
+Sharded state (FSDP2 DTensors) is saved as each rank's local shard and restored into the same
+layout (same world and parallelism, which is what an in-place restart or a replaced node has).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from aerie_contracts import env, memckpt
+from trainer.checkpoint import dcp
+
+# The issue's budget: snapshots may cost at most this share of the training time.
+AUTO_BUDGET = 0.01
+KEEP_OWN = 2  # this rank's newest snapshots left in shared memory (the agent may be copying the older)
+
+
+def parse_every(value: str | int | None) -> int | None:
+    """`AERIE_MEMORY_CHECKPOINT_EVERY`: a positive step count, `auto` (None here), or 0/empty (off: 0)."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"memory_every_steps {value}: 0 (off), a positive step count or 'auto'")
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise ValueError(f"memory_every_steps {value!r}: 0 (off), a positive step count or 'auto'")
+    return int(text)
+
+
+class AutoInterval:
+    """`memory_every_steps: auto`: snapshot as often as the measured cost allows within `budget`.
+
+    With a snapshot costing `c` seconds (the rank is blocked for it) and a step taking `t`, taking
+    one every `k` steps costs `c / (k t)` of the time; the smallest `k` within the budget is
+    ceil(c / (budget t)). Both are smoothed (EMA) and the interval re-derived after each snapshot.
+    The first snapshot is taken at step `first_after`: it measures c.
+
+    Every rank must snapshot the same steps (a memory checkpoint needs all of them), so the
+    interval changes only at a snapshot, from values the ranks agreed on there
+    (`MemorySnapshotter.snapshot` all-reduces them); between snapshots, step times only accumulate.
+    """
+
+    def __init__(self, budget: float = AUTO_BUDGET, first_after: int = 2, smoothing: float = 0.3) -> None:
+        if not 0 < budget < 1:
+            raise ValueError(f"budget {budget}: a fraction in (0, 1)")
+        self.budget = budget
+        self.first_after = max(1, first_after)
+        self.smoothing = smoothing
+        self.step_s: float | None = None
+        self.snapshot_s: float | None = None
+        self.last_step: int | None = None
+        self._steps_s, self._steps = 0.0, 0  # this rank's step times since the last snapshot
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
+    def observe_step(self, seconds: float) -> None:
+        if seconds > 0 and math.isfinite(seconds):
+            self._steps_s += seconds
+            self._steps += 1
+
+    def local_step_s(self) -> float:
+        """The mean step time since the last snapshot, as this rank saw it (0: none yet)."""
+        return self._steps_s / self._steps if self._steps else 0.0
+
+    def observe_snapshot(self, step: int, seconds: float, step_s: float | None = None) -> None:
+        """A snapshot at `step` cost `seconds`; `step_s` the steps' mean time (the ranks' agreed
+        values; default this rank's own)."""
+        step_s = self.local_step_s() if step_s is None else step_s
+        self.last_step = step
+        if seconds >= 0 and math.isfinite(seconds):
+            self.snapshot_s = self._ema(self.snapshot_s, seconds)
+        if step_s > 0 and math.isfinite(step_s):
+            self.step_s = self._ema(self.step_s, step_s)
+        self._steps_s, self._steps = 0.0, 0
+
+    def every(self) -> int | None:
+        """The interval in steps, once both costs are known."""
+        if self.step_s is None or self.snapshot_s is None:
+            return None
+        return max(1, math.ceil(self.snapshot_s / (self.budget * self.step_s)))
+
+    def due(self, step: int) -> bool:
+        if self.last_step is None:
+            return step >= self.first_after
+        every = self.every()
+        return step - self.last_step >= (every if every is not None else self.first_after)
+
+
+class _CrcWriter:
+    """A file object for `torch.save` that checksums what passes through (no second read)."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.size += len(view)
+        return self.f.write(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _local(obj: Any) -> Any:
+    """The state with DTensors replaced by their local shards (plain tensors as they are)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        return obj.to_local()
+    if isinstance(obj, dict):
+        return {k: _local(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_local(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_local(v) for v in obj)
+    return obj
+
+
+def _into(template: Any, saved: Any) -> Any:
+    """`saved` in the live state's layout: a shard copied into its DTensor, a tensor onto its device."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(template, DTensor) and isinstance(saved, torch.Tensor):
+        template.to_local().copy_(saved)
+        return template
+    if isinstance(template, torch.Tensor) and isinstance(saved, torch.Tensor):
+        return saved.to(template.device)
+    if isinstance(template, dict) and isinstance(saved, dict):
+        return {k: _into(template.get(k), v) for k, v in saved.items()}
+    if isinstance(template, (list, tuple)) and isinstance(saved, (list, tuple)) and len(template) == len(saved):
+        return type(saved)(_into(t, v) for t, v in zip(template, saved, strict=True))
+    return saved
+
+
+def write_snapshot(
+    path: str | os.PathLike[str], state: dict[str, Any], *, job: str, attempt: int, step: int, rank: int
+) -> memckpt.Header:
+    """Write `state` as one snapshot file at `path`: payload first, header last."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"\0" * memckpt.HEADER_SIZE)  # reserved: a reader sees no header until the end
+        writer = _CrcWriter(f)
+        torch.save(_local(state), writer)
+        f.flush()
+        header = memckpt.Header(job=job, attempt=attempt, step=step, rank=rank, size=writer.size, crc32=writer.crc)
+        memckpt.write_header(f.fileno(), header)
+    return header
+
+
+def read_snapshot(path: str | os.PathLike[str]) -> tuple[memckpt.Header, dict[str, Any]]:
+    """Verify (header complete, payload checksum) and load a snapshot; raises `SnapshotError`."""
+    header = memckpt.verify(path)
+    with open(path, "rb") as f:
+        f.seek(memckpt.HEADER_SIZE)
+        payload = f.read(header.size)
+    if len(payload) != header.size or zlib.crc32(payload) != header.crc32:  # changed since verify
+        raise memckpt.CorruptSnapshot(f"{path}: payload changed while reading")
+    return header, torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+
+
+def load_snapshot(path: str | os.PathLike[str], model, optimizer, scheduler) -> tuple[memckpt.Header, dict[str, Any]]:
+    """Restore model, optimizer, scheduler and this rank's RNG from a verified snapshot; returns
+    its header and the caller's extra state (step, consumed samples, tokens)."""
+    header, state = read_snapshot(path)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=_into(model_sd, state[dcp.MODEL]),
+        optim_state_dict=_into(optim_sd, state[dcp.OPTIM]),
+    )
+    train_state = pickle.loads(state[dcp.TRAIN_STATE])
+    if scheduler is not None and train_state["scheduler"] is not None:
+        scheduler.load_state_dict(train_state["scheduler"])
+    rng = [k for k in state if k.startswith("rng_rank_")]
+    if rng:
+        dcp.set_rng_state(state[rng[0]])
+    return header, train_state["extra"]
+
+
+class MemorySnapshotter:
+    """One rank's periodic snapshots into the node's shared-memory area.
+
+    `every` is a step count, None for `auto` (see `AutoInterval`) or 0 (off). The training loop
+    calls `observe_step(seconds)` after each step and `maybe_snapshot(...)` after it; both are cheap
+    when nothing is due.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        attempt: int,
+        rank: int,
+        every: int | None,
+        root: str | os.PathLike[str] | None = None,
+        auto: AutoInterval | None = None,
+    ) -> None:
+        self.job, self.attempt, self.rank = job, attempt, rank
+        self.every = every
+        self.auto = (auto or AutoInterval()) if every is None else None
+        self.dir = memckpt.local_dir(root, job)
+        self.last: memckpt.Header | None = None
+        self.last_cost_s: float | None = None
+
+    @classmethod
+    def from_env(cls, *, job: str, attempt: int, rank: int) -> MemorySnapshotter | None:
+        every = parse_every(os.environ.get(env.MEMORY_CHECKPOINT_EVERY))
+        return None if every == 0 else cls(job=job, attempt=attempt, rank=rank, every=every)
+
+    def observe_step(self, seconds: float) -> None:
+        if self.auto is not None:
+            self.auto.observe_step(seconds)
+
+    def due(self, step: int) -> bool:
+        if self.auto is not None:
+            return self.auto.due(step)
+        return bool(self.every) and step % int(self.every) == 0
+
+    def path(self, step: int) -> Path:
+        return self.dir / memckpt.file_name(step, self.rank)
+
+    def snapshot(
+        self, step: int, model, optimizer, scheduler, extra_state: dict[str, Any], *, group=None
+    ) -> memckpt.Header:
+        """Write this rank's snapshot of `step`. With `auto` and a process group (a CPU one: gloo),
+        the ranks agree on the cost and step time (MAX) so they keep snapshotting the same steps."""
+        started = time.perf_counter()
+        state = dcp.state_to_save(model, optimizer, scheduler, extra_state)
+        header = write_snapshot(self.path(step), state, job=self.job, attempt=self.attempt, step=step, rank=self.rank)
+        self.last_cost_s = time.perf_counter() - started
+        if self.auto is not None:
+            measured = torch.tensor([self.last_cost_s, self.auto.local_step_s()], dtype=torch.float64)
+            if group is not None:
+                import torch.distributed as dist
+
+                dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=group)
+            self.auto.observe_snapshot(step, float(measured[0]), float(measured[1]))
+        self.last = header
+        self._prune()
+        return header
+
+    def maybe_snapshot(self, step: int, model, optimizer, scheduler, extra_state: dict[str, Any], *, group=None):
+        if not self.due(step):
+            return None
+        return self.snapshot(step, model, optimizer, scheduler, extra_state, group=group)
+
+    def _prune(self) -> None:
+        """Drop this rank's older snapshots (the agent holds what it replicates open)."""
+        own = sorted(
+            (parsed[1], p)
+            for p in self.dir.iterdir()
+            if (parsed := memckpt.parse_name(p.name)) is not None and parsed[0] == self.rank
+        )
+        for _, p in own[:-KEEP_OWN]:
+            p.unlink(missing_ok=True)
