@@ -140,6 +140,20 @@ MEMORY_CHECKPOINT_DIR = _var(
     "agent",
     "trainer",
 )
+MEMORY_CHECKPOINT_PEERS = _var(
+    "AERIE_MEMORY_CHECKPOINT_PEERS",
+    "the attempt's replication endpoints, `host=addr:port,...`: each agent serves its own and sends "
+    "its ranks' snapshots to the next host's (a ring)",
+    "backend",
+    "agent",
+)
+RESUME_FALLBACK = _var(
+    "AERIE_RESUME_FALLBACK",
+    "the durable (S3) checkpoint a memory resume point falls back to when any rank cannot restore its "
+    "snapshot (empty: from scratch)",
+    "agent",
+    "trainer",
+)
 FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
 # --- the trainer ------------------------------------------------------------------------------
 DATA_CACHE = _var("AERIE_DATA_CACHE", "where the built-in corpus and tokenizer are built once", "user", "trainer")

@@ -32,6 +32,9 @@ class NextAction(StrEnum):
 # Keys of an attempt's `cause` that carry the decision.
 CAUSE_MODE = "mode"
 CAUSE_MODE_REASON = "mode_reason"
+# With a memory resume point: the durable checkpoint the ranks use instead if any of them cannot
+# restore its snapshot (the ranks agree on it collectively: trainer/resume.py).
+CAUSE_RESUME_FALLBACK = "resume_fallback"
 
 # Backends whose agents outlive a worker group; the others relaunch every attempt.
 IN_PLACE_BACKENDS = frozenset({"local"})
@@ -74,3 +77,18 @@ def may_restart_in_place(backend: str, reason: dict[str, Any] | None, budget: in
     controller keeps its agents up until chaining decides (it tears them down on a relaunch)."""
     kind = (reason or {}).get("kind")
     return backend in IN_PLACE_BACKENDS and budget > 0 and kind not in NOT_REUSABLE
+
+
+def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
+    """Why a job takes no in-memory checkpoints (None: it does). They serve restarts on warm nodes,
+    so they run where in-place restarts do, with a peer node to hold each node's replica."""
+    every = (spec.get("checkpoint") or {}).get("memory_every_steps", "auto")
+    if every in (0, "0"):
+        return "checkpoint.memory_every_steps is 0"
+    if backend not in IN_PLACE_BACKENDS:
+        return f"the {backend} backend does not restart in place yet"
+    if int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS)) <= 0:
+        return "retry.in_place_restarts is 0"
+    if int((spec.get("resources") or {}).get("instance_count", 1)) < 2:
+        return "one node: no peer to hold a replica"
+    return not_in_place(spec)

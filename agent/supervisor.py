@@ -75,6 +75,8 @@ class Supervisor:
         self.checkpoints: Any = None  # agent.byo_checkpoints.CheckpointSync for a third-party trainer
         self.tb_progress: Any = None  # agent.tb_progress.TensorBoardProgress: progress from event files
         self.attempt_over = False  # the control plane said this attempt ended (elsewhere, maybe)
+        self.memory: Any = None  # agent.memckpt.node.NodeMemoryTier, when the backend turned it on
+        self._job_over = False  # the control plane said the job ended (its memory area can go)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -89,12 +91,48 @@ class Supervisor:
         become_subreaper()
         if not self._receive_inputs():
             return self._finish(1)
-        while True:
-            code = self._run_group()
-            successor = self._await_in_place() if code != 0 else None
-            if successor is None:
-                return code
-            self._switch(successor)
+        self._start_memory_tier()
+        code = 1
+        try:
+            while True:
+                code = self._run_group()
+                successor = self._await_in_place() if code != 0 else None
+                if successor is None:
+                    return code
+                self._switch(successor)
+        finally:
+            if self.memory is not None:
+                self.memory.close(job_over=code == 0 or self.stop_requested or self._job_over)
+
+    def _start_memory_tier(self) -> None:
+        """Serve and replicate in-memory checkpoints (agent.memckpt.node) when the backend asks;
+        a tier that cannot start costs the job its fast restarts, never the job."""
+        from agent.memckpt.node import NodeMemoryTier
+
+        try:
+            self.memory = NodeMemoryTier.from_env(os.environ, host=self.cfg.host, hosts=list(self.cfg.hosts))
+            if self.memory is not None:
+                self.memory.start()
+        except (OSError, ValueError) as exc:
+            log.error("in-memory checkpoints off on %s: %s", self.cfg.host, exc)
+            self.memory = None
+
+    def _begin_memory_group(self) -> None:
+        cfg = self.cfg
+        if self.memory is None:
+            return
+        from aerie_contracts.checkpoints import step_of_uri
+
+        number = os.environ.get(E.ATTEMPT_NUMBER, "")
+        first = cfg.node_rank * cfg.procs_per_node
+        self.memory.begin_group(
+            self.reporter,
+            attempt=int(number) if number.isdigit() else 0,
+            ranks=list(range(first, first + cfg.procs_per_node)),
+            world_size=cfg.world_size,
+            resumed_step=step_of_uri(E.RESUME_FROM.get() or ""),
+            resume_uri=E.RESUME_FROM.get() or "",
+        )
 
     def _run_group(self) -> int:
         """One attempt's worker group on this node, from restore to outcome (the node's exit code)."""
@@ -127,6 +165,7 @@ class Supervisor:
                 }
             )
         cmd = rank_command(cfg)
+        self._begin_memory_group()
         log.info("starting %d rank(s) on %s: %s", cfg.procs_per_node, cfg.host, " ".join(cfg.entrypoint))
         # Own session: the whole rank tree can be signalled at once, and only it.
         self.proc = subprocess.Popen(
@@ -147,6 +186,8 @@ class Supervisor:
                 next_beat = now + heartbeat_s
             self._escalate(now)
             time.sleep(min(sample_s, 0.5) if self._term_sent_at else sample_s)
+        if self.memory is not None:
+            self.memory.end_group()
         self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
         if self.proc.returncode == 0 and self.verdict is None and not self.stop_requested:
             self._drain_checkpoints()
@@ -190,6 +231,7 @@ class Supervisor:
             if action == NextAction.RESTART:
                 return answer
             if action == NextAction.EXIT:
+                self._job_over = str((answer or {}).get("why", "")).startswith("job ")
                 log.info("node %s: no in-place restart (%s)", self.cfg.host, (answer or {}).get("why"))
                 return None
             self._stop.wait(poll_s)  # wakes at once on SIGTERM
@@ -209,6 +251,7 @@ class Supervisor:
                 E.AGENT_TOKEN: token,
                 E.ATTEMPT_NUMBER: str(successor.get("attempt_number") or ""),
                 E.RESUME_FROM: successor.get("resume_from") or "",
+                E.RESUME_FALLBACK: successor.get("resume_fallback") or "",
             }
         )
         self.cfg = dataclasses.replace(cfg, attempt=attempt, token=token)

@@ -25,10 +25,11 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
-from aerie_contracts.checkpoints import CheckpointTier
+from aerie_contracts.checkpoints import CheckpointTier, step_of_uri
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind, policy
-from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON
+from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON, CAUSE_RESUME_FALLBACK, RestartMode
+from aerie_contracts.states import CheckpointState
 from lambdas import nan_replay, restart_mode
 from lambdas.api import Api, ApiError
 from lambdas.blame import blame_attempt
@@ -98,8 +99,14 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     resume_from = last_good_checkpoint(spec, job["id"], api)
     exclude = excluded_hosts(job, recorded, spec)
-    # The resume point is S3's last good checkpoint today; a memory tier's point plugs in here.
     mode, mode_why = restart_mode.decide(job, failed, reason, exclude)
+    # On warm nodes the newest good memory checkpoint is newer than S3's (taken far more often),
+    # and restoring it reads nothing from S3; S3's stays the fallback should any rank's copy fail.
+    fallback: dict[str, Any] = {}
+    if mode == RestartMode.IN_PLACE:
+        memory = last_good_memory_checkpoint(api, job["id"])
+        if memory is not None and (step_of_uri(memory) or 0) > (step_of_uri(resume_from or "") or 0):
+            resume_from, fallback = memory, {CAUSE_RESUME_FALLBACK: resume_from}
     body = {
         "number": number + 1,
         "resume_from": resume_from,
@@ -112,6 +119,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             "blame": blame_why,
             CAUSE_MODE: mode.value,
             CAUSE_MODE_REASON: mode_why,
+            **fallback,
         },
     }
     try:
@@ -176,6 +184,16 @@ def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Api | None = No
         report_unverified(api, job_id, recorded, infos)
     good = [i for i in infos if i.good]
     return good[-1].uri if good else None
+
+
+def last_good_memory_checkpoint(api: Api, job_id: str) -> str | None:
+    """The job's newest memory checkpoint that the control plane recorded good (both copies of
+    every rank's snapshot complete), or None."""
+    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
+    good = [
+        r for r in rows if r.get("tier") == CheckpointTier.MEMORY.value and r.get("state") == CheckpointState.GOOD.value
+    ]
+    return str(max(good, key=lambda r: int(r["step"]))["uri"]) if good else None
 
 
 def recorded_checkpoints(api: Api, job_id: str) -> dict[str, str]:

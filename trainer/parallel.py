@@ -146,3 +146,23 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 def unwrap(model: nn.Module) -> nn.Module:
     """The user model inside a DDP wrapper (FSDP2 wraps in place)."""
     return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model
+
+
+def settle_gradient_buckets(model: torch.nn.Module, sample: torch.Tensor, loss_fn) -> None:
+    """Give a resumed DDP run the gradient buckets an uninterrupted one trains with.
+
+    DDP lays out its first iteration's buckets in reverse parameter order, then rebuilds them once
+    in the order gradients became ready. With more than two ranks, where a value sits in a bucket
+    decides the order the ring all-reduce adds the ranks' values in, so a run's first step after a
+    restart (old layout) would round differently from the same step of a run that never stopped
+    (rebuilt layout), and the runs drift apart. One throw-away forward/backward on `sample` makes
+    DDP rebuild before the first real step; the gradients are dropped and the RNG left as it was,
+    so the model, optimizer and data position are untouched. A no-op for FSDP2 and one process."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel) or dist.get_world_size() <= 2:
+        return  # two ranks add in one order whatever the layout
+    devices = [torch.cuda.current_device()] if sample.is_cuda else []
+    with torch.random.fork_rng(devices=devices):
+        loss_fn(model, sample).backward()
+    model.zero_grad(set_to_none=True)

@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -18,7 +19,7 @@ from trainer.checkpoint.dcp import Checkpointer, describe_error
 log = logging.getLogger("trainer.resume")
 
 
-def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -> tuple[dict, str]:
+def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -> tuple[dict | None, str]:
     """Load `uri`; if it cannot be restored (corrupt, incomplete), fall back to the newest older
     good checkpoint under the same prefix (as the control plane records them, when there is one),
     and say so. Every rank sees the same failure (DCP gathers read errors), so every rank falls
@@ -28,7 +29,9 @@ def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -
     from trainer.checkpoint import manifest
 
     if tier_of_uri(uri) == CheckpointTier.MEMORY:
-        return restore_memory(uri, model, optimizer, scheduler), uri
+        extra, uri = restore_memory(uri, model, optimizer, scheduler)
+        if extra is not None or not uri:
+            return extra, uri
     failed: list[tuple[str, str]] = []
     while True:
         try:
@@ -55,11 +58,10 @@ def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -
         return extra, uri
 
 
-def restore_memory(uri: str, model, optimizer, scheduler) -> dict:
-    """Resume from a memory checkpoint (`mem://<job>/step_<N>/...`): this rank's snapshot of step N
-    in the node's shared memory, verified. The agent puts it there first (its own copy, or the
-    peer's replica fetched over TCP: agent.memckpt.restore) and names S3 instead when neither
-    verifies; a snapshot that still fails here is an error, never a silent partial restore."""
+def read_memory(uri: str) -> tuple[dict | None, str]:
+    """This rank's snapshot of a memory checkpoint (`mem://<job>/step_<N>/...`) from the node's
+    shared memory, verified (header complete, payload CRC-32, the step it names): (state, "") or
+    (None, why not). The agent left it there: its own copy, or the peer's replica it fetched."""
     from aerie_contracts import memckpt
     from trainer.checkpoint import memory
 
@@ -69,10 +71,44 @@ def restore_memory(uri: str, model, optimizer, scheduler) -> dict:
     job = uri.removeprefix(MEMORY_SCHEME).split("/", 1)[0]
     rank = dist.get_rank() if dist.is_initialized() else 0
     path = memckpt.local_dir(None, job) / memckpt.file_name(step, rank)
-    header, extra = memory.load_snapshot(path, model, optimizer, scheduler)
-    if header.step != step or int(extra.get("step", -1)) != step:
-        raise memckpt.SnapshotError(f"{path}: holds step {header.step}, the resume point is step {step}")
-    return extra
+    try:
+        header, state = memory.read_snapshot(path)
+    except (memckpt.SnapshotError, OSError) as exc:
+        return None, f"rank {rank}: {exc}"
+    if header.step != step:
+        return None, f"rank {rank}: {path} holds step {header.step}, the resume point is step {step}"
+    return state, ""
+
+
+def everyone(ok: bool) -> bool:
+    """True when `ok` holds on every rank (a MIN all-reduce): the ranks must all take one resume
+    point, or their states would belong to different steps."""
+    if not dist.is_initialized():
+        return ok
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def restore_memory(uri: str, model, optimizer, scheduler) -> tuple[dict | None, str]:
+    """Resume from a memory checkpoint if every rank's snapshot verifies; else every rank takes the
+    durable fallback (`AERIE_RESUME_FALLBACK`, S3) instead, or starts from scratch without one:
+    (extra state or None for scratch, the URI restored). A torn or corrupt snapshot is never used."""
+    from trainer.checkpoint import memory
+
+    state, why = read_memory(uri)
+    if everyone(state is not None):
+        assert state is not None
+        return memory.apply_snapshot(state, model, optimizer, scheduler), uri
+    fallback = env.RESUME_FALLBACK.get() or ""
+    log.warning(
+        "memory checkpoint %s not restored (%s): every rank resumes from %s instead",
+        uri,
+        why or "another rank's snapshot failed",
+        fallback or "scratch",
+    )
+    return None, fallback
 
 
 def mark_bad(checkpointer: Checkpointer, failed: list[tuple[str, str]], restored: str) -> None:
@@ -103,8 +139,8 @@ def fencing_of_attempt() -> dict[str, Any]:
 
 def memory_snapshotter(rank: int):
     """The in-memory tier's snapshots (issue #22), when `AERIE_MEMORY_CHECKPOINT_EVERY` asks for
-    them inside an Aerie job. No backend sets it yet: the agent's replication loop and the area's
-    cleanup are not wired, and snapshots nobody replicates or removes would only fill /dev/shm."""
+    them inside an Aerie job (the backend sets it where the node agents replicate and clean up:
+    aerie_contracts.restarts.memory_tier_off)."""
     from trainer.checkpoint.memory import MemorySnapshotter
 
     job, number = os.environ.get(env.JOB, ""), os.environ.get(env.ATTEMPT_NUMBER, "")

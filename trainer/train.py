@@ -229,7 +229,10 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     if resume_from:
         restore_started = time.time()
         extra, resumed_from = restore(checkpointer, resume_from, model, optimizer, scheduler)
-        step, consumed, tokens = extra["step"], extra["consumed_samples"], extra["tokens"]
+        if extra is not None:  # None: a memory point every rank could not restore, and no fallback
+            step, consumed, tokens = extra["step"], extra["consumed_samples"], extra["tokens"]
+            sample = torch.zeros((cfg.micro_batch_size, cfg.seq_len + 1), dtype=torch.long, device=world.device)
+            parallel.settle_gradient_buckets(model, sample, lambda m, t: loss_of(m, t, world, cfg.precision))
         # For the goodput ledger: the agent reports its ranks' slowest restore in its heartbeats.
         metrics.event(MetricEvent.RESTORED, step, uri=resumed_from, restore_s=time.time() - restore_started)
         if world.is_main:

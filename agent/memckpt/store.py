@@ -81,3 +81,13 @@ class SnapshotStore:
                     partial.unlink(missing_ok=True)
                     removed.append(partial)
         return removed
+
+    def drop_after(self, step: int | None) -> list[Path]:
+        """Drop this node's own snapshots newer than `step` (all of them for None): written by a
+        worker group whose timeline the resume abandoned, they must never be replicated as this one's."""
+        removed = []
+        for _rank, snap_step, path in self._files(None):
+            if step is None or snap_step > step:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        return removed

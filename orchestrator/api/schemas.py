@@ -129,6 +129,8 @@ class NextOut(BaseModel):
     attempt_number: int | None = None
     token: str | None = None
     resume_from: str | None = None
+    # With a memory resume point: the durable checkpoint the ranks fall back to (None: scratch).
+    resume_fallback: str | None = None
     master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
 
 

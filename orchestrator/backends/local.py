@@ -24,7 +24,7 @@ import psutil
 
 from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
-from aerie_contracts.restarts import not_in_place
+from aerie_contracts.restarts import memory_tier_off, not_in_place
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
 from orchestrator.backends import local_fence, netns, placement
 from orchestrator.backends.base import (
@@ -36,7 +36,7 @@ from orchestrator.backends.base import (
     read_log_chunk,
     summarize_nodes,
 )
-from orchestrator.backends.nodeenv import channels, node_env
+from orchestrator.backends.nodeenv import channels, memory_env, node_env
 
 # A node whose agent has not written its pid this long after launch never started.
 START_TIMEOUT_S = 60.0
@@ -87,6 +87,9 @@ class LocalBackend(Backend):
             check_container_paths()
         if net:
             netns.create(request.attempt_id, hosts)
+        # In-memory checkpoints (issue #22): each agent serves its replication endpoint on a port of its own.
+        memory_on = memory_tier_off(spec.model_dump(), self.name) is None
+        peers = {h: f"127.0.0.1:{_free_port()}" for h in hosts} if memory_on else {}
         for host in hosts:
             contract = NodeContract(
                 ml_root=root / host,
@@ -105,6 +108,8 @@ class LocalBackend(Backend):
             if spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
                 # The agents outlive their worker groups: a failed attempt may be restarted in place.
                 env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
+            if peers:
+                env.update(memory_env(spec, host, peers))
             argv = [sys.executable, "-m", "agent.entrypoint"]
             if container_paths:
                 # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the

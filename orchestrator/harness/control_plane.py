@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +41,8 @@ class ControlPlane:
             aerie_env.API: self.url,
             "COLUMNS": "250",
             aerie_env.RECONCILE_INTERVAL_S: "0.3",
+            # The nodes' in-memory checkpoints in a shared-memory folder of this control plane's own.
+            aerie_env.MEMORY_CHECKPOINT_DIR: f"/dev/shm/aerie-harness-{os.getpid()}-{secrets.token_hex(4)}",
             **(extra_env or {}),
         }
         for var in (aerie_env.TOKEN, aerie_env.DATABASE_URL):
@@ -115,6 +119,7 @@ class ControlPlane:
                     proc.kill()
                 except psutil.NoSuchProcess:
                     pass
+        shutil.rmtree(self.env[aerie_env.MEMORY_CHECKPOINT_DIR], ignore_errors=True)
 
     # --- talking to it --------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ def trainer_spec(
     faults: list[dict[str, Any]] | None = None,
     checkpoint_uri: str | None = None,
     every_steps: int = 20,
+    memory_every_steps: int | str | None = None,
     max_restarts: int = 0,
     in_place_restarts: int | None = None,
     health: dict | None = None,
@@ -54,6 +55,8 @@ def trainer_spec(
         spec["env"][aerie_env.FAULTS] = json.dumps(faults)
     if checkpoint_uri:
         spec["checkpoint"] = {"s3_uri": checkpoint_uri, "every_steps": every_steps, "keep_last": 3}
+    if memory_every_steps is not None:
+        spec.setdefault("checkpoint", {})["memory_every_steps"] = memory_every_steps
     path.write_text(json.dumps(spec))
     return path
 

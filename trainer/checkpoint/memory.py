@@ -189,6 +189,12 @@ def load_snapshot(path: str | os.PathLike[str], model, optimizer, scheduler) -> 
     """Restore model, optimizer, scheduler and this rank's RNG from a verified snapshot; returns
     its header and the caller's extra state (step, consumed samples, tokens)."""
     header, state = read_snapshot(path)
+    return header, apply_snapshot(state, model, optimizer, scheduler)
+
+
+def apply_snapshot(state: dict[str, Any], model, optimizer, scheduler) -> dict[str, Any]:
+    """Put a read snapshot's state into model, optimizer, scheduler and this rank's RNG; returns
+    the caller's extra state."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     set_state_dict(
         model,
@@ -202,7 +208,7 @@ def load_snapshot(path: str | os.PathLike[str], model, optimizer, scheduler) -> 
     rng = [k for k in state if k.startswith("rng_rank_")]
     if rng:
         dcp.set_rng_state(state[rng[0]])
-    return header, train_state["extra"]
+    return train_state["extra"]
 
 
 class MemorySnapshotter:

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
-from aerie_contracts.restarts import NextAction, RestartMode, mode_of
+from aerie_contracts.restarts import CAUSE_RESUME_FALLBACK, NextAction, RestartMode, mode_of
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState
 from orchestrator.api.deps import Principal, SessionDep, agent_of
 from orchestrator.api.routes import checkpoints
@@ -147,5 +147,6 @@ def next_attempt(
         attempt_number=latest.number,
         token=token,
         resume_from=latest.resume_from,
+        resume_fallback=(latest.cause or {}).get(CAUSE_RESUME_FALLBACK),
         master_port=latest.handle.get("master_port"),
     )

@@ -1,0 +1,175 @@
+"""The in-memory checkpoint tier on one node, as its agent runs it (issue #22).
+
+The backend turns it on with three variables (orchestrator/backends/nodeenv.memory_env): the
+interval the ranks snapshot at, the node's shared-memory area, and the ring's endpoints. The agent
+then, for as long as it lives (across in-place worker groups):
+
+- serves its endpoint (`ReplicaServer`): its ring predecessor's replicas land here, and a replaced
+  node fetches them back;
+- during each worker group, replicates its ranks' newest common snapshot to its ring successor, in
+  a thread of its own (training never waits on it), and reports each memory checkpoint whose two
+  copies are complete (`/checkpoints`, tier `memory`): the control plane records it good once the
+  nodes' reports cover every rank;
+- removes its area when the job has ended on this node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from aerie_contracts import env as E
+from aerie_contracts import memckpt
+from aerie_contracts.checkpoints import CheckpointTier, tier_of_uri
+from agent.memckpt.replicate import ReplicaServer, peer_of
+from agent.memckpt.restore import resolve
+from agent.memckpt.ring import Replicator, report_body
+from agent.memckpt.store import SnapshotStore
+
+log = logging.getLogger("aerie.agent.memckpt")
+
+TICK_S = 0.25  # how often the replication thread looks for a newer snapshot
+
+
+def parse_peers(value: str) -> dict[str, tuple[str, int]]:
+    """`host=addr:port,...` -> {host: (addr, port)}; raises ValueError on anything else."""
+    peers: dict[str, tuple[str, int]] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        host, sep, address = item.partition("=")
+        addr, colon, port = address.rpartition(":")
+        if not sep or not colon or not host or not addr or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{E.MEMORY_CHECKPOINT_PEERS}: {item!r} is not host=addr:port")
+        peers[host] = (addr, int(port))
+    return peers
+
+
+class NodeMemoryTier:
+    """One agent's part of the memory tier: its endpoint, and one replication thread per group."""
+
+    def __init__(self, *, job: str, host: str, hosts: list[str], peers: dict[str, tuple[str, int]], root: str):
+        missing = [h for h in hosts if h not in peers]
+        if missing:
+            raise ValueError(f"{E.MEMORY_CHECKPOINT_PEERS} names no endpoint for {', '.join(missing)}")
+        self.job, self.host, self.hosts, self.peers, self.root = job, host, hosts, peers, root
+        self.store = SnapshotStore(job, root)
+        self.peer_node = peer_of(hosts, host)
+        self.server: ReplicaServer | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], *, host: str, hosts: list[str]) -> NodeMemoryTier | None:
+        """The tier when the backend turned it on (all three variables set, interval not 0)."""
+        every = environ.get(E.MEMORY_CHECKPOINT_EVERY, "")
+        peers, root, job = (
+            environ.get(E.MEMORY_CHECKPOINT_PEERS),
+            environ.get(E.MEMORY_CHECKPOINT_DIR),
+            environ.get(E.JOB),
+        )
+        if every in ("", "0") or not peers or not root or not job:
+            return None
+        return cls(job=job, host=host, hosts=list(hosts), peers=parse_peers(peers), root=root)
+
+    def start(self) -> NodeMemoryTier:
+        addr, port = self.peers[self.host]
+        self.server = ReplicaServer(self.root, addr, port).start()
+        log.info(
+            "memory checkpoints: %s serves replicas on %s:%d, replicates to %s", self.host, addr, port, self.peer_node
+        )
+        return self
+
+    # --- one worker group -----------------------------------------------------------------
+
+    def begin_group(
+        self,
+        reporter: Any,
+        *,
+        attempt: int,
+        ranks: list[int],
+        world_size: int,
+        resumed_step: int | None,
+        resume_uri: str = "",
+    ) -> None:
+        """Replicate this group's snapshots until `end_group`. A snapshot at or before the resume
+        point is the last group's, already replicated and reported: not again."""
+        self.end_group()
+        self.store.drop_after(resumed_step)
+        if resume_uri and tier_of_uri(resume_uri) == CheckpointTier.MEMORY and resumed_step is not None:
+            self.stage(ranks, resumed_step)
+        replicator = Replicator(
+            self.store,
+            node=self.host,
+            ranks=ranks,
+            peer=self.peers[self.peer_node] if self.peer_node else None,
+            peer_node=self.peer_node,
+        )
+        replicator.replicated = resumed_step
+        self._stop = threading.Event()
+
+        def loop(stop: threading.Event = self._stop) -> None:
+            while not stop.wait(TICK_S):
+                try:
+                    done = replicator.tick()
+                except Exception:  # never take the agent down over a replica
+                    log.exception("memory checkpoint replication failed")
+                    continue
+                if done is not None and not stop.is_set():
+                    body = report_body(
+                        done,
+                        job=self.job,
+                        attempt=attempt,
+                        node=self.host,
+                        world_size=world_size,
+                        peer_node=self.peer_node,
+                    )
+                    reporter.checkpoint(body)
+                    log.info(
+                        "memory checkpoint of step %d: %s's ranks %s held by %s too",
+                        done.step,
+                        self.host,
+                        done.ranks,
+                        self.peer_node,
+                    )
+
+        self._thread = threading.Thread(target=loop, name="memckpt-replicate", daemon=True)
+        self._thread.start()
+
+    def stage(self, ranks: list[int], step: int) -> dict[int, str]:
+        """Before the ranks start from a memory checkpoint: each local rank's snapshot of `step`
+        verified in place, or fetched from the replica this node's ring successor holds. A rank
+        neither has is left to the trainer, whose ranks then all take the durable fallback
+        together (trainer/resume.py). Returns {rank: tier used}."""
+        holder = self.peers[self.peer_node] if self.peer_node else None
+        used = {}
+        for rank in ranks:
+            source = resolve(self.store, rank=rank, step=step, written_by=self.host, holder=holder, s3_uri=None)
+            used[rank] = source.tier
+            log.info("memory checkpoint step %d, rank %d: restoring from the %s copy", step, rank, source.tier)
+        return used
+
+    def end_group(self) -> None:
+        """Stop replicating (before the agent speaks for another attempt)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # --- the agent's end ------------------------------------------------------------------
+
+    def close(self, *, job_over: bool) -> None:
+        """Stop serving; with the job over on this node, free its shared memory. (After a failure
+        the area stays: a relaunched attempt on this host may restore from it.)"""
+        self.end_group()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if job_over:
+            shutil.rmtree(memckpt.area_dir(self.root, self.job), ignore_errors=True)
+            try:
+                os.rmdir(self.root)  # the node's folder, if no other job uses it
+            except OSError:
+                pass
