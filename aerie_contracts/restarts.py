@@ -87,6 +87,8 @@ def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
         return "checkpoint.memory_every_steps is 0"
     if backend not in IN_PLACE_BACKENDS:
         return f"the {backend} backend does not restart in place yet"
+    if (spec.get("retry") or {}).get("max_restarts") == 0:
+        return "retry.max_restarts is 0: no attempt would resume from them"
     if int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS)) <= 0:
         return "retry.in_place_restarts is 0"
     if int((spec.get("resources") or {}).get("instance_count", 1)) < 2:
