@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import urllib.parse
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aerie_contracts.checkpoints import CheckpointTier
 from aerie_contracts.events import DetailType
@@ -32,6 +32,9 @@ from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON
 from lambdas import nan_replay, restart_mode
 from lambdas.api import Api, ApiError
 from lambdas.blame import blame_attempt
+
+if TYPE_CHECKING:  # for annotations only: at run time it is imported where used, as before
+    from trainer.checkpoint.manifest import CheckpointInfo
 
 log = logging.getLogger("aerie.lambdas.chain_restart")
 
@@ -172,7 +175,7 @@ def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Api | None = No
     prefix = ckpt["s3_uri"].rstrip("/") + "/" + job_id
     recorded = recorded_checkpoints(api, job_id) if api is not None else None
     infos = list_checkpoints(prefix, recorded)
-    if recorded is not None:
+    if api is not None and recorded is not None:
         report_unverified(api, job_id, recorded, infos)
     good = [i for i in infos if i.good]
     return good[-1].uri if good else None
@@ -187,7 +190,7 @@ def recorded_checkpoints(api: Api, job_id: str) -> dict[str, str]:
     return {str(r["uri"]).rstrip("/"): r["state"] for r in rows if r.get("tier", s3) == s3}
 
 
-def report_unverified(api: Api, job_id: str, recorded: dict[str, str], infos: list) -> list[str]:
+def report_unverified(api: Api, job_id: str, recorded: dict[str, str], infos: list[CheckpointInfo]) -> list[str]:
     """Recorded-good checkpoints that S3 no longer backs (objects missing or resized, manifest
     gone) are `bad`: tell the control plane, with the reasons."""
     seen = {i.uri.rstrip("/"): i for i in infos}

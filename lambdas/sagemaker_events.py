@@ -50,7 +50,7 @@ def failure_reason(text: str | None) -> tuple[dict[str, Any], int | None]:
     """SageMaker's FailureReason as Aerie's reason (kind + message) and the exit code it names."""
     text = (text or "").strip()
     prefix, _, rest = text.partition(":")
-    kind = FAILURE_KINDS.get(prefix.strip(), FailureKind.EXIT_NONZERO)
+    kind: str = FAILURE_KINDS.get(prefix.strip(), FailureKind.EXIT_NONZERO)
     rest = rest.strip() if rest else text
     own = AERIE_KIND.match(rest)
     if prefix.strip() == "AlgorithmError" and own:
@@ -158,5 +158,5 @@ def _epoch(value: Any) -> float | None:
         return None
     if isinstance(value, datetime):
         return value.replace(tzinfo=value.tzinfo or timezone.utc).timestamp()
-    value = float(value)
-    return value / 1000.0 if value > 1e11 else value
+    seconds = float(value)
+    return seconds / 1000.0 if seconds > 1e11 else seconds
