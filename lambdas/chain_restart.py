@@ -29,6 +29,7 @@ from aerie_contracts.checkpoints import CheckpointTier
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind, policy
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON
+from aerie_contracts.states import JOB_TERMINAL, AttemptState
 from lambdas import nan_replay, restart_mode
 from lambdas.api import Api, ApiError
 from lambdas.blame import blame_attempt
@@ -46,11 +47,11 @@ REPLACES_NODES_ITSELF = frozenset({"sagemaker"})
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     detail = _attempt_detail(event)
-    if detail is None or detail.get("state") != "Failed":
+    if detail is None or detail.get("state") != AttemptState.FAILED:
         return {"action": "none", "why": "not an attempt failure"}
     api = Api.from_context(context)
     job = api.job(detail["job_id"])
-    if job["state"] in ("Completed", "Failed", "Stopped"):
+    if job["state"] in JOB_TERMINAL:
         return {"action": "none", "why": f"job already {job['state']}"}
     attempts = job["attempt_list"]
     latest = max(a["number"] for a in attempts)
@@ -58,7 +59,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if number != latest:
         return {"action": "none", "why": f"attempt {number} is not the latest ({latest})"}
     failed = next(a for a in attempts if a["number"] == number)
-    if failed["state"] != "Failed":
+    if failed["state"] != AttemptState.FAILED:
         # SageMaker's own event may beat the control plane's poll; the control plane's event for
         # the same failure follows once it records it, and is handled then.
         return {"action": "none", "why": f"attempt {number} is {failed['state']} in the store, not Failed yet"}
