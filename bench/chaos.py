@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from aerie_contracts.states import JobState  # noqa: E402
 from orchestrator.harness.chaos import TRAINER_FAULTS, run_chaos  # noqa: E402
 from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
 from orchestrator.harness.jobs import rank_losses  # noqa: E402
@@ -105,7 +106,7 @@ def main() -> int:
             }
         )
     )
-    return 0 if job["state"] == "Completed" else 1
+    return 0 if job["state"] == JobState.COMPLETED else 1
 
 
 if __name__ == "__main__":

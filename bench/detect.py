@@ -41,6 +41,7 @@ from aerie_contracts import env as aerie_env  # noqa: E402
 from aerie_contracts.failures import FailureKind  # noqa: E402
 from aerie_contracts.health import HealthSettings  # noqa: E402
 from aerie_contracts.metrics import STEP_S  # noqa: E402
+from aerie_contracts.states import JOB_TERMINAL, JobState  # noqa: E402
 from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
 from orchestrator.harness.jobs import FAST_HEALTH, step_records, trainer_spec  # noqa: E402
 
@@ -166,7 +167,7 @@ class Bench:
         if kind == "nic_stall":
             return self.run_nic_stall(name)
         cp.cli("submit", str(self.spec(kind, name)), check=True)
-        job = cp.wait_state(name, {"Completed", "Failed", "Stopped"}, timeout_s=600)
+        job = cp.wait_state(name, JOB_TERMINAL, timeout_s=600)
         attempt_dir = cp.home / "jobs" / job["id"] / "attempt-1"
         recs = step_records(attempt_dir, rank=None)
         first = KINDS[kind]["faults"][0]["step"]
@@ -191,14 +192,14 @@ class Bench:
                 attempt = job["attempt_list"][0] if job["attempt_list"] else None
                 if attempt and (attempt.get("last_step") or 0) >= NIC_AFTER_STEPS:
                     break
-                if job["state"] not in ("Submitted", "InProgress") or time.time() > deadline:
+                if job["state"] not in (JobState.SUBMITTED, JobState.IN_PROGRESS) or time.time() > deadline:
                     raise RuntimeError(f"nic_stall: the job never reached step {NIC_AFTER_STEPS}: {job['state']}")
                 time.sleep(0.5)
             attempt_id = attempt["id"]
             victim = netns.plan(attempt_id, ["algo-1", "algo-2"]).node("algo-2")
             fault_at = time.time()
             subprocess.run(["ip", "link", "set", victim.root_if, "down"], check=True)
-            job = cp.wait_state(name, {"Completed", "Failed", "Stopped"}, timeout_s=300)
+            job = cp.wait_state(name, JOB_TERMINAL, timeout_s=300)
             attempt_dir = cp.home / "jobs" / job["id"] / "attempt-1"
             return self.outcome("nic_stall", job, attempt_dir, step_records(attempt_dir, rank=None), fault_at)
         finally:

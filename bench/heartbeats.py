@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.states import AttemptState
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -53,7 +54,7 @@ def register_nodes(db_url: str, nodes: int) -> list[tuple[str, str, str]]:
         for a in range(nodes // HOSTS_PER_ATTEMPT):
             job = repo.create_job(s, {"name": f"hb-{a}", "backend": "local", "entrypoint": ["x"]}, "default")
             attempt = repo.create_attempt(s, job, 1)
-            repo.set_attempt_state(s, attempt, "Running")
+            repo.set_attempt_state(s, attempt, AttemptState.RUNNING)
             token = repo.mint_token(s, "agent", attempt_id=attempt.id)
             out += [(attempt.id, f"algo-{h + 1}", token) for h in range(HOSTS_PER_ATTEMPT)]
     db.dispose()

@@ -56,7 +56,8 @@ class Api:
         return json.loads(raw) if raw else None
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+        job: dict[str, Any] = self.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+        return job
 
 
 _secrets: dict[str, str] = {}

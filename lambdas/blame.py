@@ -106,7 +106,11 @@ def blame_attempt(job: dict[str, Any], failed: dict[str, Any]) -> tuple[list[Nod
 
 
 def _hang(
-    job: dict[str, Any], failed: dict[str, Any], hosts: list[str], of_kind: list[dict], verdicts: list[dict]
+    job: dict[str, Any],
+    failed: dict[str, Any],
+    hosts: list[str],
+    of_kind: list[dict[str, Any]],
+    verdicts: list[dict[str, Any]],
 ) -> tuple[list[NodeBlame], str]:
     spec = job.get("spec") or {}
     cfg = HealthSettings.from_dict(spec.get("health") or {})
@@ -145,19 +149,17 @@ def _hang(
                 f"silent.hang: {', '.join(f.host for f in picked)} {why}"
             )
 
-    typed = [f for f in known if f.accelerator in WAITING_STATE]
-    waiting_seen = any(getattr(f, WAITING_STATE[f.accelerator]) for f in typed)
-    culprits = [f for f in typed if getattr(f, _opposite(WAITING_STATE[f.accelerator]))]
+    # (node, what its waiting ranks' devices look like) for the nodes whose accelerator kind is known
+    typed = [(f, WAITING_STATE[f.accelerator]) for f in known if f.accelerator in WAITING_STATE]
+    waiting_seen = any(getattr(f, waiting) for f, waiting in typed)
+    culprits = [(f, waiting) for f, waiting in typed if getattr(f, _opposite(waiting))]
     if culprits and waiting_seen and len(culprits) < len(hosts):
         out = []
-        for f in culprits:
-            state = _opposite(WAITING_STATE[f.accelerator])
-            why = (
-                f"{f.accelerator} device(s) {getattr(f, state)} {state} while waiting ranks' devices are "
-                f"{WAITING_STATE[f.accelerator]}"
-            )
+        for f, waiting in culprits:
+            state = _opposite(waiting)
+            why = f"{f.accelerator} device(s) {getattr(f, state)} {state} while waiting ranks' devices are {waiting}"
             out.append(_blame(f.host, FailureKind.SILENT_HANG, BlameRule.NOT_WAITING, why, evidence))
-        return out, f"silent.hang: {', '.join(f.host for f in culprits)} not waiting like the others"
+        return out, f"silent.hang: {', '.join(f.host for f, _ in culprits)} not waiting like the others"
     return [], (
         "silent.hang: no node singled out (no stopped rank, no node behind the others, no device out of "
         "step with the waiting ones)"
@@ -171,15 +173,15 @@ def _stalest(progress: list[NodeFacts]) -> tuple[list[NodeFacts], str]:
     if len(behind) < len(progress):
         ahead = max(step.values())
         return behind, f"stopped at step {low if low >= 0 else 'none'} while others reached {ahead}"
-    timed = [f for f in progress if f.last_step_t is not None]
+    timed = [(f, f.last_step_t) for f in progress if f.last_step_t is not None]
     if len(timed) < len(progress):
         return [], ""
     p95 = max((f.step_time_p95 or 0.0 for f in progress), default=0.0)
     margin = max(MIN_LAG_S, 2.0 * p95)
-    first = min(f.last_step_t for f in timed)  # type: ignore[type-var]
-    early = [f for f in timed if f.last_step_t - first <= margin]  # type: ignore[operator]
+    first = min(t for _, t in timed)
+    early = [f for f, t in timed if t - first <= margin]
     if len(early) < len(timed):
-        lag = min(f.last_step_t for f in timed if f not in early) - first  # type: ignore[operator]
+        lag = min(t for f, t in timed if f not in early) - first
         return early, f"logged step {low} {lag:.1f}s before the others (margin {margin:.1f}s)"
     return [], ""
 
@@ -253,5 +255,7 @@ def _blame(host: str, kind: str, rule: BlameRule, why: str, evidence: dict[str, 
     return {"host": host, "kind": str(kind), "rule": rule.value, "why": why, "evidence": evidence}
 
 
-def _all(hosts: list[str], kind: str, rule: BlameRule, why: str, evidence: dict) -> tuple[list[NodeBlame], str]:
+def _all(
+    hosts: list[str], kind: str, rule: BlameRule, why: str, evidence: dict[str, Any]
+) -> tuple[list[NodeBlame], str]:
     return [_blame(h, kind, rule, why, evidence) for h in hosts], f"{kind}: {', '.join(hosts)}: {why}"

@@ -23,16 +23,19 @@ from __future__ import annotations
 import logging
 import urllib.parse
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind, policy
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON, CAUSE_RESUME_FALLBACK, RestartMode
-from aerie_contracts.states import CheckpointState
+from aerie_contracts.states import JOB_TERMINAL, AttemptState, CheckpointState
 from lambdas import nan_replay, restart_mode
 from lambdas.api import Api, ApiError
 from lambdas.blame import blame_attempt
+
+if TYPE_CHECKING:  # for annotations only: at run time it is imported where used, as before
+    from trainer.checkpoint.manifest import CheckpointInfo
 
 log = logging.getLogger("aerie.lambdas.chain_restart")
 
@@ -44,11 +47,11 @@ REPLACES_NODES_ITSELF = frozenset({"sagemaker"})
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     detail = _attempt_detail(event)
-    if detail is None or detail.get("state") != "Failed":
+    if detail is None or detail.get("state") != AttemptState.FAILED:
         return {"action": "none", "why": "not an attempt failure"}
     api = Api.from_context(context)
     job = api.job(detail["job_id"])
-    if job["state"] in ("Completed", "Failed", "Stopped"):
+    if job["state"] in JOB_TERMINAL:
         return {"action": "none", "why": f"job already {job['state']}"}
     attempts = job["attempt_list"]
     latest = max(a["number"] for a in attempts)
@@ -56,7 +59,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if number != latest:
         return {"action": "none", "why": f"attempt {number} is not the latest ({latest})"}
     failed = next(a for a in attempts if a["number"] == number)
-    if failed["state"] != "Failed":
+    if failed["state"] != AttemptState.FAILED:
         # SageMaker's own event may beat the control plane's poll; the control plane's event for
         # the same failure follows once it records it, and is handled then.
         return {"action": "none", "why": f"attempt {number} is {failed['state']} in the store, not Failed yet"}
@@ -180,7 +183,7 @@ def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Api | None = No
     prefix = ckpt["s3_uri"].rstrip("/") + "/" + job_id
     recorded = recorded_checkpoints(api, job_id) if api is not None else None
     infos = list_checkpoints(prefix, recorded)
-    if recorded is not None:
+    if api is not None and recorded is not None:
         report_unverified(api, job_id, recorded, infos)
     good = [i for i in infos if i.good]
     return good[-1].uri if good else None
@@ -205,7 +208,7 @@ def recorded_checkpoints(api: Api, job_id: str) -> dict[str, str]:
     return {str(r["uri"]).rstrip("/"): r["state"] for r in rows if r.get("tier", s3) == s3}
 
 
-def report_unverified(api: Api, job_id: str, recorded: dict[str, str], infos: list) -> list[str]:
+def report_unverified(api: Api, job_id: str, recorded: dict[str, str], infos: list[CheckpointInfo]) -> list[str]:
     """Recorded-good checkpoints that S3 no longer backs (objects missing or resized, manifest
     gone) are `bad`: tell the control plane, with the reasons."""
     seen = {i.uri.rstrip("/"): i for i in infos}

@@ -20,7 +20,7 @@ class Cron:
 
     def fired_between(self, start: float, end: float) -> bool:
         """Whether some whole minute in (start, end] (UNIX seconds) matches."""
-        nxt = croniter(self.expression, datetime.fromtimestamp(start, timezone.utc)).get_next(float)
+        nxt: float = croniter(self.expression, datetime.fromtimestamp(start, timezone.utc)).get_next(float)
         return nxt <= end
 
 

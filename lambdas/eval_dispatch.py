@@ -29,7 +29,7 @@ import time
 import urllib.parse
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aerie_contracts import DetailType
 from aerie_contracts import env as aerie_env
@@ -37,6 +37,9 @@ from lambdas import slack_blocks
 from lambdas.api import Api
 from lambdas.cron import parse_cron
 from lambdas.slack_interactions import web_client
+
+if TYPE_CHECKING:
+    from slack_sdk import WebClient
 
 log = logging.getLogger("aerie.lambdas.eval_dispatch")
 
@@ -107,7 +110,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 def not_selected(ev: dict[str, Any], job: dict[str, Any], api: Api, uri: str) -> str | None:
     """None when this checkpoint is to be sampled, else why not. Decided from the store's records
     only (good checkpoints, their commit times, which were sampled), so redeliveries agree."""
-    every, schedule = ev.get("every_n_checkpoints"), ev.get("schedule")
+    every, schedule = ev.get("every_n_checkpoints"), str(ev.get("schedule") or "")
     if not every and not schedule:
         return None
     checkpoints = sorted(
@@ -179,7 +182,7 @@ def run_sampler(spec: dict[str, Any], uri: str, prompts: list[str], sampling: di
         raise SamplerFailed(f"sampling {uri} took over {SAMPLER_TIMEOUT_S:.0f} s") from None
     if proc.returncode != 0:
         raise SamplerFailed(f"sampling {uri} failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
-    answers = json.loads(proc.stdout.strip().splitlines()[-1])["answers"]
+    answers: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])["answers"]
     if len(answers) != len(prompts):
         raise SamplerFailed(f"{len(answers)} answers for {len(prompts)} prompts")
     return answers
@@ -202,7 +205,14 @@ def sampler_command() -> list[str]:
 
 
 def post_once(
-    api: Api, client, sample: dict[str, Any], job: dict[str, Any], channel: str, raters: int, claim: str, context: Any
+    api: Api,
+    client: WebClient,
+    sample: dict[str, Any],
+    job: dict[str, Any],
+    channel: str,
+    raters: int,
+    claim: str,
+    context: Any,
 ) -> bool:
     """Post `sample` unless it was posted; True when this call posted it."""
     path = f"/v1/eval/samples/{urllib.parse.quote(sample['id'])}"
@@ -236,7 +246,7 @@ def post_once(
     return True
 
 
-def find_posted(client, channel: str, sample: dict[str, Any]) -> str | None:
+def find_posted(client: WebClient, channel: str, sample: dict[str, Any]) -> str | None:
     """The ts of a message already posted for this sample (by a delivery that died before
     recording it), found by the sample id in the message metadata."""
     oldest = str(float(sample.get("created_at") or 0) - 60) if sample.get("created_at") else None
@@ -248,13 +258,15 @@ def find_posted(client, channel: str, sample: dict[str, Any]) -> str | None:
         if cursor:
             kwargs["cursor"] = cursor
         resp = client.conversations_history(**kwargs)
-        for message in resp.get("messages", []):
+        messages: list[dict[str, Any]] = resp.get("messages", [])
+        for message in messages:
             meta = message.get("metadata") or {}
             if (
                 meta.get("event_type") == METADATA_EVENT
                 and (meta.get("event_payload") or {}).get("sample_id") == sample["id"]
             ):
-                return message["ts"]
+                ts: str = message["ts"]
+                return ts
         cursor = (resp.get("response_metadata") or {}).get("next_cursor")
         if not cursor:
             return None

@@ -97,11 +97,12 @@ def sdc_suspect(
         f"the NaN at step {nan['step']} did not recur when attempt {replay_attempt} replayed it on the same data: "
         f"suspected silent data corruption by {who}"
     )
+    evidence = {**nan, "replay_attempt": replay_attempt, "replay": "did not recur"}
     verdict = {
         "kind": FailureKind.SDC_SUSPECT.value,
         "host": nan["host"] or "",
         "message": message,
-        "evidence": {**nan, "replay_attempt": replay_attempt, "replay": "did not recur"},
+        "evidence": evidence,
     }
     if not nan["host"]:
         return verdict, None
@@ -110,6 +111,6 @@ def sdc_suspect(
         "kind": FailureKind.SDC_SUSPECT.value,
         "rule": BlameRule.REPORTED.value,
         "why": message,
-        "evidence": verdict["evidence"],
+        "evidence": evidence,
     }
     return verdict, blame

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from aerie_contracts import DetailType, FailureKind
+from aerie_contracts.states import AttemptState
 
 STARTING = {
     "Starting",
@@ -23,6 +24,8 @@ STARTING = {
     "Restarting",
     "Provisioning",
 }
+# SageMaker's TrainingJobStatus of an ended training job, as the attempt's state.
+ENDED = {"Completed": AttemptState.COMPLETED, "Failed": AttemptState.FAILED, "Stopped": AttemptState.STOPPED}
 # The FailureReason's prefix says whose fault it was.
 FAILURE_KINDS = {
     "AlgorithmError": FailureKind.EXIT_NONZERO,
@@ -37,20 +40,20 @@ EXIT_CODE = re.compile(r"exit(?:ed with)? code (\d+)")
 RANK = re.compile(r"\brank (\d+)\b")
 
 
-def attempt_state(status: str, secondary: str | None) -> str:
+def attempt_state(status: str, secondary: str | None) -> AttemptState:
     """SageMaker's TrainingJobStatus (+ SecondaryStatus) as an Aerie attempt state."""
     if status == "InProgress":
-        return "Starting" if secondary in STARTING else "Running"
+        return AttemptState.STARTING if secondary in STARTING else AttemptState.RUNNING
     if status == "Stopping":
-        return "Running"  # still ending; the next poll says Stopped
-    return {"Completed": "Completed", "Failed": "Failed", "Stopped": "Stopped"}.get(status, "Starting")
+        return AttemptState.RUNNING  # still ending; the next poll says Stopped
+    return ENDED.get(status, AttemptState.STARTING)
 
 
 def failure_reason(text: str | None) -> tuple[dict[str, Any], int | None]:
     """SageMaker's FailureReason as Aerie's reason (kind + message) and the exit code it names."""
     text = (text or "").strip()
     prefix, _, rest = text.partition(":")
-    kind = FAILURE_KINDS.get(prefix.strip(), FailureKind.EXIT_NONZERO)
+    kind: str = FAILURE_KINDS.get(prefix.strip(), FailureKind.EXIT_NONZERO)
     rest = rest.strip() if rest else text
     own = AERIE_KIND.match(rest)
     if prefix.strip() == "AlgorithmError" and own:
@@ -119,8 +122,8 @@ def event_from_sagemaker(event: dict[str, Any]) -> dict[str, Any]:
         )
     number = ATTEMPT_NUMBER.search(attempt_id)
     state = attempt_state(d["TrainingJobStatus"], d.get("SecondaryStatus"))
-    reason, code = None, 0 if state == "Completed" else None
-    if state == "Failed":
+    reason, code = None, 0 if state == AttemptState.COMPLETED else None
+    if state == AttemptState.FAILED:
         reason, code = failure_reason(d.get("FailureReason"))
         code = code if code is not None else 1
     detail: dict[str, Any] = {
@@ -158,5 +161,5 @@ def _epoch(value: Any) -> float | None:
         return None
     if isinstance(value, datetime):
         return value.replace(tzinfo=value.tzinfo or timezone.utc).timestamp()
-    value = float(value)
-    return value / 1000.0 if value > 1e11 else value
+    seconds = float(value)
+    return seconds / 1000.0 if seconds > 1e11 else seconds

@@ -28,13 +28,16 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slack_sdk.signature import SignatureVerifier
 
 from aerie_contracts import env
 from lambdas import slack_blocks
 from lambdas.api import secret_setting
+
+if TYPE_CHECKING:
+    from slack_sdk import WebClient
 
 log = logging.getLogger("aerie.lambdas.slack_interactions")
 
@@ -145,7 +148,7 @@ def parse_actions(body: bytes) -> list[RatingAction]:
 # --- Slack's Web API ------------------------------------------------------------------------------
 
 
-def web_client(token: str | None = None, base_url: str | None = None, max_retries: int = 3):
+def web_client(token: str | None = None, base_url: str | None = None, max_retries: int = 3) -> WebClient:
     """A WebClient that waits out 429s (Retry-After) with slack_sdk's own retry handler.
 
     Token: `SLACK_BOT_TOKEN` (or `AERIE_SLACK_BOT_TOKEN`, or the Secrets Manager secret
@@ -167,7 +170,7 @@ def web_client(token: str | None = None, base_url: str | None = None, max_retrie
 
 
 def update_message(
-    client,
+    client: WebClient,
     channel: str,
     ts: str,
     sample: dict[str, Any],

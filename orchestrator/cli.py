@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aerie_contracts import env, restarts
+from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
 from orchestrator import goodput_view
 from orchestrator.client import ApiError, Client
 from orchestrator.sagemaker_mapping import spec_from_document
@@ -47,7 +48,7 @@ class _FreshConsole:
 console = _FreshConsole()
 err = _FreshConsole(stderr=True)
 
-TERMINAL = {"Completed", "Failed", "Stopped"}
+TERMINAL = JOB_TERMINAL
 
 
 def _client() -> Client:
@@ -180,7 +181,7 @@ def submit(
     )
     if follow:
         state = _follow(client, job["id"])
-        raise typer.Exit(0 if state == "Completed" else 1)
+        raise typer.Exit(0 if state == JobState.COMPLETED else 1)
 
 
 @app.command("ls")
@@ -447,9 +448,13 @@ def token_revoke(token_id: int = typer.Argument(..., help="Token id (from `aerie
 
 
 def _state(state: str) -> str:
-    color = {"Completed": "green", "Failed": "red", "Stopped": "yellow", "InProgress": "cyan", "Running": "cyan"}.get(
-        state
-    )
+    color = {
+        JobState.COMPLETED: "green",
+        JobState.FAILED: "red",
+        JobState.STOPPED: "yellow",
+        JobState.IN_PROGRESS: "cyan",
+        AttemptState.RUNNING: "cyan",
+    }.get(state)
     return f"[{color}]{state}[/{color}]" if color else state
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import case, select
 
-from aerie_contracts.states import ATTEMPT_TERMINAL
+from aerie_contracts.states import ATTEMPT_TERMINAL, NodeState
 from orchestrator.store.db import Database
 from orchestrator.store.models import Attempt, Job, Node, now
 
@@ -112,7 +112,7 @@ class HeartbeatBuffer:
         if not batch:
             return 0
         rows = [
-            {"attempt_id": a, "host": h, "last_heartbeat_at": t, "summary": summary, "state": "Running"}
+            {"attempt_id": a, "host": h, "last_heartbeat_at": t, "summary": summary, "state": NodeState.RUNNING.value}
             for (a, h), (t, summary) in batch.items()
         ]
         with self.db.session() as s:
@@ -134,7 +134,7 @@ class HeartbeatBuffer:
             set_={
                 "last_heartbeat_at": stmt.excluded.last_heartbeat_at,
                 "summary": stmt.excluded.summary,
-                "state": case((Node.state == "Starting", "Running"), else_=Node.state),
+                "state": case((Node.state == NodeState.STARTING.value, NodeState.RUNNING.value), else_=Node.state),
             },
         )
 

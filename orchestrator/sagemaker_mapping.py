@@ -19,6 +19,7 @@ from typing import Any
 
 from aerie_contracts import sagemaker_api as contract
 from aerie_contracts.checkpoints import step_of_uri
+from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
 from orchestrator.spec import JobSpec
 
 DEFAULT_ENTRYPOINT = ["python", "-m", "trainer.train"]
@@ -196,14 +197,14 @@ def request_from_spec(spec: JobSpec) -> dict[str, Any]:
 TRAINING_LOG_GROUP = contract.TRAINING_LOG_GROUP
 BACKEND_TAG = contract.BACKEND_TAG
 HEALTH_TAG = contract.HEALTH_TAG
-STATUS_OF_STATE = {"Submitted": "InProgress", "InProgress": "InProgress"}
+STATUS_OF_STATE = {JobState.SUBMITTED: "InProgress", JobState.IN_PROGRESS: "InProgress"}
 # ListTrainingJobs' StatusEquals as (Aerie job states, stop requested?).
 STATES_OF_STATUS: dict[str, tuple[tuple[str, ...], bool | None]] = {
-    "InProgress": (("Submitted", "InProgress"), False),
-    "Stopping": (("Submitted", "InProgress"), True),
-    "Completed": (("Completed",), None),
-    "Failed": (("Failed",), None),
-    "Stopped": (("Stopped",), None),
+    "InProgress": ((JobState.SUBMITTED, JobState.IN_PROGRESS), False),
+    "Stopping": ((JobState.SUBMITTED, JobState.IN_PROGRESS), True),
+    "Completed": ((JobState.COMPLETED,), None),
+    "Failed": ((JobState.FAILED,), None),
+    "Stopped": ((JobState.STOPPED,), None),
     "Deleting": ((), None),
 }
 # Request fields Aerie stores and returns but applies only on the sagemaker backend.
@@ -378,7 +379,7 @@ def endpoint_spec(request: dict[str, Any], backend: str) -> dict[str, Any]:
 
 
 def training_job_status(job: Any) -> str:
-    if job.state in ("Completed", "Failed", "Stopped"):
+    if job.state in JOB_TERMINAL:
         return job.state
     return "Stopping" if job.stop_requested else "InProgress"
 
@@ -432,11 +433,16 @@ def secondary_transitions(job: Any, warnings: list[str], backend: str, now: floa
             and n.summary.get(contract.PHASE) == contract.PHASE_UPLOADING
             and n.summary.get(contract.PHASE_SINCE)
         ]
-        if uploading and a.state in ("Running", "Completed"):
+        if uploading and a.state in (AttemptState.RUNNING, AttemptState.COMPLETED):
             steps.append(("Uploading", min(uploading), "Uploading generated training model"))
     last = attempts[-1] if attempts else None
-    if job.state not in ("Completed", "Failed", "Stopped"):
-        if last is not None and last.state == "Failed" and not job.stop_requested and _will_restart(job, last):
+    if job.state not in JOB_TERMINAL:
+        if (
+            last is not None
+            and last.state == AttemptState.FAILED
+            and not job.stop_requested
+            and _will_restart(job, last)
+        ):
             reason = last.reason or {}
             steps.append(
                 (
@@ -447,9 +453,9 @@ def secondary_transitions(job: Any, warnings: list[str], backend: str, now: floa
             )
         if job.stop_requested:
             steps.append(("Stopping", job.updated_at or now, "Stopping the training job"))
-    elif job.state == "Completed":
+    elif job.state == JobState.COMPLETED:
         steps.append(("Completed", job.ended_at or now, "Training job completed"))
-    elif job.state == "Failed":
+    elif job.state == JobState.FAILED:
         steps.append(("Failed", job.ended_at or now, "Training job failed"))
     else:
         if job.stop_requested:
@@ -547,11 +553,11 @@ def describe_training_job(
     )
     if started is not None:
         out["TrainingStartTime"] = started
-    if job.state == "Failed":
+    if job.state == JobState.FAILED:
         from lambdas.sagemaker_events import failure_reason_text
 
         out["FailureReason"] = failure_reason_text(job.reason)[:1024]
-    if job.state in ("Completed", "Failed", "Stopped") and job.ended_at:
+    if job.state in JOB_TERMINAL and job.ended_at:
         out["TrainingEndTime"] = job.ended_at
         if started is not None:
             out["TrainingTimeInSeconds"] = int(job.ended_at - started)
@@ -572,6 +578,6 @@ def training_job_summary(record: Any, job: Any, now: float) -> dict[str, Any]:
         "SecondaryStatus": transitions[-1]["Status"],
         "LastModifiedTime": max([job.updated_at or job.created_at] + [t["StartTime"] for t in transitions]),
     }
-    if job.ended_at and job.state in ("Completed", "Failed", "Stopped"):
+    if job.ended_at and job.state in JOB_TERMINAL:
         out["TrainingEndTime"] = job.ended_at
     return out

@@ -11,14 +11,26 @@ import dataclasses
 import json
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from aerie_contracts import byo
 from aerie_contracts.health import HealthSettings, field_bounds
 from aerie_contracts.restarts import DEFAULT_IN_PLACE_RESTARTS
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
 CHANNEL_PATTERN = r"^[A-Za-z0-9\.\-_]{1,64}$"
@@ -158,24 +170,32 @@ class RetryConfig(_Strict):
     in_place_restarts: int = Field(default=DEFAULT_IN_PLACE_RESTARTS, ge=0, le=100)
 
 
-def _model_of(settings: type, base: type[BaseModel]) -> type[BaseModel]:
+def _model_of(settings: type[DataclassInstance], base: type[BaseModel]) -> type[BaseModel]:
     """A strict pydantic model generated from a contracts dataclass: same fields, defaults and
     bounds, so the spec and the agent read one definition (`aerie_contracts.health`)."""
     hints = typing.get_type_hints(settings)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(settings):
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            tp = _model_of(tp, base)
-            fields[f.name] = (tp, Field(default_factory=tp, description=f.metadata.get("doc")))
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            model = _model_of(tp, base)
+            fields[f.name] = (model, Field(default_factory=model, description=f.metadata.get("doc")))
         else:
-            fields[f.name] = (tp, Field(default=f.default, description=f.metadata.get("doc"), **field_bounds(f)))
+            # one keyword dict: Field's overloads cannot take the bounds as a **dict[str, float]
+            options: dict[str, Any] = {"description": f.metadata.get("doc"), **field_bounds(f)}
+            fields[f.name] = (tp, Field(default=f.default, **options))
     return create_model(
         settings.__name__.replace("Settings", "Config"), __base__=base, __doc__=settings.__doc__, **fields
     )
 
 
-HealthConfig = _model_of(HealthSettings, _Strict)
+if TYPE_CHECKING:
+    # What mypy sees of the model generated below, as it cannot see a class made at run time: a
+    # strict model. (Its fields are HealthSettings'; the spec only passes them on, as JSON.)
+    class HealthConfig(_Strict): ...
+
+else:
+    HealthConfig = _model_of(HealthSettings, _Strict)
 
 
 class SamplingConfig(_Strict):
@@ -213,7 +233,7 @@ class EvalConfig(_Strict):
 
     @field_validator("every_n_checkpoints")
     @classmethod
-    def _one_rule(cls, value: int | None, info) -> int | None:
+    def _one_rule(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and info.data.get("schedule"):
             raise ValueError("give either schedule or every_n_checkpoints, not both")
         return value

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aerie_contracts import FailureKind
+from aerie_contracts.states import ATTEMPT_TERMINAL, AttemptState
 from orchestrator.spec import JobSpec
 
-AttemptState = Literal["Starting", "Running", "Completed", "Failed", "Stopped"]
+# The attempt states a backend reports (Pending and Launching are the controller's own).
+BackendState = Literal[
+    AttemptState.STARTING, AttemptState.RUNNING, AttemptState.COMPLETED, AttemptState.FAILED, AttemptState.STOPPED
+]
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class LaunchRequest:
 @dataclass(frozen=True)
 class NodeStatus:
     host: str
-    state: AttemptState
+    state: BackendState
     exit_code: int | None = None
     reason: dict[str, Any] | None = None
     ended_at: float | None = None
@@ -48,7 +52,7 @@ class NodeStatus:
 
 @dataclass(frozen=True)
 class PollResult:
-    state: AttemptState
+    state: BackendState
     nodes: tuple[NodeStatus, ...] = ()
     reason: dict[str, Any] | None = None
     exit_code: int | None = None
@@ -59,7 +63,7 @@ class PollResult:
 
     @property
     def terminal(self) -> bool:
-        return self.state in ("Completed", "Failed", "Stopped")
+        return self.state in ATTEMPT_TERMINAL
 
 
 class Backend(abc.ABC):
@@ -125,9 +129,9 @@ def node_outcome(ml_root: Path, host: str, attempt_id: str | None = None) -> Nod
     code = int(outcome.get("exit_code", 1))
     reason = outcome.get("reason")
     if reason and reason.get("kind") == FailureKind.USER_STOP:
-        state: AttemptState = "Stopped"
+        state: BackendState = AttemptState.STOPPED
     else:
-        state = "Completed" if code == 0 else "Failed"
+        state = AttemptState.COMPLETED if code == 0 else AttemptState.FAILED
     return NodeStatus(host, state, code, reason if code else None, outcome.get("t"))
 
 
@@ -140,7 +144,7 @@ def first_reported_cause(result: PollResult, reported: dict[str, dict[str, Any]]
     knows only that a node's program failed (`exit.nonzero`): SageMaker's FailureReason quotes one
     instance, not necessarily the first to fail, and a peer's collateral failure (its collective
     broke because the real culprit died) must not take the blame. Same rule as `summarize_nodes`."""
-    if result.state != "Failed" or (result.reason or {}).get("kind") not in (None, FailureKind.EXIT_NONZERO):
+    if result.state != AttemptState.FAILED or (result.reason or {}).get("kind") not in (None, FailureKind.EXIT_NONZERO):
         return result
     failed = [
         e
@@ -150,25 +154,24 @@ def first_reported_cause(result: PollResult, reported: dict[str, dict[str, Any]]
     if not failed:
         return result
     first = min(failed, key=lambda e: _first_key(e["reason"], e.get("t")))
-    return PollResult("Failed", result.nodes, first["reason"], first["exit_code"])
+    return PollResult(AttemptState.FAILED, result.nodes, first["reason"], first["exit_code"])
 
 
 def summarize_nodes(nodes: list[NodeStatus]) -> PollResult:
     """The attempt's state from its nodes': the first node to fail decides the reason."""
-    failed = [n for n in nodes if n.state == "Failed"]
+    failed = [n for n in nodes if n.state == AttemptState.FAILED]
     if failed:
         # The cause is what went wrong first: a rank's own exit or a verdict ("at"), which precedes
         # the node's exit by however long its launcher took to notice.
         first = min(failed, key=lambda n: _first_key(n.reason, n.ended_at))
-        return PollResult("Failed", tuple(nodes), first.reason, first.exit_code)
-    if nodes and all(n.state == "Stopped" for n in nodes):
-        return PollResult("Stopped", tuple(nodes))
-    if nodes and all(n.state == "Completed" for n in nodes):
-        return PollResult("Completed", tuple(nodes), exit_code=0)
-    if any(n.state in ("Completed", "Stopped") for n in nodes) and all(
-        n.state in ("Completed", "Stopped") for n in nodes
-    ):
-        return PollResult("Stopped", tuple(nodes))
-    if any(n.state == "Running" for n in nodes):
-        return PollResult("Running", tuple(nodes))
-    return PollResult("Starting", tuple(nodes))
+        return PollResult(AttemptState.FAILED, tuple(nodes), first.reason, first.exit_code)
+    if nodes and all(n.state == AttemptState.STOPPED for n in nodes):
+        return PollResult(AttemptState.STOPPED, tuple(nodes))
+    if nodes and all(n.state == AttemptState.COMPLETED for n in nodes):
+        return PollResult(AttemptState.COMPLETED, tuple(nodes), exit_code=0)
+    ended = (AttemptState.COMPLETED, AttemptState.STOPPED)
+    if any(n.state in ended for n in nodes) and all(n.state in ended for n in nodes):
+        return PollResult(AttemptState.STOPPED, tuple(nodes))
+    if any(n.state == AttemptState.RUNNING for n in nodes):
+        return PollResult(AttemptState.RUNNING, tuple(nodes))
+    return PollResult(AttemptState.STARTING, tuple(nodes))

@@ -25,6 +25,7 @@ import psutil
 from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
 from aerie_contracts.restarts import memory_tier_off, not_in_place
+from aerie_contracts.states import AttemptState
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
 from orchestrator.backends import local_fence, netns, placement
 from orchestrator.backends.base import (
@@ -172,10 +173,10 @@ class LocalBackend(Backend):
             for host in handle["hosts"]:
                 _kill_node(root / host, signal.SIGKILL)
         result = summarize_nodes(nodes)
-        if stop and result.state == "Failed":
+        if stop and result.state == AttemptState.FAILED:
             # A node that died of our own stop request did not fail.
-            result = PollResult("Stopped", result.nodes)
-        if result.terminal and handle.get("netns") and all(n.state != "Running" for n in result.nodes):
+            result = PollResult(AttemptState.STOPPED, result.nodes)
+        if result.terminal and handle.get("netns") and all(n.state != AttemptState.RUNNING for n in result.nodes):
             netns.destroy(handle["netns"])
         return result
 
@@ -188,15 +189,15 @@ class LocalBackend(Backend):
             return ended
         pid = _read_pid(node_dir / "agent.pid")
         if pid is not None and _alive(pid, "agent"):
-            return NodeStatus(host, "Running")
+            return NodeStatus(host, AttemptState.RUNNING)
         if pid is None and time.time() - launched_at < START_TIMEOUT_S:
-            return NodeStatus(host, "Starting")
+            return NodeStatus(host, AttemptState.STARTING)
         if stop:
-            return NodeStatus(host, "Stopped")
+            return NodeStatus(host, AttemptState.STOPPED)
         # The agent is gone without writing its outcome: killed, or the machine lost it.
         return NodeStatus(
             host,
-            "Failed",
+            AttemptState.FAILED,
             None,
             {
                 "kind": FailureKind.NODE_LOST,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.states import AttemptState
 
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
 from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-exported for callers
@@ -263,17 +264,16 @@ def poll_result(described: dict[str, Any], hosts: list[str]) -> SageMakerPollRes
     secondary = described.get("SecondaryStatus")
     state = attempt_state(status, secondary)
     reason, code = (None, None)
-    if state == "Failed":
+    if state == AttemptState.FAILED:
         reason, code = failure_reason(described.get("FailureReason"))
         code = code if code is not None else 1
-    elif state == "Completed":
+    elif state == AttemptState.COMPLETED:
         code = 0
     ended = _epoch(described.get("TrainingEndTime"))
-    nodes = tuple(
-        NodeStatus(h, state, code if state in ("Completed", "Failed") else None, reason, ended) for h in hosts
-    )
+    ended_code = code if state in (AttemptState.COMPLETED, AttemptState.FAILED) else None
+    nodes = tuple(NodeStatus(h, state, ended_code, reason, ended) for h in hosts)
     # Before "Training" SageMaker is still provisioning instances and pulling the image.
-    queued = state == "Starting"
+    queued = state == AttemptState.STARTING
     return SageMakerPollResult(state, nodes, reason, code, transitions(described), secondary, queued=queued)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
+from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
 from orchestrator.backends.base import (
     Backend,
@@ -187,21 +188,22 @@ class SlurmBackend(Backend):
             age = time.time() - (root / "handle.json").stat().st_mtime if (root / "handle.json").exists() else 0
             slurm_state = "PENDING" if age < FORGOTTEN_AFTER_S else "LOST"
         if slurm_state in PENDING:
-            return PollResult("Starting", tuple(NodeStatus(h, "Starting") for h in hosts), queued=True)
+            queued = tuple(NodeStatus(h, AttemptState.STARTING) for h in hosts)
+            return PollResult(AttemptState.STARTING, queued, queued=True)
 
         ended = slurm_state not in RUNNING
         nodes = [_node_status(root / h, h, ended, bool(stop), slurm_state) for h in hosts]
         if ended and not nodes:
             # The job ended before any node started (bad partition, node failure at boot, ...).
             if stop or slurm_state == "CANCELLED":
-                return PollResult("Stopped")
+                return PollResult(AttemptState.STOPPED)
             reason = _slurm_reason(slurm_state, job, root)
-            return PollResult("Failed", reason=reason, exit_code=(job or {}).get("exit_code") or 1)
+            return PollResult(AttemptState.FAILED, reason=reason, exit_code=(job or {}).get("exit_code") or 1)
         result = summarize_nodes(nodes)
-        if stop and result.state == "Failed":
-            result = PollResult("Stopped", result.nodes)  # nodes that died of our own stop request
+        if stop and result.state == AttemptState.FAILED:
+            result = PollResult(AttemptState.STOPPED, result.nodes)  # nodes that died of our own stop request
         if ended and not result.terminal:
-            result = PollResult("Failed", result.nodes, _slurm_reason(slurm_state, job, root), 1)
+            result = PollResult(AttemptState.FAILED, result.nodes, _slurm_reason(slurm_state, job, root), 1)
         return result
 
     # --- stop and logs ----------------------------------------------------------------------
@@ -419,13 +421,13 @@ def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_st
         return ended
     if not job_ended:
         running = (ml_root / "agent" / "agent.pid").exists()
-        return NodeStatus(host, "Running" if running else "Starting")
+        return NodeStatus(host, AttemptState.RUNNING if running else AttemptState.STARTING)
     if stop or slurm_state == "CANCELLED":
-        return NodeStatus(host, "Stopped")
+        return NodeStatus(host, AttemptState.STOPPED)
     # Slurm ended the job and this node's agent never wrote its outcome: killed or lost with its node.
     return NodeStatus(
         host,
-        "Failed",
+        AttemptState.FAILED,
         None,
         {
             "kind": FailureKind.NODE_LOST,

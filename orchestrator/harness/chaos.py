@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import FailureKind
+from aerie_contracts.states import JOB_TERMINAL, JobState
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import rank_losses, trainer_spec
 
@@ -67,8 +68,8 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
     t0 = time.time()
     ref_spec = trainer_spec(work / "reference.json", "chaos-reference", checkpoint_uri=bucket_prefix + "-ref", **same)
     cp.cli("submit", str(ref_spec), check=True)
-    ref_job = cp.wait_state("chaos-reference", {"Completed", "Failed"}, timeout_s=600)
-    assert ref_job["state"] == "Completed", ref_job
+    ref_job = cp.wait_state("chaos-reference", {JobState.COMPLETED, JobState.FAILED}, timeout_s=600)
+    assert ref_job["state"] == JobState.COMPLETED, ref_job
     reference = rank_losses(cp.home / "jobs", ref_job["id"])[1]
     reference_wall = time.time() - t0
 
@@ -98,7 +99,7 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
     while True:
         assert time.time() < deadline, "chaos job stalled"
         job = cp.job("chaos")
-        assert job["state"] not in ("Failed", "Stopped"), job
+        assert job["state"] not in (JobState.FAILED, JobState.STOPPED), job
         attempts = job["attempt_list"]
         if len(attempts) == final_attempt and _latest_step(cp, job["id"], final_attempt) >= 95:
             break
@@ -119,7 +120,7 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
     time.sleep(3)
     cp.start()
     note("control plane restarted")
-    job = cp.wait_state("chaos", {"Completed", "Failed", "Stopped"}, timeout_s=max(60, deadline - time.time()))
+    job = cp.wait_state("chaos", JOB_TERMINAL, timeout_s=max(60, deadline - time.time()))
     note(f"job {job['state']}")
     losses = rank_losses(cp.home / "jobs", job["id"])
     return ChaosResult(

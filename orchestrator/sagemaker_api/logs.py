@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from aerie_contracts.states import ATTEMPT_TERMINAL
 from orchestrator import sagemaker_mapping as mapping
 from orchestrator.sagemaker_api.call import Call, registry
 from orchestrator.sagemaker_api.errors import LOGS_RESOURCE_NOT_FOUND, AwsError, validation
@@ -26,7 +27,7 @@ CHUNK = 256 * 1024
 MAX_RESPONSE_BYTES = 1 << 20  # GetLogEvents returns at most 1 MB, as CloudWatch does
 _TOKEN = re.compile(r"^([fb])/(\d+)/(-?\d+)$")
 _STREAM = re.compile(r"^([^/]+)/(.+)-(\d+)$")
-TERMINAL = {"Completed", "Failed", "Stopped"}
+TERMINAL = ATTEMPT_TERMINAL
 
 
 def _group(body: dict[str, Any]) -> None:

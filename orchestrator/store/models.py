@@ -13,6 +13,7 @@ from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, St
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from aerie_contracts.checkpoints import CheckpointTier
+from aerie_contracts.states import NodeState
 
 
 def now() -> float:
@@ -70,7 +71,7 @@ class Node(Base):
 
     attempt_id: Mapped[str] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), primary_key=True)
     host: Mapped[str] = mapped_column(String(128), primary_key=True)
-    state: Mapped[str] = mapped_column(String(16), default="Starting")
+    state: Mapped[str] = mapped_column(String(16), default=NodeState.STARTING.value)
     last_heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     exit: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

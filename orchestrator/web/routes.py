@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
 
+from aerie_contracts.states import JobState
 from orchestrator.api.deps import Principal, SessionDep
 from orchestrator.store import repo
 from orchestrator.store.models import Job
@@ -24,7 +25,7 @@ from orchestrator.web.auth import COOKIE, SESSION_TTL_S, is_https, safe_next, vi
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(prefix="/ui", include_in_schema=False)
-STATES = ("Submitted", "InProgress", "Completed", "Failed", "Stopped")
+STATES = tuple(JobState)
 
 
 def _ts(t: float | None) -> str:

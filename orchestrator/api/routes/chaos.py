@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from aerie_contracts.events import DetailType
+from aerie_contracts.states import AttemptState
 from orchestrator.api.deps import Principal, SessionDep, writer
 from orchestrator.api.schemas import AUTH_ERRORS, ErrorOut
 from orchestrator.store import repo
@@ -50,7 +51,7 @@ def chaos(s: SessionDep, request: Request, job_ref: str, body: ChaosIn, who: Pri
     except repo.NotFound:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_ref!r}") from None
     attempt = job.attempts[-1] if job.attempts else None
-    if attempt is None or attempt.state != "Running" or not attempt.handle:
+    if attempt is None or attempt.state != AttemptState.RUNNING or not attempt.handle:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.name} has no running attempt")
     hosts = list(attempt.handle.get("hosts") or [])
     procs = int(((job.spec or {}).get("resources") or {}).get("procs_per_node", 1))

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, sta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from aerie_contracts.states import JOB_TERMINAL
+from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
 from orchestrator.api.deps import Principal, SessionDep, user, writer
 from orchestrator.api.routes.checkpoints import checkpoint_out
 from orchestrator.api.schemas import (
@@ -113,7 +113,7 @@ def restart(s: SessionDep, job_ref: str, body: RestartIn, who: Principal = Depen
     if job.state in JOB_TERMINAL or job.stop_requested:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job is {job.state}; nothing to restart")
     latest = job.attempts[-1] if job.attempts else None
-    if latest is None or body.number != latest.number + 1 or latest.state != "Failed":
+    if latest is None or body.number != latest.number + 1 or latest.state != AttemptState.FAILED:
         raise HTTPException(
             status.HTTP_409_CONFLICT, f"attempt {body.number} can only follow a failed attempt {body.number - 1}"
         )
@@ -140,7 +140,7 @@ def blame(
     attempt = next((a for a in job.attempts if a.number == number), None)
     if attempt is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job.id} has no attempt {number}")
-    if attempt.state != "Failed":
+    if attempt.state != AttemptState.FAILED:
         raise HTTPException(status.HTTP_409_CONFLICT, f"attempt {number} is {attempt.state}; only failed ones are")
     repo.record_blames(s, attempt, [b.model_dump() for b in body.blames])
     s.flush()
@@ -152,7 +152,7 @@ def fail(s: SessionDep, job_ref: str, body: FailIn, who: Principal = Depends(wri
     """End the job as Failed (chaining decided not to retry). Idempotent."""
     job = _job(s, who, job_ref)
     if job.state not in JOB_TERMINAL:
-        repo.set_job_state(s, job, "Failed", body.reason)
+        repo.set_job_state(s, job, JobState.FAILED, body.reason)
     return job_out(job)
 
 

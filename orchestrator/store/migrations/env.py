@@ -13,6 +13,8 @@ def run() -> None:
     connection = config.attributes.get("connection")
     if connection is None:  # `alembic` CLI use: URL from the ini / -x url=...
         url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+        if not url:
+            raise RuntimeError("no database URL: pass -x url=... or set sqlalchemy.url in the ini")
         with create_engine(url).begin() as conn:
             context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
             with context.begin_transaction():

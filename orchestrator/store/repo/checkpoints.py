@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import CursorResult, exists, select, update
 from sqlalchemy.orm import Session, aliased
 
 from aerie_contracts import DetailType
@@ -36,15 +36,19 @@ def hold_current_attempt(s: Session, attempt: Attempt) -> bool:
     this check and what the caller writes next (a PostgreSQL row lock; SQLite's single writer). An
     attempt ended first is seen ended (PostgreSQL re-reads the row the UPDATE waited for)."""
     newer = aliased(Attempt)
-    result = s.execute(
-        update(Attempt)
-        .where(
-            Attempt.id == attempt.id,
-            Attempt.state.in_([str(x) for x in ATTEMPT_ACTIVE]),
-            ~exists().where(newer.job_id == Attempt.job_id, newer.number > Attempt.number),
-        )
-        .values(state=Attempt.state)
-        .execution_options(synchronize_session=False)
+    # An UPDATE's result is a CursorResult (its rowcount); Session.execute is typed for any statement.
+    result = cast(
+        CursorResult[Any],
+        s.execute(
+            update(Attempt)
+            .where(
+                Attempt.id == attempt.id,
+                Attempt.state.in_([str(x) for x in ATTEMPT_ACTIVE]),
+                ~exists().where(newer.job_id == Attempt.job_id, newer.number > Attempt.number),
+            )
+            .values(state=Attempt.state)
+            .execution_options(synchronize_session=False),
+        ),
     )
     return result.rowcount == 1
 

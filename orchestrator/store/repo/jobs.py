@@ -10,7 +10,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from aerie_contracts import DetailType
-from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL
+from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState, JobState
 from orchestrator.store.models import (
     Attempt,
     Job,
@@ -33,11 +33,11 @@ def create_job(s: Session, spec: dict[str, Any], tenant: str) -> Job:
         name=spec["name"],
         spec=spec,
         backend=spec.get("backend", "local"),
-        state="Submitted",
+        state=JobState.SUBMITTED,
     )
     s.add(job)
     s.flush()
-    emit(s, job, DetailType.JOB_STATE_CHANGE, {"state": "Submitted"})
+    emit(s, job, DetailType.JOB_STATE_CHANGE, {"state": JobState.SUBMITTED})
     return job
 
 
@@ -108,7 +108,7 @@ def create_attempt(
         id=f"{job.id}-a{number}",
         job_id=job.id,
         number=number,
-        state="Pending",
+        state=AttemptState.PENDING,
         resume_from=resume_from,
         exclude_nodes=exclude_nodes or [],
     )
@@ -138,11 +138,11 @@ def set_attempt_state(
         attempt.reason = reason
     if exit_code is not None:
         attempt.exit_code = exit_code
-    if state == "Running":
+    if state == AttemptState.RUNNING:
         attempt.started_at = now()
     if state in ATTEMPT_TERMINAL:
         attempt.ended_at = now()
-    if state in {"Launching"}:
+    if state == AttemptState.LAUNCHING:
         return  # internal bookkeeping, not an event users care about
     detail: dict[str, Any] = {"attempt_id": attempt.id, "attempt": attempt.number, "state": state}
     if reason is not None:

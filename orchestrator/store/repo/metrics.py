@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.store.models import (
@@ -14,6 +14,9 @@ from orchestrator.store.models import (
     MetricPoint,
     now,
 )
+
+# The two kinds of rows the jobs list shows the newest of.
+_Row = TypeVar("_Row", MetricPoint, Checkpoint)
 
 # --- metrics series (the dashboard's curves) --------------------------------------------------------
 
@@ -58,11 +61,13 @@ def record_metrics(s: Session, attempt: Attempt, records: list[dict[str, Any]]) 
         if step not in have
     ]
     if rows:
-        s.execute(MetricPoint.__table__.insert(), rows)
+        # A Core insert of the whole batch; `__table__` is typed FromClause, and a class with a
+        # `__tablename__` is mapped to a Table.
+        s.execute(cast(Table, MetricPoint.__table__).insert(), rows)
     return len(rows)
 
 
-def metric_rows(s: Session, job: Job) -> list[tuple]:
+def metric_rows(s: Session, job: Job) -> list[tuple[Any, ...]]:
     """Every point of a job's chain: (attempt_number, step, t, *METRIC_SERIES), by step."""
     cols = [getattr(MetricPoint, k) for k in METRIC_SERIES]
     q = (
@@ -81,7 +86,7 @@ def metrics_version(s: Session, job: Job) -> tuple[int, int]:
     return int(count or 0), int(newest or 0)
 
 
-def _newest_per_job(s: Session, model, job_ids: list[str]) -> dict[str, Any]:
+def _newest_per_job(s: Session, model: type[_Row], job_ids: list[str]) -> dict[str, _Row]:
     """The row with the highest id of each job, in one query (for a whole jobs list)."""
     if not job_ids:
         return {}

@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aerie_contracts import DetailType
+from aerie_contracts.states import NodeState
 from orchestrator.store.models import (
     Attempt,
     Job,
@@ -25,7 +26,7 @@ from orchestrator.store.repo.outbox import emit
 def node(s: Session, attempt: Attempt, host: str) -> Node:
     row = s.get(Node, (attempt.id, host))
     if row is None:
-        row = Node(attempt_id=attempt.id, host=host, state="Starting")
+        row = Node(attempt_id=attempt.id, host=host, state=NodeState.STARTING)
         s.add(row)
     return row
 
@@ -34,8 +35,8 @@ def record_heartbeat(s: Session, attempt: Attempt, host: str, summary: dict[str,
     row = node(s, attempt, host)
     row.last_heartbeat_at = now()
     row.summary = summary
-    if row.state == "Starting":
-        row.state = "Running"
+    if row.state == NodeState.STARTING:
+        row.state = NodeState.RUNNING
     return row
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import CursorResult, or_, select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.store.models import (
@@ -89,19 +89,23 @@ def claim_eval_sample(s: Session, sample_id: str, claim: str, lease_s: float) ->
     if row is None:
         raise NotFound(f"no eval sample {sample_id!r}")
     previous = row.claim
-    result = s.execute(
-        update(EvalSample)
-        .where(
-            EvalSample.id == sample_id,
-            EvalSample.slack_ts.is_(None),
-            or_(
-                EvalSample.claim.is_(None),
-                EvalSample.claim == claim,
-                and_(EvalSample.claimed_at.is_not(None), EvalSample.claimed_at < t - lease_s),
-            ),
-        )
-        .values(claim=claim, claimed_at=t)
-        .execution_options(synchronize_session=False)
+    # An UPDATE's result is a CursorResult (its rowcount); Session.execute is typed for any statement.
+    result = cast(
+        CursorResult[Any],
+        s.execute(
+            update(EvalSample)
+            .where(
+                EvalSample.id == sample_id,
+                EvalSample.slack_ts.is_(None),
+                or_(
+                    EvalSample.claim.is_(None),
+                    EvalSample.claim == claim,
+                    and_(EvalSample.claimed_at.is_not(None), EvalSample.claimed_at < t - lease_s),
+                ),
+            )
+            .values(claim=claim, claimed_at=t)
+            .execution_options(synchronize_session=False),
+        ),
     )
     if result.rowcount != 1:
         return None
