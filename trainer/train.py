@@ -252,6 +252,9 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
 
     faults = FaultInjector(world.rank)  # chaos rehearsal (AERIE_FAULTS); a no-op otherwise
     memsnap = memory_snapshotter(world.rank)
+    # `auto` snapshots agree on their cost with a collective: on a group of their own, never the
+    # checkpointer's, whose asynchronous S3 save runs collectives from another thread meanwhile.
+    memgroup = dist.new_group(backend="gloo") if memsnap is not None and dist.is_initialized() else None
 
     model.train()
     while step < cfg.steps:
@@ -333,7 +336,7 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
             memsnap.observe_step(step_s)
             if math.isfinite(loss_value) and memsnap.due(step):
                 extra = {"step": step, "consumed_samples": consumed, "tokens": tokens}
-                header = memsnap.snapshot(step, model, optimizer, scheduler, extra, group=checkpointer.group)
+                header = memsnap.snapshot(step, model, optimizer, scheduler, extra, group=memgroup)
                 metrics.event(
                     MetricEvent.CHECKPOINT_MEMORY,
                     step,

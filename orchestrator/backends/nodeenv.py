@@ -95,7 +95,7 @@ def memory_env(spec: Any, host: str, peers: Mapping[str, str]) -> dict[str, str]
     from aerie_contracts import memckpt
 
     return {
-        aerie_env.MEMORY_CHECKPOINT_EVERY: str(spec.checkpoint.memory_every_steps),
+        aerie_env.MEMORY_CHECKPOINT_EVERY: str(spec.checkpoint.memory_every_steps if spec.checkpoint else "auto"),
         aerie_env.MEMORY_CHECKPOINT_DIR: str(memckpt.root_dir() / memckpt.safe_name(host, "host")),
         aerie_env.MEMORY_CHECKPOINT_PEERS: ",".join(f"{h}={addr}" for h, addr in peers.items()),
     }
