@@ -22,7 +22,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
-from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
 from aerie_contracts.restarts import not_in_place
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
@@ -32,6 +31,7 @@ from orchestrator.backends.base import (
     LaunchRequest,
     NodeStatus,
     PollResult,
+    ended_without_outcome,
     node_outcome,
     read_log_chunk,
     summarize_nodes,
@@ -186,20 +186,7 @@ class LocalBackend(Backend):
             return NodeStatus(host, "Running")
         if pid is None and time.time() - launched_at < START_TIMEOUT_S:
             return NodeStatus(host, "Starting")
-        if stop:
-            return NodeStatus(host, "Stopped")
-        # The agent is gone without writing its outcome: killed, or the machine lost it.
-        return NodeStatus(
-            host,
-            "Failed",
-            None,
-            {
-                "kind": FailureKind.NODE_LOST,
-                "host": host,
-                "message": "agent process vanished without reporting an exit",
-            },
-            time.time(),
-        )
+        return ended_without_outcome(host, bool(stop), "agent process vanished without reporting an exit")
 
     # --- stop and logs ----------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from orchestrator.backends.base import (
     LaunchRequest,
     NodeStatus,
     PollResult,
+    ended_without_outcome,
     node_outcome,
     read_log_chunk,
     summarize_nodes,
@@ -267,14 +268,14 @@ def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
         "#SBATCH --output=slurm-%j.out",
         "#SBATCH --open-mode=append",
     ]
-    if request.exclude_nodes:
-        lines.append(f"#SBATCH --exclude={_safe(','.join(request.exclude_nodes), 'exclude_nodes')}")
-    if options.partition:
-        lines.append(f"#SBATCH --partition={_safe(options.partition, 'partition')}")
-    if options.account:
-        lines.append(f"#SBATCH --account={_safe(options.account, 'account')}")
-    if options.time:
-        lines.append(f"#SBATCH --time={_safe(str(options.time), 'time')}")
+    # The optional text values, each checked, on a line only where set: (option, value, its name).
+    texts = [
+        ("exclude", ",".join(request.exclude_nodes), "exclude_nodes"),
+        ("partition", options.partition, "partition"),
+        ("account", options.account, "account"),
+        ("time", str(options.time or ""), "time"),
+    ]
+    lines += [f"#SBATCH --{option}={_safe(value, what)}" for option, value, what in texts if value]
     if options.gpus_per_node:
         lines.append(f"#SBATCH --gres=gpu:{int(options.gpus_per_node)}")
     if options.cpus_per_task:
@@ -420,20 +421,9 @@ def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_st
     if not job_ended:
         running = (ml_root / "agent" / "agent.pid").exists()
         return NodeStatus(host, "Running" if running else "Starting")
-    if stop or slurm_state == "CANCELLED":
-        return NodeStatus(host, "Stopped")
     # Slurm ended the job and this node's agent never wrote its outcome: killed or lost with its node.
-    return NodeStatus(
-        host,
-        "Failed",
-        None,
-        {
-            "kind": FailureKind.NODE_LOST,
-            "host": host,
-            "message": f"agent ended without reporting an exit (Slurm job state {slurm_state})",
-        },
-        time.time(),
-    )
+    message = f"agent ended without reporting an exit (Slurm job state {slurm_state})"
+    return ended_without_outcome(host, stop or slurm_state == "CANCELLED", message)
 
 
 def _slurm_reason(state: str, job: dict[str, Any] | None, root: Path) -> dict[str, Any]:
