@@ -32,16 +32,8 @@ from typing import Any
 from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
 from agent.contract import read_json, write_json
-from orchestrator.backends.base import (
-    Backend,
-    LaunchRequest,
-    NodeStatus,
-    PollResult,
-    ended_without_outcome,
-    node_outcome,
-    read_log_chunk,
-    summarize_nodes,
-)
+from orchestrator.backends import base
+from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
 from orchestrator.backends.nodeenv import attempt_env, channels, inherited_env
 from orchestrator.backends.placement import PlacementError
 
@@ -198,7 +190,7 @@ class SlurmBackend(Backend):
                 return PollResult("Stopped")
             reason = _slurm_reason(slurm_state, job, root)
             return PollResult("Failed", reason=reason, exit_code=(job or {}).get("exit_code") or 1)
-        result = summarize_nodes(nodes)
+        result = base.summarize_nodes(nodes)
         if stop and result.state == "Failed":
             result = PollResult("Stopped", result.nodes)  # nodes that died of our own stop request
         if ended and not result.terminal:
@@ -248,7 +240,9 @@ class SlurmBackend(Backend):
         batch = root / f"slurm-{handle['slurm_job_id']}.out"
         if batch.exists() and batch.stat().st_size:
             files["slurm"] = batch
-        return {host: read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes) for host, path in files.items()}
+        return {
+            host: base.read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes) for host, path in files.items()
+        }
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -415,7 +409,7 @@ def _hosts(root: Path) -> list[str]:
 
 
 def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_state: str) -> NodeStatus:
-    ended = node_outcome(ml_root, host)
+    ended = base.node_outcome(ml_root, host)
     if ended is not None:
         return ended
     if not job_ended:
@@ -423,7 +417,7 @@ def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_st
         return NodeStatus(host, "Running" if running else "Starting")
     # Slurm ended the job and this node's agent never wrote its outcome: killed or lost with its node.
     message = f"agent ended without reporting an exit (Slurm job state {slurm_state})"
-    return ended_without_outcome(host, stop or slurm_state == "CANCELLED", message)
+    return base.ended_without_outcome(host, stop or slurm_state == "CANCELLED", message)
 
 
 def _slurm_reason(state: str, job: dict[str, Any] | None, root: Path) -> dict[str, Any]:
