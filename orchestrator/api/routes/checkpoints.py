@@ -27,7 +27,7 @@ from orchestrator.api.schemas import (
     ErrorOut,
 )
 from orchestrator.store import repo
-from orchestrator.store.models import Attempt, Checkpoint
+from orchestrator.store.models import Attempt, Checkpoint, columns
 
 SUPERSEDED = {409: {"model": ErrorOut, "description": "The attempt is no longer its job's current one (fenced)"}}
 
@@ -37,15 +37,8 @@ jobs = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
 def checkpoint_out(c: Checkpoint) -> CheckpointOut:
     return CheckpointOut(
-        step=c.step,
-        uri=c.uri,
-        state=c.state,
-        attempt_id=c.attempt_id,
-        size_bytes=c.size_bytes,
-        created_at=c.created_at,
+        **columns(c, "step", "uri", "state", "attempt_id", "size_bytes", "created_at", "reason", "state_at"),
         meta=c.meta or {},
-        reason=c.reason,
-        state_at=c.state_at,
         tier=c.tier or "s3",
     )
 

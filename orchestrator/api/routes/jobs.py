@@ -30,7 +30,7 @@ from orchestrator.api.schemas import (
 from orchestrator.read_model import attempt_out, attempts_out, job_out
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
-from orchestrator.store.models import Job
+from orchestrator.store.models import Job, columns
 
 router = APIRouter(
     prefix="/v1/jobs",
@@ -75,15 +75,8 @@ def describe(s: SessionDep, job_ref: str, who: UserDep) -> dict:
 def blames_out(s: Session, job: Job) -> list[BlameOut]:
     return [
         BlameOut(
-            attempt_id=b.attempt_id,
-            host=b.host,
-            kind=b.kind,
-            rule=b.rule,
-            why=b.why,
+            **columns(b, "attempt_id", "host", "kind", "rule", "why", "created_at", "cleared_at", "cleared_by"),
             evidence=b.evidence or {},
-            created_at=b.created_at,
-            cleared_at=b.cleared_at,
-            cleared_by=b.cleared_by,
         )
         for b in repo.blames_of(s, job)
     ]

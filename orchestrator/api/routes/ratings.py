@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.api.deps import Principal, SessionDep, UserDep, WriterDep, job_of
 from orchestrator.store import repo
-from orchestrator.store.models import EvalSample, Job
+from orchestrator.store.models import EvalSample, Job, columns
 
 router = APIRouter(tags=["eval"])
 
@@ -54,21 +54,9 @@ class RatingIn(BaseModel):
 
 
 def sample_out(x: EvalSample) -> dict[str, Any]:
-    return dict(
-        id=x.id,
-        job_id=x.job_id,
-        attempt_id=x.attempt_id,
-        checkpoint_uri=x.checkpoint_uri,
-        step=x.step,
-        prompt_index=x.prompt_index,
-        prompt=x.prompt,
-        answer=x.answer,
-        meta=x.meta or {},
-        slack_channel=x.slack_channel,
-        slack_ts=x.slack_ts,
-        created_at=x.created_at,
-        posted_at=x.posted_at,
-    )
+    copied = columns(x, "id", "job_id", "attempt_id", "checkpoint_uri", "step", "prompt_index", "prompt", "answer")
+    posting = columns(x, "slack_channel", "slack_ts", "created_at", "posted_at")
+    return dict(**copied, meta=x.meta or {}, **posting)
 
 
 def raters_needed(job: Job) -> int:

@@ -15,7 +15,7 @@ from orchestrator.api.deps import AdminDep, Principal, SessionDep
 from orchestrator.api.schemas import AUTH_ERRORS
 from orchestrator.sagemaker_api import sigv4
 from orchestrator.store import repo
-from orchestrator.store.models import now
+from orchestrator.store.models import columns, now
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=AUTH_ERRORS)
 OPERATOR_TENANT = "default"
@@ -86,12 +86,8 @@ def revoke(s: SessionDep, request: Request, token_id: int, who: AdminDep) -> Tok
 
 def _out(t) -> TokenOut:
     return TokenOut(
-        id=t.id,
+        **columns(t, "id", "tenant", "name", "created_at", "expires_at"),
         role=t.kind,
-        tenant=t.tenant,
-        name=t.name,
-        created_at=t.created_at,
-        expires_at=t.expires_at,
         revoked=t.revoked_at is not None,
         aws_access_key_id=t.access_key_id,
     )
