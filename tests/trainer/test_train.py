@@ -50,7 +50,7 @@ def run_trainer(
 ) -> tuple[int, Path]:
     """Run the trainer (torchrun when nproc > 1); return (exit code, its metrics directory)."""
     metrics = workdir / name / "metrics"
-    full_env = trainer_env(workdir / name, PYTHONPATH=str(REPO), AERIE_CHECKPOINT_URI="", **(env or {}))
+    full_env = trainer_env(workdir / name, **{"PYTHONPATH": str(REPO), "AERIE_CHECKPOINT_URI": "", **(env or {})})
     args = ["-m", "trainer.train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] + args

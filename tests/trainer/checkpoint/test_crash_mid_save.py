@@ -53,18 +53,15 @@ def launch(workdir: Path, config: Path, name: str, env: dict[str, str]) -> tuple
     port = str(free_port())
     procs = []
     for rank in (0, 1):
-        full_env = trainer_env(
-            workdir / name,
-            PYTHONPATH=str(REPO),
-            AERIE_CHECKPOINT_URI="",
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            **env,
-        )
+        world = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        full_env = trainer_env(workdir / name, **{"PYTHONPATH": str(REPO), "AERIE_CHECKPOINT_URI": "", **world, **env})
         log = open(workdir / f"{name}-rank{rank}.log", "w")
         procs.append(
             subprocess.Popen(
