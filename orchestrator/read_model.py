@@ -8,23 +8,12 @@ from __future__ import annotations
 
 from aerie_contracts.checkpoints import step_of_uri
 from orchestrator.api.schemas import AttemptOut, NodeOut
-from orchestrator.store.models import Attempt, Job
+from orchestrator.store.models import Attempt, Job, columns
 
 
 def job_out(job: Job, with_spec: bool = False) -> dict:
-    return dict(
-        id=job.id,
-        name=job.name,
-        tenant=job.tenant,
-        state=job.state,
-        backend=job.backend,
-        reason=job.reason,
-        created_at=job.created_at,
-        updated_at=job.updated_at,
-        ended_at=job.ended_at,
-        attempts=len(job.attempts),
-        spec=job.spec if with_spec else None,
-    )
+    copied = columns(job, "id", "name", "tenant", "state", "backend", "reason", "created_at", "updated_at", "ended_at")
+    return dict(**copied, attempts=len(job.attempts), spec=job.spec if with_spec else None)
 
 
 def last_step(a: Attempt) -> int | None:
@@ -37,27 +26,16 @@ def attempt_out(a: Attempt, previous: Attempt | None = None) -> AttemptOut:
     resumed = step_of_uri(a.resume_from)
     prev_last = last_step(previous) if previous else None
     return AttemptOut(
-        id=a.id,
-        number=a.number,
-        state=a.state,
-        reason=a.reason,
-        exit_code=a.exit_code,
-        resume_from=a.resume_from,
+        **columns(a, "id", "number", "state", "reason", "exit_code", "resume_from", "cause"),
+        **columns(a, "created_at", "started_at", "ended_at"),
         exclude_nodes=list(a.exclude_nodes or []),
-        cause=a.cause,
         last_step=last_step(a),
         resumed_step=resumed,
         steps_lost=(prev_last - (resumed or 0)) if previous and prev_last is not None else None,
         time_to_resume_s=(a.started_at - previous.ended_at)
         if previous and a.started_at and previous.ended_at
         else None,
-        created_at=a.created_at,
-        started_at=a.started_at,
-        ended_at=a.ended_at,
-        nodes=[
-            NodeOut(host=n.host, state=n.state, last_heartbeat_at=n.last_heartbeat_at, summary=n.summary, exit=n.exit)
-            for n in a.nodes
-        ],
+        nodes=[NodeOut(**columns(n, "host", "state", "last_heartbeat_at", "summary", "exit")) for n in a.nodes],
     )
 
 

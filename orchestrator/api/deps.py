@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from orchestrator.store import repo
+from orchestrator.store.models import Attempt, Job
 
 bearer = HTTPBearer(auto_error=False, description="An Aerie API token (admin, service or per-attempt agent token)")
 
@@ -141,3 +142,31 @@ async def agent_of(attempt_id: str, who: Principal = Depends(principal)) -> Prin
     if who.kind == "agent" and who.attempt_id != attempt_id:
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this agent token belongs to another attempt")
     return who
+
+
+# What a route needs of its caller, as parameter types: `who: WriterDep` reads as the rule it is.
+UserDep = Annotated[Principal, Depends(user)]
+WriterDep = Annotated[Principal, Depends(writer)]
+AdminDep = Annotated[Principal, Depends(admin)]
+AgentDep = Annotated[Principal, Depends(agent_of)]
+
+
+def job_of(s: Session, who: Principal, ref: str) -> Job:
+    """The caller's tenant's job by id or name; 404 for any other (another tenant's job does not exist)."""
+    try:
+        return repo.get_job(s, who.tenant, ref)
+    except repo.NotFound:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {ref!r}") from None
+
+
+def attempt_of(s: SessionDep, attempt_id: str, who: AgentDep) -> Attempt:
+    """The attempt of an attempt-scoped route's path, for its own agents (or the tenant's users);
+    404 for another tenant's."""
+    attempt = s.get(Attempt, attempt_id)
+    if attempt is None or attempt.job.tenant != who.tenant:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
+    return attempt
+
+
+AttemptDep = Annotated[Attempt, Depends(attempt_of)]
+"""The path's attempt, checked against the caller (see `attempt_of`)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -133,6 +134,16 @@ def node_outcome(ml_root: Path, host: str, attempt_id: str | None = None) -> Nod
     else:
         state = AttemptState.COMPLETED if code == 0 else AttemptState.FAILED
     return NodeStatus(host, state, code, reason if code else None, outcome.get("t"))
+
+
+def ended_without_outcome(host: str, stop: bool, message: str) -> NodeStatus:
+    """A node whose agent is gone without writing its outcome: stopped if we asked it to stop,
+    else lost (killed, or its machine went away); `message` says how the backend saw it end."""
+    if stop:
+        return NodeStatus(host, AttemptState.STOPPED)
+    return NodeStatus(
+        host, AttemptState.FAILED, None, {"kind": FailureKind.NODE_LOST, "host": host, "message": message}, time.time()
+    )
 
 
 def _first_key(reason: dict[str, Any] | None, ended_at: float | None) -> float:

@@ -22,7 +22,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 
-from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
 from aerie_contracts.restarts import memory_tier_off, not_in_place
 from aerie_contracts.states import AttemptState
@@ -33,6 +32,7 @@ from orchestrator.backends.base import (
     LaunchRequest,
     NodeStatus,
     PollResult,
+    ended_without_outcome,
     node_outcome,
     read_log_chunk,
     summarize_nodes,
@@ -192,20 +192,7 @@ class LocalBackend(Backend):
             return NodeStatus(host, AttemptState.RUNNING)
         if pid is None and time.time() - launched_at < START_TIMEOUT_S:
             return NodeStatus(host, AttemptState.STARTING)
-        if stop:
-            return NodeStatus(host, AttemptState.STOPPED)
-        # The agent is gone without writing its outcome: killed, or the machine lost it.
-        return NodeStatus(
-            host,
-            AttemptState.FAILED,
-            None,
-            {
-                "kind": FailureKind.NODE_LOST,
-                "host": host,
-                "message": "agent process vanished without reporting an exit",
-            },
-            time.time(),
-        )
+        return ended_without_outcome(host, bool(stop), "agent process vanished without reporting an exit")
 
     # --- stop and logs ----------------------------------------------------------------------
 

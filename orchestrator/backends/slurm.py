@@ -33,15 +33,8 @@ from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
 from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
-from orchestrator.backends.base import (
-    Backend,
-    LaunchRequest,
-    NodeStatus,
-    PollResult,
-    node_outcome,
-    read_log_chunk,
-    summarize_nodes,
-)
+from orchestrator.backends import base
+from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
 from orchestrator.backends.nodeenv import attempt_env, channels, inherited_env
 from orchestrator.backends.placement import PlacementError
 
@@ -199,7 +192,7 @@ class SlurmBackend(Backend):
                 return PollResult(AttemptState.STOPPED)
             reason = _slurm_reason(slurm_state, job, root)
             return PollResult(AttemptState.FAILED, reason=reason, exit_code=(job or {}).get("exit_code") or 1)
-        result = summarize_nodes(nodes)
+        result = base.summarize_nodes(nodes)
         if stop and result.state == AttemptState.FAILED:
             result = PollResult(AttemptState.STOPPED, result.nodes)  # nodes that died of our own stop request
         if ended and not result.terminal:
@@ -249,7 +242,9 @@ class SlurmBackend(Backend):
         batch = root / f"slurm-{handle['slurm_job_id']}.out"
         if batch.exists() and batch.stat().st_size:
             files["slurm"] = batch
-        return {host: read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes) for host, path in files.items()}
+        return {
+            host: base.read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes) for host, path in files.items()
+        }
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -269,14 +264,14 @@ def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
         "#SBATCH --output=slurm-%j.out",
         "#SBATCH --open-mode=append",
     ]
-    if request.exclude_nodes:
-        lines.append(f"#SBATCH --exclude={_safe(','.join(request.exclude_nodes), 'exclude_nodes')}")
-    if options.partition:
-        lines.append(f"#SBATCH --partition={_safe(options.partition, 'partition')}")
-    if options.account:
-        lines.append(f"#SBATCH --account={_safe(options.account, 'account')}")
-    if options.time:
-        lines.append(f"#SBATCH --time={_safe(str(options.time), 'time')}")
+    # The optional text values, each checked, on a line only where set: (option, value, its name).
+    texts = [
+        ("exclude", ",".join(request.exclude_nodes), "exclude_nodes"),
+        ("partition", options.partition, "partition"),
+        ("account", options.account, "account"),
+        ("time", str(options.time or ""), "time"),
+    ]
+    lines += [f"#SBATCH --{option}={_safe(value, what)}" for option, value, what in texts if value]
     if options.gpus_per_node:
         lines.append(f"#SBATCH --gres=gpu:{int(options.gpus_per_node)}")
     if options.cpus_per_task:
@@ -416,26 +411,15 @@ def _hosts(root: Path) -> list[str]:
 
 
 def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_state: str) -> NodeStatus:
-    ended = node_outcome(ml_root, host)
+    ended = base.node_outcome(ml_root, host)
     if ended is not None:
         return ended
     if not job_ended:
         running = (ml_root / "agent" / "agent.pid").exists()
         return NodeStatus(host, AttemptState.RUNNING if running else AttemptState.STARTING)
-    if stop or slurm_state == "CANCELLED":
-        return NodeStatus(host, AttemptState.STOPPED)
     # Slurm ended the job and this node's agent never wrote its outcome: killed or lost with its node.
-    return NodeStatus(
-        host,
-        AttemptState.FAILED,
-        None,
-        {
-            "kind": FailureKind.NODE_LOST,
-            "host": host,
-            "message": f"agent ended without reporting an exit (Slurm job state {slurm_state})",
-        },
-        time.time(),
-    )
+    message = f"agent ended without reporting an exit (Slurm job state {slurm_state})"
+    return base.ended_without_outcome(host, stop or slurm_state == "CANCELLED", message)
 
 
 def _slurm_reason(state: str, job: dict[str, Any] | None, root: Path) -> dict[str, Any]:

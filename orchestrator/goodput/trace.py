@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.goodput import SUMMARY_RESTORE_S
-from orchestrator.store.models import Checkpoint, Job, MetricPoint, Verdict
+from orchestrator.store.models import Checkpoint, Job, MetricPoint, Verdict, columns
 
 LOSS_KINDS = frozenset({FailureKind.LOSS_NAN, FailureKind.LOSS_SPIKE})
 
@@ -95,11 +95,7 @@ def read(s: Session, job: Job, now: float | None = None) -> JobTrace:
     by_id = {}
     for a in job.attempts:
         at = AttemptTrace(
-            number=a.number,
-            state=a.state,
-            created_at=a.created_at,
-            started_at=a.started_at,
-            ended_at=a.ended_at,
+            **columns(a, "number", "state", "created_at", "started_at", "ended_at"),
             resumed_step=step_of_uri(a.resume_from),
             restore_s=max(
                 (x for n in a.nodes for x in [_float((n.summary or {}).get(SUMMARY_RESTORE_S))] if x is not None),

@@ -63,9 +63,14 @@ def trainer_spec(
 
 def step_records(attempt_dir: Path, rank: int | None = 0) -> list[dict]:
     """The training-step lines (no events) of one attempt's metrics, for `rank` or every rank (None)."""
+    return _steps_in(attempt_dir, "metrics", rank)
+
+
+def _steps_in(root: Path, metrics: str, rank: int | None) -> list[dict]:
+    """The training-step lines of the `metrics` streams under `root`'s nodes (a torn line skipped)."""
     pattern = "rank-*.jsonl" if rank is None else f"rank-{rank:05d}.jsonl"
     recs = []
-    for f in attempt_dir.glob(f"algo-*/output/metrics/{pattern}"):
+    for f in root.glob(f"algo-*/output/{metrics}/{pattern}"):
         for line in f.read_text().splitlines():
             try:
                 rec = json.loads(line)
@@ -92,17 +97,7 @@ def attempt_step_records(job_dir: Path, number: int, rank: int | None = 0) -> li
         return []
     served = served_by(roots[0])
     metrics = "metrics" if number == served[-1] else f"metrics.attempt-{number}"
-    pattern = "rank-*.jsonl" if rank is None else f"rank-{rank:05d}.jsonl"
-    recs = []
-    for f in roots[0].glob(f"algo-*/output/{metrics}/{pattern}"):
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") is None and rec.get("step") is not None:
-                recs.append(rec)
-    return recs
+    return _steps_in(roots[0], metrics, rank)
 
 
 def rank_losses(jobs_dir: Path, job_id: str, rank: int = 0) -> dict[int, dict[int, float]]:

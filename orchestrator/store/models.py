@@ -277,3 +277,9 @@ class SageMakerTrainingJob(Base):
     created_at: Mapped[float] = mapped_column(Float, default=now)
 
     job: Mapped[Job] = relationship()
+
+
+def columns(row: Any, *names: str) -> dict[str, Any]:
+    """The named columns of a stored row, as keyword arguments of a view with the same field names
+    (the views name what they copy as it is; what they compute or rename stays spelled out)."""
+    return {name: getattr(row, name) for name in names}

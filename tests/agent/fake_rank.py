@@ -71,6 +71,21 @@ def all_reduce(peers: list[socket.socket], rank: int, nbytes: int) -> None:
         recv_exact(peers[0], nbytes)
 
 
+# Faults and pauses, in seconds (0: never). They fire at a time (seconds after step 1), not a step:
+# on a busy host the step rate varies too much for a step number to land inside a short recording.
+TIMED = {
+    "eval-after": "pause for an evaluation once (eval_begin/eval_end)",
+    "eval-s": "how long the evaluation lasts",
+    "hiccup-after": "stall once before a step (the data loader)",
+    "hiccup-s": "how long the stall lasts",
+    "nan-after": "log NaN loss from then on",
+    "spike-after": "log the loss x4 from then on",
+    "spin-after": "spin at full CPU forever, never finish the step",
+    "stop-after": "SIGSTOP itself",
+    "idle-after": "stop computing (sleep instead), keep stepping",
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int, default=0)
@@ -87,17 +102,8 @@ def main() -> None:
     ap.add_argument("--slow-first", default="", help="comma list of extra seconds burnt in the first steps")
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--ckpt-s", type=float, default=0.0)
-    # Faults and pauses fire at a time (seconds after step 1), not a step: on a busy host the
-    # step rate varies too much for a step number to land inside a short recording.
-    ap.add_argument("--eval-after", type=float, default=0.0)
-    ap.add_argument("--eval-s", type=float, default=0.0)
-    ap.add_argument("--hiccup-after", type=float, default=0.0)
-    ap.add_argument("--hiccup-s", type=float, default=0.0)
-    ap.add_argument("--nan-after", type=float, default=0.0)
-    ap.add_argument("--spike-after", type=float, default=0.0)
-    ap.add_argument("--spin-after", type=float, default=0.0, help="spin at full CPU forever, never finish the step")
-    ap.add_argument("--stop-after", type=float, default=0.0, help="SIGSTOP itself")
-    ap.add_argument("--idle-after", type=float, default=0.0, help="stop computing (sleep instead), keep stepping")
+    for name, what in TIMED.items():
+        ap.add_argument(f"--{name}", type=float, default=0.0, help=what)
     args = ap.parse_args()
 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))

@@ -20,16 +20,12 @@ the one attempt 1 printed for the same step: the resume restored the exact state
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from orchestrator.harness.jobs import FAST_HEALTH
-from tests.helpers.byo_job import hang_restart_resume
+from tests.helpers.byo_job import byo_spec, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS, SAVE = 50, 10
 METRIC_DEFINITIONS = [
     {"Name": "step", "Regex": r"^step (\d+)/\d+ \|"},
@@ -39,17 +35,15 @@ METRIC_DEFINITIONS = [
 
 
 def test_plain_ddp_script_hang_restart_resume(s3_plane, tmp_path):
-    spec = {
-        "name": "byo-ddp",
-        "entrypoint": ["python", "examples/byo/ddp_train.py"],
-        "args": ["--max-steps", str(STEPS), "--save-steps", str(SAVE), "--step-sleep", "0.25"],
-        "resources": {"instance_count": 2, "procs_per_node": 2},
-        "metrics": METRIC_DEFINITIONS,
-        "checkpoint": {"s3_uri": "s3://aerie/byo-ddp", "marker": "ckpt-*/DONE"},
-        "retry": {"max_restarts": 1},
-        "health": {**FAST_HEALTH, "startup_grace_s": 10},  # hang after 12 s without a step
-        "backend_options": {"workdir": str(REPO)},
-    }
+    spec = byo_spec(
+        "byo-ddp",
+        "ddp_train.py",
+        steps=STEPS,
+        save_steps=SAVE,
+        step_sleep=0.25,
+        metrics=METRIC_DEFINITIONS,
+        checkpoint={"s3_uri": "s3://aerie/byo-ddp", "marker": "ckpt-*/DONE"},
+    )
     run = hang_restart_resume(s3_plane, spec, tmp_path, steps=STEPS, save_steps=SAVE)
 
     first, second = ({r["step"]: r["loss"] for r in run.rank0_steps(s3_plane, n)} for n in (1, 2))

@@ -15,35 +15,30 @@ and `checkpoint.marker: hf-trainer`, against the real control plane and the loop
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from orchestrator.harness.jobs import FAST_HEALTH
-from tests.helpers.byo_job import hang_restart_resume
+from tests.helpers.byo_job import byo_spec, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS, SAVE = 30, 10
 
 
 def test_unmodified_hf_trainer_hang_restart_resume(s3_plane, tmp_path):
-    spec = {
-        "name": "byo-hf",
-        "entrypoint": ["python", "examples/byo/hf_train.py"],
-        "args": ["--max-steps", str(STEPS), "--save-steps", str(SAVE), "--step-sleep", "0.3"],
-        "resources": {"instance_count": 2, "procs_per_node": 2},
-        "metrics": "hf-trainer",
-        "checkpoint": {"s3_uri": "s3://aerie/byo", "marker": "hf-trainer"},
-        "retry": {"max_restarts": 1},
+    spec = byo_spec(
+        "byo-hf",
+        "hf_train.py",
+        steps=STEPS,
+        save_steps=SAVE,
+        step_sleep=0.3,
         # Hang after 20 s without a step: the agent judges the tail after the last step (HF's final
         # save, then the gloo teardown) by the step limit, and under a loaded CI run that tail once
         # outlasted 12 s (a known limit: the last step's "N/N" does not yet open a teardown section).
-        "health": {**FAST_HEALTH, "startup_grace_s": 10, "hang_floor_s": 20},
-        "backend_options": {"workdir": str(REPO)},
-        "env": {"TOKENIZERS_PARALLELISM": "false"},
-    }
+        health={"hang_floor_s": 20},
+        metrics="hf-trainer",
+        checkpoint={"s3_uri": "s3://aerie/byo", "marker": "hf-trainer"},
+        env={"TOKENIZERS_PARALLELISM": "false"},
+    )
     # The shared checks include attempt 2 starting at the restored step (HF's own bar resumes there).
     hang_restart_resume(s3_plane, spec, tmp_path, steps=STEPS, save_steps=SAVE)

@@ -18,7 +18,6 @@ import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from orchestrator.backends import local_fence
-from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import step_records, trainer_spec
 from tests.helpers.wait import wait_for
 from trainer.checkpoint import manifest
@@ -38,89 +37,82 @@ def _pids(node: Path, pattern: str) -> set[int]:
     return out
 
 
-def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    cp = ControlPlane(home, s3=True).start()
-    try:
-        spec = trainer_spec(
-            tmp_path / "spec.json",
-            "warm",
-            steps=STEPS,
-            checkpoint_uri="s3://aerie/warm",
-            every_steps=EVERY,
-            memory_every_steps=0,  # S3 resume points in place here; tests/e2e/test_memory_tier.py has memory's
-            max_restarts=2,
-            faults=[{"kind": "sigkill", "step": CRASH, "rank": 3, "attempt": 1}],
-        )
-        cp.cli("submit", str(spec), check=True)
-        job_id = wait_for(what="the job", check=lambda: cp.job("warm")["id"], timeout_s=60)
-        root = cp.home / "jobs" / job_id / "attempt-1"
-        agents = {h: root / h / "agent" for h in ("algo-1", "algo-2")}
+def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(s3_plane, tmp_path):
+    cp = s3_plane
+    spec = trainer_spec(
+        tmp_path / "spec.json",
+        "warm",
+        steps=STEPS,
+        checkpoint_uri="s3://aerie/warm",
+        every_steps=EVERY,
+        max_restarts=2,
+        faults=[{"kind": "sigkill", "step": CRASH, "rank": 3, "attempt": 1}],
+    )
+    cp.cli("submit", str(spec), check=True)
+    job_id = wait_for(what="the job", check=lambda: cp.job("warm")["id"], timeout_s=60)
+    root = cp.home / "jobs" / job_id / "attempt-1"
+    agents = {h: root / h / "agent" for h in ("algo-1", "algo-2")}
 
-        def attempt(n: int) -> dict | None:
-            attempts = cp.job("warm")["attempt_list"]
-            return attempts[n - 1] if len(attempts) >= n else None
+    def attempt(n: int) -> dict | None:
+        attempts = cp.job("warm")["attempt_list"]
+        return attempts[n - 1] if len(attempts) >= n else None
 
-        wait_for(
-            what="attempt 1's ranks",
-            check=lambda: all(len(_pids(d, "ranks/rank-*.pid")) == 2 for d in agents.values()),
-            timeout_s=120,
-        )
-        agent_pids = {h: _pids(d, "agent.pid") for h, d in agents.items()}
-        rank_pids = {h: _pids(d, "ranks/rank-*.pid") for h, d in agents.items()}
+    wait_for(
+        what="attempt 1's ranks",
+        check=lambda: all(len(_pids(d, "ranks/rank-*.pid")) == 2 for d in agents.values()),
+        timeout_s=120,
+    )
+    agent_pids = {h: _pids(d, "agent.pid") for h, d in agents.items()}
+    rank_pids = {h: _pids(d, "ranks/rank-*.pid") for h, d in agents.items()}
 
-        # 1. The crash: attempt 2 in place, on the same agents, with new ranks.
-        failed = wait_for(
-            what="attempt 1 failed", check=lambda: (a := attempt(1)) and a["state"] == "Failed" and a, timeout_s=120
-        )
-        second = wait_for(what="attempt 2", check=lambda: attempt(2), timeout_s=60)
-        assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
-        # The last good checkpoint when it failed (uploads are asynchronous: step 10's may not be).
-        prefix = f"s3://aerie/warm/{job_id}"
-        good = {c["uri"].rstrip("/") for c in cp.get(f"/v1/jobs/{job_id}/checkpoints") if c["state"] == "good"}
-        resume_step = max(s for s in range(EVERY, CRASH, EVERY) if manifest.checkpoint_uri(prefix, s, 1) in good)
-        assert second["resume_from"] == manifest.checkpoint_uri(prefix, resume_step, 1), second
-        wait_for(
-            what="attempt 2's ranks",
-            check=lambda: all(
-                len(p := _pids(d, "ranks/rank-*.pid")) == 2 and not p & rank_pids[h] for h, d in agents.items()
-            ),
-            timeout_s=60,
-            every_s=0.05,
-        )
-        restart_s = time.time() - failed["ended_at"]
+    # 1. The crash: attempt 2 in place, on the same agents, with new ranks.
+    failed = wait_for(
+        what="attempt 1 failed", check=lambda: (a := attempt(1)) and a["state"] == "Failed" and a, timeout_s=120
+    )
+    second = wait_for(what="attempt 2", check=lambda: attempt(2), timeout_s=60)
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    # The last good checkpoint when it failed (uploads are asynchronous: step 10's may not be).
+    prefix = f"s3://aerie/warm/{job_id}"
+    good = {c["uri"].rstrip("/") for c in cp.get(f"/v1/jobs/{job_id}/checkpoints") if c["state"] == "good"}
+    resume_step = max(s for s in range(EVERY, CRASH, EVERY) if manifest.checkpoint_uri(prefix, s, 1) in good)
+    assert second["resume_from"] == manifest.checkpoint_uri(prefix, resume_step, 1), second
+    wait_for(
+        what="attempt 2's ranks",
+        check=lambda: all(
+            len(p := _pids(d, "ranks/rank-*.pid")) == 2 and not p & rank_pids[h] for h, d in agents.items()
+        ),
+        timeout_s=60,
+        every_s=0.05,
+    )
+    restart_s = time.time() - failed["ended_at"]
 
-        def past_resume() -> dict | None:
-            a = attempt(2)
-            steps = [(n.get("summary") or {}).get("last_step") or 0 for n in (a or {}).get("nodes", [])]
-            return a if len(steps) == 2 and min(steps) > resume_step else None
+    def past_resume() -> dict | None:
+        a = attempt(2)
+        steps = [(n.get("summary") or {}).get("last_step") or 0 for n in (a or {}).get("nodes", [])]
+        return a if len(steps) == 2 and min(steps) > resume_step else None
 
-        running = wait_for(what="attempt 2 training past its resume", check=past_resume, timeout_s=90)
-        first_step_s = time.time() - failed["ended_at"]
-        assert {h: _pids(d, "agent.pid") for h, d in agents.items()} == agent_pids
-        assert failed["reason"]["kind"] == "exit.nonzero", failed["reason"]
-        assert len(running["nodes"]) == 2
-        # The new group's rank 0 trained on from the checkpoint (its stream is a fresh one, the
-        # failed group's set aside beside it).
-        assert min(r["step"] for r in step_records(root)) == resume_step + 1
-        assert (root / "algo-1" / "output" / "metrics.attempt-1").is_dir()
+    running = wait_for(what="attempt 2 training past its resume", check=past_resume, timeout_s=90)
+    first_step_s = time.time() - failed["ended_at"]
+    assert {h: _pids(d, "agent.pid") for h, d in agents.items()} == agent_pids
+    assert failed["reason"]["kind"] == "exit.nonzero", failed["reason"]
+    assert len(running["nodes"]) == 2
+    # The new group's rank 0 trained on from the checkpoint (its stream is a fresh one, the
+    # failed group's set aside beside it).
+    assert min(r["step"] for r in step_records(root)) == resume_step + 1
+    assert (root / "algo-1" / "output" / "metrics.attempt-1").is_dir()
 
-        # 2. algo-2 killed whole: a relaunch, from a new attempt directory.
-        local_fence.kill_node(root / "algo-2")
-        third = wait_for(what="attempt 3", check=lambda: attempt(3), timeout_s=90)
-        assert attempt(2)["reason"]["kind"] == "node.lost", attempt(2)["reason"]
-        assert third["cause"][CAUSE_MODE] == RestartMode.RELAUNCH, third["cause"]
-        job = cp.wait_state("warm", {"Completed", "Failed", "Stopped"}, timeout_s=180)
-        assert job["state"] == "Completed", json.dumps(job)[:3000]
-        relaunched = cp.home / "jobs" / job_id / "attempt-3"
-        assert _pids(relaunched / "algo-1" / "agent", "agent.pid") - agent_pids["algo-1"]
-        described = cp.cli("describe", "warm", check=True).stdout
-        assert "in_place" in described and "relaunch" in described, described
-        print(
-            f"in place, after attempt 1 failed: new worker groups on both nodes {restart_s:.1f}s, "
-            f"both past the resumed step {first_step_s:.1f}s"
-        )
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
+    # 2. algo-2 killed whole: a relaunch, from a new attempt directory.
+    local_fence.kill_node(root / "algo-2")
+    third = wait_for(what="attempt 3", check=lambda: attempt(3), timeout_s=90)
+    assert attempt(2)["reason"]["kind"] == "node.lost", attempt(2)["reason"]
+    assert third["cause"][CAUSE_MODE] == RestartMode.RELAUNCH, third["cause"]
+    job = cp.wait_state("warm", {"Completed", "Failed", "Stopped"}, timeout_s=180)
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    relaunched = cp.home / "jobs" / job_id / "attempt-3"
+    assert _pids(relaunched / "algo-1" / "agent", "agent.pid") - agent_pids["algo-1"]
+    described = cp.cli("describe", "warm", check=True).stdout
+    assert "in_place" in described and "relaunch" in described, described
+    print(
+        f"in place, after attempt 1 failed: new worker groups on both nodes {restart_s:.1f}s, "
+        f"both past the resumed step {first_step_s:.1f}s"
+    )

@@ -23,7 +23,6 @@ import time
 import pytest
 
 from aerie_contracts import FailureKind
-from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import trainer_spec
 
 # Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py).
@@ -34,60 +33,54 @@ EVERY = 5
 TERMINAL = {"Completed", "Failed", "Stopped"}
 
 
-def test_a_recurring_nan_is_a_user_error_and_a_one_off_nan_blames_its_node(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    cp = ControlPlane(home, s3=True).start()
-    try:
-        recurs = trainer_spec(
-            tmp_path / "recurs.json",
-            "nan-recurs",
-            steps=30,
-            procs=1,
-            faults=[{"kind": "nan", "step": NAN_STEP, "attempt": n} for n in (1, 2)],
-            checkpoint_uri="s3://aerie/nan-recurs",
-            every_steps=EVERY,
-            max_restarts=2,  # budget left: the user error, not the budget, must stop it
-        )
-        sdc = trainer_spec(
-            tmp_path / "sdc.json",
-            "nan-sdc",
-            steps=60,
-            procs=1,
-            faults=[{"kind": "nan", "step": NAN_STEP, "rank": 1}],
-            checkpoint_uri="s3://aerie/nan-sdc",
-            every_steps=EVERY,
-            max_restarts=1,
-        )
-        started = time.time()
-        cp.cli("submit", str(recurs), check=True)
-        cp.cli("submit", str(sdc), check=True)
+def test_a_recurring_nan_is_a_user_error_and_a_one_off_nan_blames_its_node(s3_plane, tmp_path):
+    cp = s3_plane
+    recurs = trainer_spec(
+        tmp_path / "recurs.json",
+        "nan-recurs",
+        steps=30,
+        procs=1,
+        faults=[{"kind": "nan", "step": NAN_STEP, "attempt": n} for n in (1, 2)],
+        checkpoint_uri="s3://aerie/nan-recurs",
+        every_steps=EVERY,
+        max_restarts=2,  # budget left: the user error, not the budget, must stop it
+    )
+    sdc = trainer_spec(
+        tmp_path / "sdc.json",
+        "nan-sdc",
+        steps=60,
+        procs=1,
+        faults=[{"kind": "nan", "step": NAN_STEP, "rank": 1}],
+        checkpoint_uri="s3://aerie/nan-sdc",
+        every_steps=EVERY,
+        max_restarts=1,
+    )
+    started = time.time()
+    cp.cli("submit", str(recurs), check=True)
+    cp.cli("submit", str(sdc), check=True)
 
-        job = cp.wait_state("nan-recurs", TERMINAL, timeout_s=240)
-        print(f"nan-recurs {job['state']} after {time.time() - started:.1f}s")
-        assert job["state"] == "Failed", job
-        assert [a["reason"]["kind"] for a in job["attempt_list"]] == [FailureKind.LOSS_NAN] * 2, job["attempt_list"]
-        assert job["attempt_list"][1]["resume_from"], job["attempt_list"][1]  # a real resume, from step 10
-        why = job["reason"]
-        assert why["kind"] == FailureKind.USER_ERROR and why["step"] == NAN_STEP, why
-        assert why["data_index"] and why["data_index"][1] > why["data_index"][0], why
-        assert not job["blames"], job["blames"]  # the data's NaN blames no node
-        described = cp.cli("describe", "nan-recurs", check=True).stdout
-        assert f"loss.nan recurs at step {NAN_STEP}" in described, described
+    job = cp.wait_state("nan-recurs", TERMINAL, timeout_s=240)
+    print(f"nan-recurs {job['state']} after {time.time() - started:.1f}s")
+    assert job["state"] == "Failed", job
+    assert [a["reason"]["kind"] for a in job["attempt_list"]] == [FailureKind.LOSS_NAN] * 2, job["attempt_list"]
+    assert job["attempt_list"][1]["resume_from"], job["attempt_list"][1]  # a real resume, from step 10
+    why = job["reason"]
+    assert why["kind"] == FailureKind.USER_ERROR and why["step"] == NAN_STEP, why
+    assert why["data_index"] and why["data_index"][1] > why["data_index"][0], why
+    assert not job["blames"], job["blames"]  # the data's NaN blames no node
+    described = cp.cli("describe", "nan-recurs", check=True).stdout
+    assert f"loss.nan recurs at step {NAN_STEP}" in described, described
 
-        job = cp.wait_state("nan-sdc", TERMINAL, timeout_s=240)
-        print(f"nan-sdc {job['state']} after {time.time() - started:.1f}s")
-        assert job["state"] == "Completed", job
-        first, second = job["attempt_list"]
-        assert first["reason"]["kind"] == FailureKind.LOSS_NAN and second["resume_from"], job["attempt_list"]
-        (suspect,) = [v for v in job["verdicts"] if v["kind"] == FailureKind.SDC_SUSPECT]
-        assert suspect["attempt_id"] == first["id"] and suspect["host"] == "algo-2", suspect
-        ev = suspect["evidence"]
-        assert ev["step"] == NAN_STEP and ev["rank"] == "1" and ev["replay"] == "did not recur", ev
-        blamed = [(b["host"], b["kind"]) for b in job["blames"]]
-        assert blamed == [("algo-2", FailureKind.SDC_SUSPECT)], job["blames"]
-        described = cp.cli("describe", "nan-sdc", check=True).stdout
-        assert "sdc.suspect" in described and "algo-2" in described, described
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
+    job = cp.wait_state("nan-sdc", TERMINAL, timeout_s=240)
+    print(f"nan-sdc {job['state']} after {time.time() - started:.1f}s")
+    assert job["state"] == "Completed", job
+    first, second = job["attempt_list"]
+    assert first["reason"]["kind"] == FailureKind.LOSS_NAN and second["resume_from"], job["attempt_list"]
+    (suspect,) = [v for v in job["verdicts"] if v["kind"] == FailureKind.SDC_SUSPECT]
+    assert suspect["attempt_id"] == first["id"] and suspect["host"] == "algo-2", suspect
+    ev = suspect["evidence"]
+    assert ev["step"] == NAN_STEP and ev["rank"] == "1" and ev["replay"] == "did not recur", ev
+    blamed = [(b["host"], b["kind"]) for b in job["blames"]]
+    assert blamed == [("algo-2", FailureKind.SDC_SUSPECT)], job["blames"]
+    described = cp.cli("describe", "nan-sdc", check=True).stdout
+    assert "sdc.suspect" in described and "algo-2" in described, described

@@ -20,7 +20,28 @@ import httpx
 import psutil
 
 from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import FAST_HEALTH
 from tests.helpers.wait import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def byo_spec(
+    name: str, script: str, *, steps: int, save_steps: int, step_sleep: float, health: dict | None = None, **more: Any
+) -> dict[str, Any]:
+    """The spec of `examples/byo/<script>` on 2 nodes x 2 ranks of the local backend, one restart
+    allowed, the fast health thresholds (a hang after 12 s without a step, `health` overriding);
+    `more` adds the script's own keys (metrics, checkpoint, env)."""
+    return {
+        "name": name,
+        "entrypoint": ["python", f"examples/byo/{script}"],
+        "args": ["--max-steps", str(steps), "--save-steps", str(save_steps), "--step-sleep", str(step_sleep)],
+        "resources": {"instance_count": 2, "procs_per_node": 2},
+        "retry": {"max_restarts": 1},
+        "health": {**FAST_HEALTH, "startup_grace_s": 10, **(health or {})},
+        "backend_options": {"workdir": str(REPO)},
+        **more,
+    }
 
 
 @dataclass

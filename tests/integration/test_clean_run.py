@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import rank_losses, trainer_spec
 
 RUN_S = float(os.environ.get("AERIE_CLEAN_RUN_S", "600"))
@@ -30,45 +29,39 @@ pytestmark = [
 ]
 
 
-def test_clean_long_run_raises_no_verdict(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    cp = ControlPlane(home, s3=True).start()
-    try:
-        spec = trainer_spec(
-            tmp_path / "clean.json",
-            "clean-run",
-            steps=10**7,
-            checkpoint_uri="s3://aerie/clean",
-            every_steps=300,
-            extra_hps={"eval_every": "500", "eval_iters": "40"},
-        )
-        # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests.
-        data = json.loads(spec.read_text())
-        data["health"] = {}
-        spec.write_text(json.dumps(data))
-        cp.cli("submit", str(spec), check=True)
-        started = time.time()
-        while time.time() - started < RUN_S:
-            job = cp.job("clean-run")
-            assert job["state"] in ("Submitted", "InProgress"), (job["state"], job.get("reason"), job["verdicts"])
-            assert not job["verdicts"], job["verdicts"]
-            time.sleep(5)
-        cp.cli("stop", "clean-run", check=True)
-        job = cp.wait_state("clean-run", {"Stopped", "Failed", "Completed"}, timeout_s=120)
-        assert job["state"] == "Stopped", job
-        assert job["verdicts"] == []
-        assert len(job["attempt_list"]) == 1
-        checkpoints = cp.get("/v1/jobs/clean-run/checkpoints")
-        assert len(checkpoints) >= 2, checkpoints
-        events = [
-            line
-            for p in (home / "jobs").glob("clean-run-*/attempt-1/algo-1/output/metrics/rank-00000.jsonl")
-            for line in p.read_text().splitlines()
-            if '"eval_end"' in line
-        ]
-        assert events, "the run must have paused for at least one evaluation"
-        assert max(rank_losses(home / "jobs", job["id"])[1]) > 600
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
+def test_clean_long_run_raises_no_verdict(s3_plane, tmp_path):
+    cp = s3_plane
+    spec = trainer_spec(
+        tmp_path / "clean.json",
+        "clean-run",
+        steps=10**7,
+        checkpoint_uri="s3://aerie/clean",
+        every_steps=300,
+        extra_hps={"eval_every": "500", "eval_iters": "40"},
+    )
+    # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests.
+    data = json.loads(spec.read_text())
+    data["health"] = {}
+    spec.write_text(json.dumps(data))
+    cp.cli("submit", str(spec), check=True)
+    started = time.time()
+    while time.time() - started < RUN_S:
+        job = cp.job("clean-run")
+        assert job["state"] in ("Submitted", "InProgress"), (job["state"], job.get("reason"), job["verdicts"])
+        assert not job["verdicts"], job["verdicts"]
+        time.sleep(5)
+    cp.cli("stop", "clean-run", check=True)
+    job = cp.wait_state("clean-run", {"Stopped", "Failed", "Completed"}, timeout_s=120)
+    assert job["state"] == "Stopped", job
+    assert job["verdicts"] == []
+    assert len(job["attempt_list"]) == 1
+    checkpoints = cp.get("/v1/jobs/clean-run/checkpoints")
+    assert len(checkpoints) >= 2, checkpoints
+    events = [
+        line
+        for p in (cp.home / "jobs").glob("clean-run-*/attempt-1/algo-1/output/metrics/rank-00000.jsonl")
+        for line in p.read_text().splitlines()
+        if '"eval_end"' in line
+    ]
+    assert events, "the run must have paused for at least one evaluation"
+    assert max(rank_losses(cp.home / "jobs", job["id"])[1]) > 600

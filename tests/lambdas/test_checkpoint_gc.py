@@ -6,19 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import boto3
-
 from lambdas import checkpoint_gc
 from orchestrator.store import repo
-from trainer.checkpoint.manifest import checkpoint_uri, commit, list_checkpoints
+from tests.helpers.gc_jobs import gc_job, s3_checkpoint
+from trainer.checkpoint.manifest import checkpoint_uri, list_checkpoints
 
 FIXTURE = Path(__file__).parent.parent / "data" / "events" / "checkpoint_committed.json"
 
 
 def _checkpoint(uri: str, step: int, attempt: int) -> None:
-    bucket, key = uri[len("s3://") :].split("/", 1)
-    boto3.client("s3").put_object(Bucket=bucket, Key=f"{key}/__0_0.distcp", Body=b"x" * (100 + step))
-    commit(uri, step=step, tokens=step * 1000, attempt=attempt)
+    """Sizes and token counts that tell the steps apart."""
+    s3_checkpoint(uri, step, attempt, 100 + step, tokens=step * 1000)
 
 
 def test_keeps_the_last_and_every_resume_point_and_is_idempotent(s3_bucket, api):
@@ -27,16 +25,7 @@ def test_keeps_the_last_and_every_resume_point_and_is_idempotent(s3_bucket, api)
     two, 10 (a resume point); GC deletes 20 and 30 (their records say `deleted`) and the zombie's."""
     base = f"s3://{s3_bucket}/ckpt"
     with api.db.session() as s:
-        job = repo.create_job(
-            s,
-            {
-                "name": "gc-job",
-                "backend": "local",
-                "entrypoint": ["x"],
-                "checkpoint": {"s3_uri": base, "every_steps": 10, "keep_last": 2},
-            },
-            "default",
-        )
+        job = gc_job(s, "gc-job", base, keep_last=2)
         prefix = f"{base}/{job.id}"
         a1 = repo.create_attempt(s, job, 1)
         repo.set_attempt_state(s, a1, "Running")

@@ -15,14 +15,14 @@ import subprocess
 import sys
 import time
 
-import boto3
 import pytest
 
 from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, REPO, ControlPlane, event_story, write_spec
 from orchestrator.settings import Settings
 from orchestrator.store import repo
+from tests.helpers.gc_jobs import gc_job, s3_checkpoint
 from tests.helpers.live_api import start_live_api
-from trainer.checkpoint.manifest import checkpoint_uri, commit, list_checkpoints, verify
+from trainer.checkpoint.manifest import checkpoint_uri, list_checkpoints, verify
 
 pytestmark = pytest.mark.slow
 
@@ -99,16 +99,7 @@ def test_killed_in_the_middle_of_checkpoint_gc(aerie_home, s3_env, s3_bucket):
     try:
         base = f"s3://{s3_bucket}/ckpt"
         with live.db.session() as s:
-            job = repo.create_job(
-                s,
-                {
-                    "name": "gc",
-                    "backend": "local",
-                    "entrypoint": ["x"],
-                    "checkpoint": {"s3_uri": base, "every_steps": 10, "keep_last": 1},
-                },
-                "default",
-            )
+            job = gc_job(s, "gc", base, keep_last=1)
             prefix = f"{base}/{job.id}"
             a1 = repo.create_attempt(s, job, 1)
             a2 = None
@@ -118,9 +109,7 @@ def test_killed_in_the_middle_of_checkpoint_gc(aerie_home, s3_env, s3_bucket):
                     repo.set_attempt_state(s, a1, "Failed", {"kind": "node.lost"})
                     a2 = repo.create_attempt(s, job, 2, resume_from=checkpoint_uri(prefix, 20, 1))
                 uri = checkpoint_uri(prefix, step, number)
-                bucket, key = uri[5:].split("/", 1)
-                boto3.client("s3").put_object(Bucket=bucket, Key=f"{key}/__0_0.distcp", Body=b"w" * 64)
-                commit(uri, step=step, attempt=number)
+                s3_checkpoint(uri, step, number, 64)
                 repo.record_checkpoint(s, a2 or a1, step, uri, {"size_bytes": 64})
             job_id = job.id
         event = {

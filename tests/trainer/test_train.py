@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -51,17 +50,7 @@ def run_trainer(
 ) -> tuple[int, Path]:
     """Run the trainer (torchrun when nproc > 1); return (exit code, its metrics directory)."""
     metrics = workdir / name / "metrics"
-    full_env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-        "AERIE_METRICS_PATH": str(metrics),
-        "SM_OUTPUT_DATA_DIR": str(workdir / name / "output"),
-        "AERIE_CHECKPOINT_URI": "",
-        "AERIE_RESUME_FROM": "",
-    }
-    full_env.pop("SM_HPS", None)
-    full_env.update(env or {})
+    full_env = trainer_env(workdir / name, **{"PYTHONPATH": str(REPO), "AERIE_CHECKPOINT_URI": "", **(env or {})})
     args = ["-m", "trainer.train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] + args

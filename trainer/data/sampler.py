@@ -8,8 +8,10 @@ had consumed and continues with exactly the next micro-batch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 
+@dataclass
 class MegatronPretrainingSampler:
     """Yields one micro-batch (a list of sample indices) per iteration for one DP rank.
 
@@ -23,32 +25,31 @@ class MegatronPretrainingSampler:
     `total_samples` is normally `len(GPTDataset)`.
     """
 
-    def __init__(
-        self,
-        total_samples: int,
-        consumed_samples: int,
-        micro_batch_size: int,
-        data_parallel_rank: int,
-        data_parallel_size: int,
-        drop_last: bool = True,
-    ) -> None:
-        if total_samples <= 0:
-            raise ValueError(f"no sample to consume: total_samples={total_samples}")
-        if consumed_samples >= total_samples:
-            raise ValueError(f"no samples left: consumed_samples={consumed_samples} >= total_samples={total_samples}")
-        if micro_batch_size <= 0:
-            raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
-        if data_parallel_size <= 0:
-            raise ValueError(f"data_parallel_size must be positive, got {data_parallel_size}")
-        if not 0 <= data_parallel_rank < data_parallel_size:
-            raise ValueError(f"data_parallel_rank {data_parallel_rank} not in [0, {data_parallel_size})")
-        self.total_samples = total_samples
-        self.consumed_samples = consumed_samples
-        self.micro_batch_size = micro_batch_size
-        self.data_parallel_rank = data_parallel_rank
-        self.data_parallel_size = data_parallel_size
-        self.drop_last = drop_last
-        self.micro_batch_times_dp = micro_batch_size * data_parallel_size
+    total_samples: int
+    consumed_samples: int
+    micro_batch_size: int
+    data_parallel_rank: int
+    data_parallel_size: int
+    drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        if self.total_samples <= 0:
+            raise ValueError(f"no sample to consume: total_samples={self.total_samples}")
+        if self.consumed_samples >= self.total_samples:
+            raise ValueError(
+                f"no samples left: consumed_samples={self.consumed_samples} >= total_samples={self.total_samples}"
+            )
+        if self.micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {self.micro_batch_size}")
+        if self.data_parallel_size <= 0:
+            raise ValueError(f"data_parallel_size must be positive, got {self.data_parallel_size}")
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(f"data_parallel_rank {self.data_parallel_rank} not in [0, {self.data_parallel_size})")
+
+    @property
+    def micro_batch_times_dp(self) -> int:
+        """Samples of one global batch (all ranks' micro-batches together)."""
+        return self.micro_batch_size * self.data_parallel_size
 
     def __len__(self) -> int:
         """Micro-batches this rank will still yield."""

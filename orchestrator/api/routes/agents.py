@@ -9,25 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Request, status
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Body, HTTPException, Request, status
 
 from aerie_contracts.restarts import CAUSE_RESUME_FALLBACK, NextAction, RestartMode, mode_of
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState
-from orchestrator.api.deps import Principal, SessionDep, agent_of
+from orchestrator.api.deps import AgentDep, AttemptDep, SessionDep
 from orchestrator.api.routes import checkpoints
 from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, MetricsIn, NextOut, VerdictIn
 from orchestrator.store import repo
-from orchestrator.store.models import Attempt
 
 router = APIRouter(prefix="/v1/attempts/{attempt_id}/nodes/{host}", tags=["agents"], responses=AUTH_ERRORS)
-
-
-def _attempt(s: Session, who: Principal, attempt_id: str) -> Attempt:
-    attempt = s.get(Attempt, attempt_id)
-    if attempt is None or attempt.job.tenant != who.tenant:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
-    return attempt
 
 
 def store_heartbeat(state, attempt_id: str, host: str, summary: dict[str, Any]) -> None:
@@ -43,8 +34,8 @@ async def heartbeat(
     request: Request,
     attempt_id: str,
     host: str,
+    who: AgentDep,
     body: dict[str, Any] = Body(..., openapi_examples={"summary": {"value": {"t": 1.0, "last_step": 10}}}),
-    who: Principal = Depends(agent_of),
 ) -> HeartbeatOut:
     """Buffered: no transaction of its own (see orchestrator/heartbeats.py); async because the
     cached path does no I/O (a cache miss runs one short query)."""
@@ -61,70 +52,37 @@ async def heartbeat(
 
 
 @router.post("/verdicts", status_code=status.HTTP_201_CREATED)
-def verdict(
-    s: SessionDep,
-    attempt_id: str,
-    host: str,
-    body: VerdictIn,
-    who: Principal = Depends(agent_of),
-) -> dict:
-    attempt = _attempt(s, who, attempt_id)
+def verdict(s: SessionDep, attempt: AttemptDep, host: str, body: VerdictIn) -> dict:
     repo.record_verdict(s, attempt, host, body.kind, body.message, body.evidence)
     return {"ok": True}
 
 
 @router.post("/exit")
-def node_exit(
-    s: SessionDep,
-    attempt_id: str,
-    host: str,
-    body: ExitIn,
-    who: Principal = Depends(agent_of),
-) -> dict:
-    attempt = _attempt(s, who, attempt_id)
+def node_exit(s: SessionDep, attempt: AttemptDep, host: str, body: ExitIn) -> dict:
     row = repo.node(s, attempt, host)
     row.exit = {"exit_code": body.exit_code, "reason": body.reason, "t": body.t}
     return {"ok": True}
 
 
 @router.post("/checkpoints", responses=checkpoints.SUPERSEDED)
-def checkpoint(
-    s: SessionDep,
-    attempt_id: str,
-    host: str,
-    body: CheckpointIn,
-    who: Principal = Depends(agent_of),
-) -> dict:
+def checkpoint(s: SessionDep, attempt: AttemptDep, host: str, body: CheckpointIn) -> dict:
     """A `checkpoint_committed` line of the node's metrics stream: recorded (fenced) as the
     trainer's own commit is (routes/checkpoints.py)."""
-    return checkpoints.record(s, _attempt(s, who, attempt_id), body)
+    return checkpoints.record(s, attempt, body)
 
 
 @router.post("/metrics")
-def metrics(
-    s: SessionDep,
-    attempt_id: str,
-    host: str,
-    body: MetricsIn,
-    who: Principal = Depends(agent_of),
-) -> dict:
+def metrics(s: SessionDep, attempt: AttemptDep, host: str, body: MetricsIn) -> dict:
     """Training-step records (rank 0) for the dashboard's curves; steps already stored are skipped."""
-    attempt = _attempt(s, who, attempt_id)
     return {"ok": True, "new": repo.record_metrics(s, attempt, body.records)}
 
 
 @router.get("/next", response_model=NextOut)
-def next_attempt(
-    s: SessionDep,
-    attempt_id: str,
-    host: str,
-    who: Principal = Depends(agent_of),
-) -> NextOut:
+def next_attempt(s: SessionDep, attempt: AttemptDep, host: str) -> NextOut:
     """Asked by an agent kept up after its worker group ended. Fencing: only the in-place
     successor of this very attempt, once launched on this node, is handed over, with a token
     scoped to it alone; this attempt's own token stays good for this attempt only, which is no
     longer current, so nothing its stale ranks commit is recorded."""
-    attempt = _attempt(s, who, attempt_id)
     job = attempt.job
     if job.stop_requested or job.state in JOB_TERMINAL:
         return NextOut(action=NextAction.EXIT, why=f"job {job.state}")

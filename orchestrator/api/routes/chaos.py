@@ -12,12 +12,12 @@ import time
 import uuid
 from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from aerie_contracts.events import DetailType
 from aerie_contracts.states import AttemptState
-from orchestrator.api.deps import Principal, SessionDep, writer
+from orchestrator.api.deps import SessionDep, WriterDep
 from orchestrator.api.schemas import AUTH_ERRORS, ErrorOut
 from orchestrator.store import repo
 
@@ -45,7 +45,7 @@ class ChaosOut(BaseModel):
 
 
 @router.post("/{job_ref}/chaos", response_model=ChaosOut, responses={404: {"model": ErrorOut}})
-def chaos(s: SessionDep, request: Request, job_ref: str, body: ChaosIn, who: Principal = Depends(writer)) -> ChaosOut:
+def chaos(s: SessionDep, request: Request, job_ref: str, body: ChaosIn, who: WriterDep) -> ChaosOut:
     try:
         job = repo.get_job(s, who.tenant, job_ref)
     except repo.NotFound:

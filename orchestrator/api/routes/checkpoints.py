@@ -10,12 +10,12 @@ verification failed, `checkpoint_gc` the ones it deleted.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, HTTPException, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aerie_contracts.states import ATTEMPT_ACTIVE
-from orchestrator.api.deps import Principal, SessionDep, agent_of, writer
+from orchestrator.api.deps import AttemptDep, SessionDep, WriterDep, job_of
 from orchestrator.api.schemas import (
     AUTH_ERRORS,
     AttemptViewOut,
@@ -27,7 +27,7 @@ from orchestrator.api.schemas import (
     ErrorOut,
 )
 from orchestrator.store import repo
-from orchestrator.store.models import Attempt, Checkpoint, Job
+from orchestrator.store.models import Attempt, Checkpoint, columns
 
 SUPERSEDED = {409: {"model": ErrorOut, "description": "The attempt is no longer its job's current one (fenced)"}}
 
@@ -37,24 +37,10 @@ jobs = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
 def checkpoint_out(c: Checkpoint) -> CheckpointOut:
     return CheckpointOut(
-        step=c.step,
-        uri=c.uri,
-        state=c.state,
-        attempt_id=c.attempt_id,
-        size_bytes=c.size_bytes,
-        created_at=c.created_at,
+        **columns(c, "step", "uri", "state", "attempt_id", "size_bytes", "created_at", "reason", "state_at"),
         meta=c.meta or {},
-        reason=c.reason,
-        state_at=c.state_at,
         tier=c.tier or "s3",
     )
-
-
-def _attempt(s: Session, who: Principal, attempt_id: str) -> Attempt:
-    attempt = s.get(Attempt, attempt_id)
-    if attempt is None or attempt.job.tenant != who.tenant:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
-    return attempt
 
 
 def record(s: Session, attempt: Attempt, body: CheckpointIn) -> dict:
@@ -70,14 +56,9 @@ def record(s: Session, attempt: Attempt, body: CheckpointIn) -> dict:
 
 
 @attempts.get("", response_model=AttemptViewOut)
-def attempt_view(
-    s: SessionDep,
-    attempt_id: str,
-    who: Principal = Depends(agent_of),
-) -> AttemptViewOut:
+def attempt_view(s: SessionDep, attempt: AttemptDep) -> AttemptViewOut:
     """Whether this attempt is still its job's current one: a superseded attempt's ranks must not
     commit (their record would be refused anyway)."""
-    attempt = _attempt(s, who, attempt_id)
     newest = s.scalars(select(Attempt.number).where(Attempt.job_id == attempt.job_id)).all()
     current = attempt.state in ATTEMPT_ACTIVE and attempt.number >= max(newest)
     return AttemptViewOut(
@@ -86,54 +67,29 @@ def attempt_view(
 
 
 @attempts.get("/checkpoints", response_model=list[CheckpointOut])
-def attempt_job_checkpoints(
-    s: SessionDep,
-    attempt_id: str,
-    who: Principal = Depends(agent_of),
-) -> list[CheckpointOut]:
+def attempt_job_checkpoints(s: SessionDep, attempt: AttemptDep) -> list[CheckpointOut]:
     """The record of the attempt's job's checkpoints (what a restore may fall back to)."""
-    attempt = _attempt(s, who, attempt_id)
     return [checkpoint_out(c) for c in repo.list_checkpoints(s, attempt.job)]
 
 
 @attempts.post("/checkpoints", responses=SUPERSEDED)
-def commit_checkpoint(
-    s: SessionDep,
-    attempt_id: str,
-    body: CheckpointIn,
-    who: Principal = Depends(agent_of),
-) -> dict:
-    return record(s, _attempt(s, who, attempt_id), body)
+def commit_checkpoint(s: SessionDep, attempt: AttemptDep, body: CheckpointIn) -> dict:
+    return record(s, attempt, body)
 
 
 @attempts.post("/checkpoints/bad", response_model=CheckpointStateOut, responses=SUPERSEDED)
-def mark_bad(
-    s: SessionDep,
-    attempt_id: str,
-    body: CheckpointBadIn,
-    who: Principal = Depends(agent_of),
-) -> CheckpointStateOut:
+def mark_bad(s: SessionDep, attempt: AttemptDep, body: CheckpointBadIn) -> CheckpointStateOut:
     """A restore from this checkpoint of the job failed. Only the job's current attempt may say so:
     a zombie must not take resume points away from the attempt that replaced it."""
-    attempt = _attempt(s, who, attempt_id)
     if not repo.hold_current_attempt(s, attempt):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"attempt {attempt_id} is no longer its job's current attempt")
+        raise HTTPException(status.HTTP_409_CONFLICT, f"attempt {attempt.id} is no longer its job's current attempt")
     changed = repo.set_checkpoint_state(s, attempt.job, [body.uri], "bad", body.reason)
     return CheckpointStateOut(changed=[c.uri for c in changed])
 
 
 @jobs.post("/{job_ref}/checkpoints/state", response_model=CheckpointStateOut)
-def set_state(
-    s: SessionDep,
-    job_ref: str,
-    body: CheckpointStateIn,
-    who: Principal = Depends(writer),
-) -> CheckpointStateOut:
+def set_state(s: SessionDep, job_ref: str, body: CheckpointStateIn, who: WriterDep) -> CheckpointStateOut:
     """Mark recorded checkpoints `bad` (verification failed) or `deleted` (GC removed them).
     Unknown URIs and ones already in that state are left alone, so a redelivery changes nothing."""
-    try:
-        job: Job = repo.get_job(s, who.tenant, job_ref)
-    except repo.NotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_ref!r}") from None
-    changed = repo.set_checkpoint_state(s, job, body.uris, body.state, body.reason)
+    changed = repo.set_checkpoint_state(s, job_of(s, who, job_ref), body.uris, body.state, body.reason)
     return CheckpointStateOut(changed=[c.uri for c in changed])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, HTTPException, status
 
-from orchestrator.api.deps import Principal, SessionDep, user
+from orchestrator.api.deps import SessionDep, UserDep
 from orchestrator.api.schemas import AUTH_ERRORS, GoodputOut
 from orchestrator.goodput import ledger_for
 from orchestrator.store import repo
@@ -13,11 +13,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=AUTH_ERRORS)
 
 
 @router.get("/{job_ref}/goodput", response_model=GoodputOut)
-def goodput(
-    s: SessionDep,
-    job_ref: str,
-    who: Principal = Depends(user),
-) -> dict:
+def goodput(s: SessionDep, job_ref: str, who: UserDep) -> dict:
     """The job's ledger: productive step time and badput by cause, summing to wall time × nodes;
     its timeline as contiguous segments; each fault's detection delay and redone steps; advice."""
     try:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
-from orchestrator.api.deps import Principal, SessionDep, user, writer
+from orchestrator.api.deps import SessionDep, UserDep, WriterDep, job_of
 from orchestrator.api.routes.checkpoints import checkpoint_out
 from orchestrator.api.schemas import (
     AUTH_ERRORS,
@@ -30,7 +30,7 @@ from orchestrator.api.schemas import (
 from orchestrator.read_model import attempt_out, attempts_out, job_out
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
-from orchestrator.store.models import Job
+from orchestrator.store.models import Job, columns
 
 router = APIRouter(
     prefix="/v1/jobs",
@@ -39,15 +39,8 @@ router = APIRouter(
 )
 
 
-def _job(s: Session, who: Principal, ref: str) -> Job:
-    try:
-        return repo.get_job(s, who.tenant, ref)
-    except repo.NotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {ref!r}") from None
-
-
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
-def submit(s: SessionDep, spec: JobSpec, who: Principal = Depends(writer)) -> dict:
+def submit(s: SessionDep, spec: JobSpec, who: WriterDep) -> dict:
     """Submit a job. The spec is validated whole: a 422 names every bad field."""
     job = repo.create_job(s, spec.model_dump(mode="json"), who.tenant)
     return job_out(job, with_spec=True)
@@ -56,17 +49,17 @@ def submit(s: SessionDep, spec: JobSpec, who: Principal = Depends(writer)) -> di
 @router.get("", response_model=list[JobOut])
 def list_jobs(
     s: SessionDep,
+    who: UserDep,
     state: str | None = None,
     limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_DB_INT),
-    who: Principal = Depends(user),
 ) -> list[dict]:
     return [job_out(j) for j in repo.list_jobs(s, who.tenant, state, limit, offset)]
 
 
 @router.get("/{job_ref}", response_model=JobDetail)
-def describe(s: SessionDep, job_ref: str, who: Principal = Depends(user)) -> dict:
-    job = _job(s, who, job_ref)
+def describe(s: SessionDep, job_ref: str, who: UserDep) -> dict:
+    job = job_of(s, who, job_ref)
     verdicts = repo.verdicts_of(s, [a.id for a in job.attempts])
     return dict(
         **job_out(job, with_spec=True),
@@ -82,34 +75,27 @@ def describe(s: SessionDep, job_ref: str, who: Principal = Depends(user)) -> dic
 def blames_out(s: Session, job: Job) -> list[BlameOut]:
     return [
         BlameOut(
-            attempt_id=b.attempt_id,
-            host=b.host,
-            kind=b.kind,
-            rule=b.rule,
-            why=b.why,
+            **columns(b, "attempt_id", "host", "kind", "rule", "why", "created_at", "cleared_at", "cleared_by"),
             evidence=b.evidence or {},
-            created_at=b.created_at,
-            cleared_at=b.cleared_at,
-            cleared_by=b.cleared_by,
         )
         for b in repo.blames_of(s, job)
     ]
 
 
 @router.post("/{job_ref}/stop", response_model=JobOut)
-def stop(s: SessionDep, job_ref: str, who: Principal = Depends(writer)) -> dict:
+def stop(s: SessionDep, job_ref: str, who: WriterDep) -> dict:
     """Ask for the job to stop; the controller stops its running attempt (idempotent)."""
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     if job.state not in JOB_TERMINAL:
         job.stop_requested = True
     return job_out(job)
 
 
 @router.post("/{job_ref}/attempts", status_code=status.HTTP_201_CREATED, response_model=AttemptOut)
-def restart(s: SessionDep, job_ref: str, body: RestartIn, who: Principal = Depends(writer)) -> AttemptOut:
+def restart(s: SessionDep, job_ref: str, body: RestartIn, who: WriterDep) -> AttemptOut:
     """Create attempt N+1 after attempt N failed (what chaining calls). 409 if it exists already:
     the store's (job, number) constraint makes a duplicated restart decision harmless."""
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     if job.state in JOB_TERMINAL or job.stop_requested:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job is {job.state}; nothing to restart")
     latest = job.attempts[-1] if job.attempts else None
@@ -131,12 +117,12 @@ def blame(
     s: SessionDep,
     job_ref: str,
     body: BlamesIn,
+    who: WriterDep,
     number: int = Path(ge=1, le=MAX_DB_INT),
-    who: Principal = Depends(writer),
 ) -> list[BlameOut]:
     """Record the nodes chaining blamed for failed attempt `number` (idempotent: a host already
     blamed for it keeps its first record). Answers every blame of the job, cleared ones included."""
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     attempt = next((a for a in job.attempts if a.number == number), None)
     if attempt is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job.id} has no attempt {number}")
@@ -148,28 +134,28 @@ def blame(
 
 
 @router.post("/{job_ref}/fail", response_model=JobOut)
-def fail(s: SessionDep, job_ref: str, body: FailIn, who: Principal = Depends(writer)) -> dict:
+def fail(s: SessionDep, job_ref: str, body: FailIn, who: WriterDep) -> dict:
     """End the job as Failed (chaining decided not to retry). Idempotent."""
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     if job.state not in JOB_TERMINAL:
         repo.set_job_state(s, job, JobState.FAILED, body.reason)
     return job_out(job)
 
 
 @router.get("/{job_ref}/attempts", response_model=list[AttemptOut])
-def attempts(s: SessionDep, job_ref: str, who: Principal = Depends(user)) -> list[AttemptOut]:
-    return attempts_out(_job(s, who, job_ref))
+def attempts(s: SessionDep, job_ref: str, who: UserDep) -> list[AttemptOut]:
+    return attempts_out(job_of(s, who, job_ref))
 
 
 @router.get("/{job_ref}/events", response_model=list[EventOut])
 def events(
     s: SessionDep,
     job_ref: str,
+    who: UserDep,
     after: int = Query(0, ge=0, le=MAX_DB_INT, description="Only events with seq > after"),
     limit: int = Query(1000, ge=1, le=10000),
-    who: Principal = Depends(user),
 ) -> list[EventOut]:
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     return [
         EventOut(seq=e.seq, status=e.status, deliveries=e.deliveries, event=repo.eventbridge(e))
         for e in repo.list_events(s, job, after=after, limit=limit)
@@ -180,11 +166,11 @@ def events(
 def checkpoints(
     s: SessionDep,
     job_ref: str,
+    who: UserDep,
     limit: int = Query(1000, ge=1, le=10000),
     offset: int = Query(0, ge=0, le=MAX_DB_INT),
-    who: Principal = Depends(user),
 ) -> list[CheckpointOut]:
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     return [checkpoint_out(c) for c in repo.list_checkpoints(s, job)[offset : offset + limit]]
 
 
@@ -193,15 +179,15 @@ def logs(
     s: SessionDep,
     request: Request,
     job_ref: str,
+    who: UserDep,
     attempt: int | None = Query(None, ge=1, le=MAX_DB_INT),
     offsets: str | None = Query(None, description='JSON {"host": byte offset}; negative = last N bytes'),
     tail: int | None = Query(
         None, ge=1, le=MAX_DB_INT, description="Without offsets: only the last TAIL bytes of each node"
     ),
-    who: Principal = Depends(user),
 ) -> LogsOut:
     """New output of every node of an attempt (the latest by default) since the given offsets."""
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     chosen = [a for a in job.attempts if attempt is None or a.number == attempt]
     if not chosen or not chosen[-1].handle:
         return LogsOut(attempt=chosen[-1].number if chosen else None, nodes={})

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from orchestrator.api.deps import Principal, SessionDep, user, writer
+from orchestrator.api.deps import Principal, SessionDep, UserDep, WriterDep, job_of
 from orchestrator.store import repo
-from orchestrator.store.models import EvalSample, Job
+from orchestrator.store.models import EvalSample, Job, columns
 
 router = APIRouter(tags=["eval"])
 
@@ -54,32 +54,13 @@ class RatingIn(BaseModel):
 
 
 def sample_out(x: EvalSample) -> dict[str, Any]:
-    return dict(
-        id=x.id,
-        job_id=x.job_id,
-        attempt_id=x.attempt_id,
-        checkpoint_uri=x.checkpoint_uri,
-        step=x.step,
-        prompt_index=x.prompt_index,
-        prompt=x.prompt,
-        answer=x.answer,
-        meta=x.meta or {},
-        slack_channel=x.slack_channel,
-        slack_ts=x.slack_ts,
-        created_at=x.created_at,
-        posted_at=x.posted_at,
-    )
+    copied = columns(x, "id", "job_id", "attempt_id", "checkpoint_uri", "step", "prompt_index", "prompt", "answer")
+    posting = columns(x, "slack_channel", "slack_ts", "created_at", "posted_at")
+    return dict(**copied, meta=x.meta or {}, **posting)
 
 
 def raters_needed(job: Job) -> int:
     return int(((job.spec or {}).get("eval") or {}).get("raters_needed") or 3)
-
-
-def _job(s: Session, who: Principal, ref: str) -> Job:
-    try:
-        return repo.get_job(s, who.tenant, ref)
-    except repo.NotFound:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {ref!r}") from None
 
 
 def _sample(s: Session, who: Principal, sample_id: str) -> EvalSample:
@@ -94,19 +75,14 @@ def _sample(s: Session, who: Principal, sample_id: str) -> EvalSample:
 
 
 @router.get("/v1/jobs/{job_ref}/eval/samples")
-def list_samples(
-    s: SessionDep,
-    job_ref: str,
-    checkpoint_uri: str | None = None,
-    who: Principal = Depends(user),
-) -> list[dict[str, Any]]:
-    return [sample_out(x) for x in repo.eval_samples_of(s, _job(s, who, job_ref), checkpoint_uri)]
+def list_samples(s: SessionDep, job_ref: str, who: UserDep, checkpoint_uri: str | None = None) -> list[dict[str, Any]]:
+    return [sample_out(x) for x in repo.eval_samples_of(s, job_of(s, who, job_ref), checkpoint_uri)]
 
 
 @router.post("/v1/jobs/{job_ref}/eval/samples")
-def add_samples(s: SessionDep, job_ref: str, body: SamplesIn, who: Principal = Depends(writer)) -> list[dict[str, Any]]:
+def add_samples(s: SessionDep, job_ref: str, body: SamplesIn, who: WriterDep) -> list[dict[str, Any]]:
     """Store a checkpoint's answers (existing ones are kept) and return every sample of it."""
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     rows = repo.add_eval_samples(
         s, job, body.checkpoint_uri, body.step, body.attempt_id, [a.model_dump() for a in body.answers], body.channel
     )
@@ -114,7 +90,7 @@ def add_samples(s: SessionDep, job_ref: str, body: SamplesIn, who: Principal = D
 
 
 @router.post("/v1/eval/samples/{sample_id}/claim")
-def claim(s: SessionDep, sample_id: str, body: ClaimIn, who: Principal = Depends(writer)) -> dict[str, Any]:
+def claim(s: SessionDep, sample_id: str, body: ClaimIn, who: WriterDep) -> dict[str, Any]:
     """`claimed`: "new", "takeover" (an earlier poster's claim expired) or null (posted, or busy)."""
     _sample(s, who, sample_id)
     got = repo.claim_eval_sample(s, sample_id, body.claim, body.lease_s)
@@ -122,24 +98,14 @@ def claim(s: SessionDep, sample_id: str, body: ClaimIn, who: Principal = Depends
 
 
 @router.post("/v1/eval/samples/{sample_id}/posted")
-def posted(
-    s: SessionDep,
-    sample_id: str,
-    body: PostedIn,
-    who: Principal = Depends(writer),
-) -> dict[str, Any]:
+def posted(s: SessionDep, sample_id: str, body: PostedIn, who: WriterDep) -> dict[str, Any]:
     sample = _sample(s, who, sample_id)
     repo.mark_eval_sample_posted(s, sample, body.channel, body.ts)
     return sample_out(sample)
 
 
 @router.post("/v1/eval/samples/{sample_id}/ratings")
-def rate(
-    s: SessionDep,
-    sample_id: str,
-    body: RatingIn,
-    who: Principal = Depends(writer),
-) -> dict[str, Any]:
+def rate(s: SessionDep, sample_id: str, body: RatingIn, who: WriterDep) -> dict[str, Any]:
     """Record one person's click (the Lambda form of the Slack endpoint calls this)."""
     sample = _sample(s, who, sample_id)
     return record_and_tally(s, sample, body.user_id, body.user_name, body.score, body.toggle_hallucination)
@@ -160,7 +126,7 @@ def record_and_tally(
 
 
 @router.get("/v1/jobs/{job_ref}/ratings")
-def ratings(s: SessionDep, job_ref: str, who: Principal = Depends(user)) -> list[dict[str, Any]]:
+def ratings(s: SessionDep, job_ref: str, who: UserDep) -> list[dict[str, Any]]:
     """Per rated checkpoint: step, samples, raters, mean score (1-5) and hallucination rate."""
-    job = _job(s, who, job_ref)
+    job = job_of(s, who, job_ref)
     return repo.ratings_by_checkpoint(s, job, raters_needed(job))

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, Field
 
-from orchestrator.api.deps import Principal, SessionDep, admin
+from orchestrator.api.deps import AdminDep, Principal, SessionDep
 from orchestrator.api.schemas import AUTH_ERRORS
 from orchestrator.sagemaker_api import sigv4
 from orchestrator.store import repo
-from orchestrator.store.models import now
+from orchestrator.store.models import columns, now
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=AUTH_ERRORS)
 OPERATOR_TENANT = "default"
@@ -53,12 +53,7 @@ def _scope(who: Principal) -> str | None:
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=NewTokenOut)
-def create(
-    s: SessionDep,
-    request: Request,
-    body: TokenIn,
-    who: Principal = Depends(admin),
-) -> NewTokenOut:
+def create(s: SessionDep, request: Request, body: TokenIn, who: AdminDep) -> NewTokenOut:
     """A token; with `aws`, also its AWS access key id and secret access key (SigV4 credentials of
     the same tenant and role for the SageMaker-compatible endpoint). Secrets are shown once."""
     tenant = body.tenant or who.tenant
@@ -75,17 +70,12 @@ def create(
 
 
 @router.get("", response_model=list[TokenOut])
-def list_tokens(s: SessionDep, who: Principal = Depends(admin)) -> list[TokenOut]:
+def list_tokens(s: SessionDep, who: AdminDep) -> list[TokenOut]:
     return [_out(t) for t in repo.list_tokens(s, _scope(who))]
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
-def revoke(
-    s: SessionDep,
-    request: Request,
-    token_id: int,
-    who: Principal = Depends(admin),
-) -> TokenOut:
+def revoke(s: SessionDep, request: Request, token_id: int, who: AdminDep) -> TokenOut:
     try:
         row = repo.revoke_token(s, token_id, _scope(who))
         request.app.state.tokens.evict(token_id)
@@ -96,12 +86,8 @@ def revoke(
 
 def _out(t) -> TokenOut:
     return TokenOut(
-        id=t.id,
+        **columns(t, "id", "tenant", "name", "created_at", "expires_at"),
         role=t.kind,
-        tenant=t.tenant,
-        name=t.name,
-        created_at=t.created_at,
-        expires_at=t.expires_at,
         revoked=t.revoked_at is not None,
         aws_access_key_id=t.access_key_id,
     )

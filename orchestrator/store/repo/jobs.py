@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, selectinload
@@ -21,6 +21,16 @@ from orchestrator.store.repo.outbox import emit
 
 class NotFound(LookupError):
     pass
+
+
+T = TypeVar("T")
+
+
+def found(row: T | None, what: str) -> T:
+    """`row`, or NotFound("no <what>") where the lookup found nothing."""
+    if row is None:
+        raise NotFound(f"no {what}")
+    return row
 
 
 # --- jobs -------------------------------------------------------------------------------------------
@@ -49,9 +59,7 @@ def get_job(s: Session, tenant: str, ref: str) -> Job:
         .order_by((Job.id == ref).desc(), Job.created_at.desc())
         .limit(1)
     ).first()
-    if job is None:
-        raise NotFound(f"no job {ref!r}")
-    return job
+    return found(job, f"job {ref!r}")
 
 
 def list_jobs(
@@ -118,10 +126,7 @@ def create_attempt(
 
 
 def get_attempt(s: Session, attempt_id: str) -> Attempt:
-    attempt = s.get(Attempt, attempt_id)
-    if attempt is None:
-        raise NotFound(f"no attempt {attempt_id!r}")
-    return attempt
+    return found(s.get(Attempt, attempt_id), f"attempt {attempt_id!r}")
 
 
 def attempts_in(s: Session, states: set[str]) -> Sequence[Attempt]:

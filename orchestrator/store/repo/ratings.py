@@ -15,7 +15,7 @@ from orchestrator.store.models import (
     Rating,
     now,
 )
-from orchestrator.store.repo.jobs import NotFound
+from orchestrator.store.repo.jobs import found
 
 # --- human eval: samples and ratings ----------------------------------------------------------------
 
@@ -72,10 +72,7 @@ def eval_samples_of(s: Session, job: Job, checkpoint_uri: str | None = None) -> 
 
 
 def get_eval_sample(s: Session, sample_id: str) -> EvalSample:
-    sample = s.get(EvalSample, sample_id)
-    if sample is None:
-        raise NotFound(f"no eval sample {sample_id!r}")
-    return sample
+    return found(s.get(EvalSample, sample_id), f"eval sample {sample_id!r}")
 
 
 def claim_eval_sample(s: Session, sample_id: str, claim: str, lease_s: float) -> str | None:
@@ -85,9 +82,7 @@ def claim_eval_sample(s: Session, sample_id: str, claim: str, lease_s: float) ->
     from sqlalchemy import and_
 
     t = now()
-    row = s.get(EvalSample, sample_id)
-    if row is None:
-        raise NotFound(f"no eval sample {sample_id!r}")
+    row = found(s.get(EvalSample, sample_id), f"eval sample {sample_id!r}")
     previous = row.claim
     # An UPDATE's result is a CursorResult (its rowcount); Session.execute is typed for any statement.
     result = cast(

@@ -13,7 +13,7 @@ from orchestrator.store.models import (
     Job,
     SageMakerTrainingJob,
 )
-from orchestrator.store.repo.jobs import NotFound, create_job
+from orchestrator.store.repo.jobs import create_job, found
 
 # --- jobs created through the SageMaker-compatible endpoint -----------------------------------------
 
@@ -62,9 +62,7 @@ def get_sagemaker_job(s: Session, tenant: str, arn: str) -> SageMakerTrainingJob
     record = s.scalars(
         select(SageMakerTrainingJob).where(SageMakerTrainingJob.tenant == tenant, SageMakerTrainingJob.arn == arn)
     ).first()
-    if record is None:
-        raise NotFound(f"no training job {arn!r}")
-    return record
+    return found(record, f"training job {arn!r}")
 
 
 def list_sagemaker_jobs(

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.helpers.tiny_trainer import trainer_env, write_tiny_config
 from trainer.checkpoint import gc as ckpt_gc
 from trainer.checkpoint import manifest
 
@@ -36,22 +36,15 @@ def free_port() -> int:
 
 
 def write_config(directory: Path, cache: Path) -> Path:
-    cfg = {
-        "model": {"preset": "pythia-tiny"},
-        "data": {"corpus": "stdlib", "max_bytes": 300_000, "cache_dir": str(cache)},
-        "seq_len": 32,
-        "micro_batch_size": 4,
-        "grad_accum": 2,
-        "steps": STEPS,
-        "warmup": 4,
-        "lr": 3e-3,
-        "min_lr": 3e-4,
-        "eval_every": 0,
-        "instance_type": "c7i.xlarge",
-    }
-    path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_tiny_config(
+        directory / "config.yaml",
+        cache,
+        grad_accum=2,
+        steps=STEPS,
+        warmup=4,
+        eval_every=0,
+        instance_type="c7i.xlarge",
+    )
 
 
 def launch(workdir: Path, config: Path, name: str, env: dict[str, str]) -> tuple[list[subprocess.Popen], Path]:
@@ -60,23 +53,15 @@ def launch(workdir: Path, config: Path, name: str, env: dict[str, str]) -> tuple
     port = str(free_port())
     procs = []
     for rank in (0, 1):
-        full_env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(REPO),
-            "AERIE_METRICS_PATH": str(metrics),
-            "SM_OUTPUT_DATA_DIR": str(workdir / name / "output"),
-            "AERIE_CHECKPOINT_URI": "",
-            "AERIE_RESUME_FROM": "",
+        world = {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": "2",
             "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": port,
-            **env,
         }
-        full_env.pop("SM_HPS", None)
+        full_env = trainer_env(workdir / name, **{"PYTHONPATH": str(REPO), "AERIE_CHECKPOINT_URI": "", **world, **env})
         log = open(workdir / f"{name}-rank{rank}.log", "w")
         procs.append(
             subprocess.Popen(

@@ -4,10 +4,7 @@ asynchronous saves, metrics events, manifest commits, and failed saves that comm
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,143 +12,73 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.helpers.state_worker import run_two_ranks
 from trainer.checkpoint import dcp as ck
 from trainer.checkpoint import manifest
 from trainer.metrics import MetricsWriter
 
-REPO = Path(__file__).resolve().parents[3]
-
 # Run by torchrun on 2 ranks: train, save asynchronously while training on, load into a model
 # built from another seed, and compare everything (full tensors) with the state at save time.
 WORKER = r"""
-import json, random, sys
-import numpy as np, torch, torch.nn.functional as F, torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
+import sys, time
+import torch, torch.distributed as dist
 torch.set_num_threads(1)
 from trainer import parallel
-from trainer.models import build_model, get_preset
 from trainer.checkpoint import dcp as ck
+from tests.helpers.state_worker import (
+    EXTRA, draws, finish, full, make, restored, same, seed_rank, train,
+)
 
 uri, parallelism, out = sys.argv[1], sys.argv[2], sys.argv[3]
 world = parallel.init_distributed()
 group = dist.new_group(backend="gloo")
 
-def make(seed):
-    torch.manual_seed(seed)
-    model = parallel.parallelize(build_model(get_preset("pythia-tiny")), world, parallelism)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
-    return model, opt, sched
-
-def train(model, opt, sched, n):
-    for _ in range(n):
-        x = torch.randint(0, 512, (2, 17))
-        F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
-        opt.step(); sched.step(); opt.zero_grad()
-
-def full(model, opt):
-    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
-    clone = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v
-    return ({k: clone(v) for k, v in msd.items()},
-            {k: {n: clone(t) for n, t in s.items()} for k, s in osd["state"].items()}, osd["param_groups"])
-
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
-
-torch.manual_seed(100 + world.rank); random.seed(world.rank); np.random.seed(world.rank)
-model, opt, sched = make(0)
+seed_rank(world.rank)
+model, opt, sched = make(world, parallelism, 0)
 train(model, opt, sched, 3)
 expected, expected_sched = full(model, opt), sched.state_dict()
-extra = {"step": 3, "consumed_samples": 24, "tokens": 384}
-t0 = __import__("time").perf_counter()
-future = ck.save(uri, model, opt, sched, extra, async_=True, process_group=group)
-blocked_s = __import__("time").perf_counter() - t0
-draws = (torch.rand(3), random.random(), float(np.random.rand()))
+t0 = time.perf_counter()
+future = ck.save(uri, model, opt, sched, EXTRA, async_=True, process_group=group)
+blocked_s = time.perf_counter() - t0
+before = draws()
 train(model, opt, sched, 2)  # training goes on while the save is written: must not leak into it
 future.result()
 dist.barrier()
 
-model2, opt2, sched2 = make(1)
+model2, opt2, sched2 = make(world, parallelism, 1)
 train(model2, opt2, sched2, 1)
 assert not same(full(model2, opt2)[0], expected[0])
 got_extra = ck.load(uri, model2, opt2, sched2, process_group=group)
-draws2 = (torch.rand(3), random.random(), float(np.random.rand()))
-result = {
-    "model": same(full(model2, opt2)[0], expected[0]),
-    "optim": same(full(model2, opt2)[1:], expected[1:]),
-    "scheduler": sched2.state_dict() == expected_sched,
-    "rng": same(draws, draws2),
-    "extra": got_extra == extra,
-    "blocked_s": blocked_s,
-}
+result = restored(model2, opt2, sched2, got_extra, expected, expected_sched, before)
+result["blocked_s"] = blocked_s
 # Both continue identically after the restore.
 train(model2, opt2, sched2, 1)
-open(f"{out}/rank-{world.rank}.json", "w").write(json.dumps(result))
-dist.destroy_process_group()
-# Skip interpreter finalization: gloo's C++ threads can still hold tensors whose release then
-# needs a GIL that is being torn down, and the rank aborts ("terminate called without an active
-# exception", pytorch/pytorch#179291) after all of its work is done.
-import os, sys
-sys.stdout.flush(); sys.stderr.flush()
-os._exit(0)
+finish(out, world.rank, result)
 """
+
+# What every rank of a round trip reports (besides the time the save blocked it).
+RESTORED = dict.fromkeys(("model", "optim", "scheduler", "rng", "extra"), True)
 
 
 def run_worker(tmp_path: Path, uri: str, parallelism: str) -> list[dict]:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            str(script),
-            uri,
-            parallelism,
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    return run_two_ranks(tmp_path, WORKER, uri, parallelism)
+
+
+def assert_restored(results: list[dict]) -> None:
+    for result in results:
+        assert {k: v for k, v in result.items() if k != "blocked_s"} == RESTORED
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
 def test_full_state_round_trip_file(tmp_path, parallelism):
-    for result in run_worker(tmp_path, f"file://{tmp_path}/ckpt/step_00000003", parallelism):
-        assert {k: v for k, v in result.items() if k != "blocked_s"} == {
-            "model": True,
-            "optim": True,
-            "scheduler": True,
-            "rng": True,
-            "extra": True,
-        }
+    assert_restored(run_worker(tmp_path, f"file://{tmp_path}/ckpt/step_00000003", parallelism))
     saved = {p.name for p in (tmp_path / "ckpt" / "step_00000003").iterdir()}
     assert ".metadata" in saved and any(name.endswith(".distcp") for name in saved)
 
 
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
 def test_full_state_round_trip_s3(tmp_path, s3_prefix, parallelism):
-    for result in run_worker(tmp_path, f"{s3_prefix}/step_00000003", parallelism):
-        assert {k: v for k, v in result.items() if k != "blocked_s"} == {
-            "model": True,
-            "optim": True,
-            "scheduler": True,
-            "rng": True,
-            "extra": True,
-        }
+    assert_restored(run_worker(tmp_path, f"{s3_prefix}/step_00000003", parallelism))
 
 
 # --- Checkpointer, in this process as a world of one ---------------------------------------------------

@@ -3,96 +3,53 @@ corrupt one is refused; the `auto` interval keeps the measured cost within its b
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from aerie_contracts import memckpt
+from tests.helpers.state_worker import run_two_ranks
 from trainer.checkpoint import memory
-
-REPO = Path(__file__).resolve().parents[3]
 
 # Run by torchrun on 2 ranks: train, snapshot into the shared-memory area, train on, load the
 # snapshot into a model built from another seed, and compare everything with the state at snapshot.
 WORKER = r"""
-import json, random, sys
-import numpy as np, torch, torch.nn.functional as F, torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, StateDictOptions
+import sys
+import torch
 torch.set_num_threads(1)
 from trainer import parallel
-from trainer.models import build_model, get_preset
 from trainer.checkpoint import memory
+from tests.helpers.state_worker import (
+    EXTRA, draws, finish, full, make, restored, same, seed_rank, train,
+)
 
 root, parallelism, out = sys.argv[1], sys.argv[2], sys.argv[3]
 world = parallel.init_distributed()
 
-def make(seed):
-    torch.manual_seed(seed)
-    model = parallel.parallelize(build_model(get_preset("pythia-tiny")), world, parallelism)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
-    return model, opt, sched
-
-def train(model, opt, sched, n):
-    for _ in range(n):
-        x = torch.randint(0, 512, (2, 17))
-        F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
-        opt.step(); sched.step(); opt.zero_grad()
-
-def full(model, opt):
-    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
-    clone = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v
-    return ({k: clone(v) for k, v in msd.items()},
-            {k: {n: clone(t) for n, t in s.items()} for k, s in osd["state"].items()}, osd["param_groups"])
-
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
-
-torch.manual_seed(100 + world.rank); random.seed(world.rank); np.random.seed(world.rank)
-model, opt, sched = make(0)
+seed_rank(world.rank)
+model, opt, sched = make(world, parallelism, 0)
 train(model, opt, sched, 3)
 expected, expected_sched = full(model, opt), sched.state_dict()
-extra = {"step": 3, "consumed_samples": 24, "tokens": 384}
 snap = memory.MemorySnapshotter(job="job-a", attempt=1, rank=world.rank, every=3, root=root)
 assert snap.due(3) and not snap.due(4)
-header = snap.maybe_snapshot(3, model, opt, sched, extra)
-draws = (torch.rand(3), random.random(), float(np.random.rand()))
+header = snap.maybe_snapshot(3, model, opt, sched, EXTRA)
+before = draws()
 train(model, opt, sched, 2)  # training goes on: must not leak into the snapshot
 expected_after = full(model, opt)[0]
 
-model2, opt2, sched2 = make(1)
+model2, opt2, sched2 = make(world, parallelism, 1)
 train(model2, opt2, sched2, 1)
 assert not same(full(model2, opt2)[0], expected[0])
 got_header, got_extra = memory.load_snapshot(snap.path(3), model2, opt2, sched2)
-draws2 = (torch.rand(3), random.random(), float(np.random.rand()))
-result = {
-    "model": same(full(model2, opt2)[0], expected[0]),
-    "optim": same(full(model2, opt2)[1:], expected[1:]),
-    "scheduler": sched2.state_dict() == expected_sched,
-    "rng": same(draws, draws2),
-    "extra": got_extra == extra,
-    "header": got_header == header
-    and (header.job, header.attempt, header.step, header.rank) == ("job-a", 1, 3, world.rank),
-}
+result = restored(model2, opt2, sched2, got_extra, expected, expected_sched, before)
+result["header"] = got_header == header and (header.job, header.attempt, header.step, header.rank) == (
+    "job-a", 1, 3, world.rank
+)
 # Both continue identically after the restore.
 train(model2, opt2, sched2, 2)
 result["continues"] = same(full(model2, opt2)[0], expected_after)
-open(f"{out}/rank-{world.rank}.json", "w").write(json.dumps(result))
-dist.destroy_process_group()
-import os
-sys.stdout.flush(); sys.stderr.flush()
-os._exit(0)
+finish(out, world.rank, result)
 """
 
 
@@ -109,20 +66,7 @@ def shm_root(tmp_path):
 
 @pytest.mark.parametrize("parallelism", ["fsdp2"])  # sharded state; plain tensors: the test below
 def test_snapshot_round_trip_is_bit_exact(tmp_path, shm_root, parallelism):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
-        + [str(shm_root), parallelism, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    for rank in (0, 1):
-        result = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+    for rank, result in enumerate(run_two_ranks(tmp_path, WORKER, str(shm_root), parallelism)):
         assert result == dict.fromkeys(("model", "optim", "scheduler", "rng", "extra", "header", "continues"), True)
         # The snapshot is a complete, verified file of the shared-memory area.
         path = memckpt.local_dir(shm_root, "job-a") / memckpt.file_name(3, rank)
