@@ -147,6 +147,13 @@ MEMORY_CHECKPOINT_PEERS = _var(
     "backend",
     "agent",
 )
+MEMORY_RESUME_NODES = _var(
+    "AERIE_MEMORY_RESUME_NODES",
+    "with a memory resume point: JSON {node: {ranks, replica_node}}, which node wrote each rank's snapshot "
+    "and which holds its replica (a replacement node fetches its ranks' replicas from their holders)",
+    "backend",
+    "agent",
+)
 RESUME_FALLBACK = _var(
     "AERIE_RESUME_FALLBACK",
     "the durable (S3) checkpoint a memory resume point falls back to when any rank cannot restore its "

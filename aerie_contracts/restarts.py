@@ -35,9 +35,16 @@ CAUSE_MODE_REASON = "mode_reason"
 # With a memory resume point: the durable checkpoint the ranks use instead if any of them cannot
 # restore its snapshot (the ranks agree on it collectively: trainer/resume.py).
 CAUSE_RESUME_FALLBACK = "resume_fallback"
+# ... and which node wrote each rank's snapshot and which holds its replica ({node: {ranks, replica_node}}).
+CAUSE_MEMORY_NODES = "memory_nodes"
 
 # Backends whose agents outlive a worker group; the others relaunch every attempt.
 IN_PLACE_BACKENDS = frozenset({"local"})
+
+# Backends whose relaunched attempt may still find the nodes' shared memory: the local backend's
+# nodes are folders of one host, so a relaunch finds every snapshot and replica that was not
+# removed. Elsewhere a relaunch is a new allocation and resumes from S3.
+MEMORY_OUTLIVES_RELAUNCH = frozenset({"local"})
 
 # Failures after which the attempt's allocation cannot be reused: a node is gone or cut off, or
 # the attempt never had its nodes.

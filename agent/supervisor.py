@@ -19,6 +19,7 @@ hand-over, outcome) is one state machine over shared state; what stands apart li
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -102,7 +103,16 @@ class Supervisor:
                 self._switch(successor)
         finally:
             if self.memory is not None:
-                self.memory.close(job_over=code == 0 or self.stop_requested or self._job_over)
+                self.memory.close(job_over=code == 0 or self._job_ended())
+
+    def _job_ended(self) -> bool:
+        """Whether the job is over (its memory area can go), as the control plane says: a stop
+        request is also how a relaunch tears this node down, and the next attempt may restore
+        from what this node holds."""
+        if not self._job_over and self.reporter.enabled:
+            answer = self.reporter.next_attempt() or {}
+            self._job_over = answer.get("action") == NextAction.EXIT and str(answer.get("why", "")).startswith("job ")
+        return self._job_over
 
     def _start_memory_tier(self) -> None:
         """Serve and replicate in-memory checkpoints (agent.memckpt.node) when the backend asks;
@@ -132,6 +142,7 @@ class Supervisor:
             world_size=cfg.world_size,
             resumed_step=step_of_uri(E.RESUME_FROM.get() or ""),
             resume_uri=E.RESUME_FROM.get() or "",
+            writers=_json_object(E.MEMORY_RESUME_NODES.get() or ""),
         )
 
     def _run_group(self) -> int:
@@ -252,6 +263,7 @@ class Supervisor:
                 E.ATTEMPT_NUMBER: str(successor.get("attempt_number") or ""),
                 E.RESUME_FROM: successor.get("resume_from") or "",
                 E.RESUME_FALLBACK: successor.get("resume_fallback") or "",
+                E.MEMORY_RESUME_NODES: json.dumps(successor["memory_nodes"]) if successor.get("memory_nodes") else "",
             }
         )
         self.cfg = dataclasses.replace(cfg, attempt=attempt, token=token)
@@ -518,3 +530,11 @@ class Supervisor:
 def _json_safe(value: Any) -> Any:
     """NaN/Infinity are not JSON: send them as null (the metric was not a number)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind, policy
-from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON, CAUSE_RESUME_FALLBACK, RestartMode
+from aerie_contracts.restarts import (
+    CAUSE_MEMORY_NODES,
+    CAUSE_MODE,
+    CAUSE_MODE_REASON,
+    CAUSE_RESUME_FALLBACK,
+    MEMORY_OUTLIVES_RELAUNCH,
+    RestartMode,
+)
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, CheckpointState
 from lambdas import nan_replay, restart_mode
 from lambdas.api import Api, ApiError
@@ -103,14 +110,17 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     resume_from = last_good_checkpoint(spec, job["id"], api)
     exclude = excluded_hosts(job, recorded, spec)
     mode, mode_why = restart_mode.decide(job, failed, reason, exclude)
-    # On warm nodes the newest good memory checkpoint is newer than S3's (taken far more often),
-    # and restoring it reads nothing from S3; S3's stays the fallback should any rank's copy fail.
+    # Where the nodes' shared memory survives (warm nodes, or a local relaunch), the newest good
+    # memory checkpoint is newer than S3's (taken far more often) and restoring it reads nothing
+    # from S3: a replaced node fetches its ranks' replicas from the nodes that hold them. S3's
+    # stays the fallback should any rank's copy be gone or fail its checksum.
     fallback: dict[str, Any] = {}
-    if mode == RestartMode.IN_PLACE:
+    if mode == RestartMode.IN_PLACE or job.get("backend") in MEMORY_OUTLIVES_RELAUNCH:
         memory = last_good_memory_checkpoint(api, job["id"])
         # At the same step too: the memory copy restores without a single S3 request.
-        if memory is not None and (step_of_uri(memory) or 0) >= (step_of_uri(resume_from or "") or 0):
-            resume_from, fallback = memory, {CAUSE_RESUME_FALLBACK: resume_from}
+        if memory is not None and (step_of_uri(memory[0]) or 0) >= (step_of_uri(resume_from or "") or 0):
+            fallback = {CAUSE_RESUME_FALLBACK: resume_from, CAUSE_MEMORY_NODES: memory[1]}
+            resume_from = memory[0]
     body = {
         "number": number + 1,
         "resume_from": resume_from,
@@ -190,14 +200,18 @@ def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Api | None = No
     return good[-1].uri if good else None
 
 
-def last_good_memory_checkpoint(api: Api, job_id: str) -> str | None:
+def last_good_memory_checkpoint(api: Api, job_id: str) -> tuple[str, dict[str, Any]] | None:
     """The job's newest memory checkpoint that the control plane recorded good (both copies of
-    every rank's snapshot complete), or None."""
+    every rank's snapshot complete), with which node wrote which ranks and holds whose replica; or
+    None."""
     rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
     good = [
         r for r in rows if r.get("tier") == CheckpointTier.MEMORY.value and r.get("state") == CheckpointState.GOOD.value
     ]
-    return str(max(good, key=lambda r: int(r["step"]))["uri"]) if good else None
+    if not good:
+        return None
+    newest = max(good, key=lambda r: int(r["step"]))
+    return str(newest["uri"]), dict((newest.get("meta") or {}).get("nodes") or {})
 
 
 def recorded_checkpoints(api: Api, job_id: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from aerie_contracts.states import ATTEMPT_ACTIVE, AttemptState, JobState
 from lambdas import nan_replay
 from orchestrator import failpoints, liveness
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
+from orchestrator.backends.nodeenv import memory_resume_env
 from orchestrator.events import Dispatcher
 from orchestrator.leader import LeaderLock
 from orchestrator.learned import learned_env
@@ -171,7 +172,7 @@ class Controller:
                     resume_from=attempt.resume_from,
                     exclude_nodes=tuple(attempt.exclude_nodes or ()),
                     # What earlier attempts learned about section durations (learned timeouts).
-                    extra_env=learned_env(job, attempt.number),
+                    extra_env={**learned_env(job, attempt.number), **memory_resume_env(attempt.cause)},
                 )
                 previous_handle = self._previous_handle(job, attempt)
                 if mode_of(attempt.cause) == RestartMode.IN_PLACE and previous_handle is not None:

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,13 +27,14 @@ from aerie_contracts import env as E
 from aerie_contracts import memckpt
 from aerie_contracts.checkpoints import CheckpointTier, tier_of_uri
 from agent.memckpt.replicate import ReplicaServer, peer_of
-from agent.memckpt.restore import resolve
+from agent.memckpt.restore import S3, resolve
 from agent.memckpt.ring import Replicator, report_body
 from agent.memckpt.store import SnapshotStore
 
 log = logging.getLogger("aerie.agent.memckpt")
 
 TICK_S = 0.25  # how often the replication thread looks for a newer snapshot
+FETCH_WAIT_S = 30.0  # how long a replica's holder may take to start serving (a relaunch)
 
 
 def parse_peers(value: str) -> dict[str, tuple[str, int]]:
@@ -93,13 +95,14 @@ class NodeMemoryTier:
         world_size: int,
         resumed_step: int | None,
         resume_uri: str = "",
+        writers: Mapping[str, Any] | None = None,
     ) -> None:
         """Replicate this group's snapshots until `end_group`. A snapshot at or before the resume
         point is the last group's, already replicated and reported: not again."""
         self.end_group()
         self.store.drop_after(resumed_step)
         if resume_uri and tier_of_uri(resume_uri) == CheckpointTier.MEMORY and resumed_step is not None:
-            self.stage(ranks, resumed_step)
+            self.stage(ranks, resumed_step, writers)
         replicator = Replicator(
             self.store,
             node=self.host,
@@ -138,18 +141,37 @@ class NodeMemoryTier:
         self._thread = threading.Thread(target=loop, name="memckpt-replicate", daemon=True)
         self._thread.start()
 
-    def stage(self, ranks: list[int], step: int) -> dict[int, str]:
+    def stage(self, ranks: list[int], step: int, writers: Mapping[str, Any] | None = None) -> dict[int, str]:
         """Before the ranks start from a memory checkpoint: each local rank's snapshot of `step`
-        verified in place, or fetched from the replica this node's ring successor holds. A rank
-        neither has is left to the trainer, whose ranks then all take the durable fallback
+        verified in place, or fetched from the node that holds its replica. `writers` (the
+        checkpoint's record, {node: {ranks, replica_node}}) says which node wrote each rank and
+        which holds its replica: a replacement node's ranks were written elsewhere. Without it,
+        this node wrote them and its ring successor holds them (an in-place restart). A rank with
+        neither copy is left to the trainer, whose ranks then all take the durable fallback
         together (trainer/resume.py). Returns {rank: tier used}."""
-        holder = self.peers[self.peer_node] if self.peer_node else None
         used = {}
         for rank in ranks:
-            source = resolve(self.store, rank=rank, step=step, written_by=self.host, holder=holder, s3_uri=None)
+            writer, holder = self._writer_of(rank, writers)
+            address = self.peers.get(holder) if holder else None
+            if holder == self.host:
+                address = self.peers[self.host]  # this node holds it: its own server hands it over
+            deadline = time.time() + FETCH_WAIT_S
+            while True:
+                source = resolve(self.store, rank=rank, step=step, written_by=writer, holder=address, s3_uri=None)
+                # The holder's agent may not serve yet (a relaunch starts every agent at once).
+                refused = any("refused" in why.lower() for why in source.skipped)
+                if source.tier != S3 or not refused or time.time() > deadline:
+                    break
+                time.sleep(0.5)
             used[rank] = source.tier
             log.info("memory checkpoint step %d, rank %d: restoring from the %s copy", step, rank, source.tier)
         return used
+
+    def _writer_of(self, rank: int, writers: Mapping[str, Any] | None) -> tuple[str, str | None]:
+        for node, info in (writers or {}).items():
+            if rank in (info or {}).get("ranks", []):
+                return str(node), (info or {}).get("replica_node")
+        return self.host, self.peer_node
 
     def end_group(self) -> None:
         """Stop replicating (before the agent speaks for another attempt)."""

@@ -131,6 +131,7 @@ class NextOut(BaseModel):
     resume_from: str | None = None
     # With a memory resume point: the durable checkpoint the ranks fall back to (None: scratch).
     resume_fallback: str | None = None
+    memory_nodes: dict[str, Any] | None = None  # who wrote which ranks' snapshots, who holds the replicas
     master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends.base import LaunchRequest
 
@@ -99,6 +100,17 @@ def memory_env(spec: Any, host: str, peers: Mapping[str, str]) -> dict[str, str]
         aerie_env.MEMORY_CHECKPOINT_DIR: str(memckpt.root_dir() / memckpt.safe_name(host, "host")),
         aerie_env.MEMORY_CHECKPOINT_PEERS: ",".join(f"{h}={addr}" for h, addr in peers.items()),
     }
+
+
+def memory_resume_env(cause: dict[str, Any] | None) -> dict[str, str]:
+    """A memory resume point's companions for the nodes (aerie_contracts.restarts): the durable
+    fallback, and which node wrote and which holds each rank's snapshot."""
+    cause = cause or {}
+    env: dict[str, str] = {}
+    if cause.get(CAUSE_MEMORY_NODES):
+        env[aerie_env.MEMORY_RESUME_NODES] = json.dumps(cause[CAUSE_MEMORY_NODES])
+        env[aerie_env.RESUME_FALLBACK] = cause.get(CAUSE_RESUME_FALLBACK) or ""
+    return env
 
 
 def inherited_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
