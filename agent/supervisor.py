@@ -115,35 +115,14 @@ class Supervisor:
         return self._job_over
 
     def _start_memory_tier(self) -> None:
-        """Serve and replicate in-memory checkpoints (agent.memckpt.node) when the backend asks;
-        a tier that cannot start costs the job its fast restarts, never the job."""
-        from agent.memckpt.node import NodeMemoryTier
+        from agent.memckpt.node import start_tier
 
-        try:
-            self.memory = NodeMemoryTier.from_env(os.environ, host=self.cfg.host, hosts=list(self.cfg.hosts))
-            if self.memory is not None:
-                self.memory.start()
-        except (OSError, ValueError) as exc:
-            log.error("in-memory checkpoints off on %s: %s", self.cfg.host, exc)
-            self.memory = None
+        self.memory = start_tier(os.environ, host=self.cfg.host, hosts=list(self.cfg.hosts))
 
     def _begin_memory_group(self) -> None:
-        cfg = self.cfg
-        if self.memory is None:
-            return
-        from aerie_contracts.checkpoints import step_of_uri
-
-        number = os.environ.get(E.ATTEMPT_NUMBER, "")
-        first = cfg.node_rank * cfg.procs_per_node
-        self.memory.begin_group(
-            self.reporter,
-            attempt=int(number) if number.isdigit() else 0,
-            ranks=list(range(first, first + cfg.procs_per_node)),
-            world_size=cfg.world_size,
-            resumed_step=step_of_uri(E.RESUME_FROM.get() or ""),
-            resume_uri=E.RESUME_FROM.get() or "",
-            writers=_json_object(E.MEMORY_RESUME_NODES.get() or ""),
-        )
+        if self.memory is not None:
+            cfg = self.cfg
+            self.memory.begin_from_env(self.reporter, os.environ, node_rank=cfg.node_rank, procs=cfg.procs_per_node)
 
     def _run_group(self) -> int:
         """One attempt's worker group on this node, from restore to outcome (the node's exit code)."""
@@ -530,11 +509,3 @@ class Supervisor:
 def _json_safe(value: Any) -> Any:
     """NaN/Infinity are not JSON: send them as null (the metric was not a number)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None

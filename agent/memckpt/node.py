@@ -15,6 +15,7 @@ then, for as long as it lives (across in-place worker groups):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -25,7 +26,7 @@ from typing import Any
 
 from aerie_contracts import env as E
 from aerie_contracts import memckpt
-from aerie_contracts.checkpoints import CheckpointTier, tier_of_uri
+from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
 from agent.memckpt.replicate import ReplicaServer, peer_of
 from agent.memckpt.restore import S3, resolve
 from agent.memckpt.ring import Replicator, report_body
@@ -47,6 +48,25 @@ def parse_peers(value: str) -> dict[str, tuple[str, int]]:
             raise ValueError(f"{E.MEMORY_CHECKPOINT_PEERS}: {item!r} is not host=addr:port")
         peers[host] = (addr, int(port))
     return peers
+
+
+def start_tier(environ: Mapping[str, str], *, host: str, hosts: list[str]) -> NodeMemoryTier | None:
+    """The node's tier, serving, when the backend turned it on; a tier that cannot start costs the
+    job its fast restarts, never the job."""
+    try:
+        tier = NodeMemoryTier.from_env(environ, host=host, hosts=hosts)
+        return tier.start() if tier is not None else None
+    except (OSError, ValueError) as exc:
+        log.error("in-memory checkpoints off on %s: %s", host, exc)
+        return None
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 class NodeMemoryTier:
@@ -85,6 +105,21 @@ class NodeMemoryTier:
         return self
 
     # --- one worker group -----------------------------------------------------------------
+
+    def begin_from_env(self, reporter: Any, environ: Mapping[str, str], *, node_rank: int, procs: int) -> None:
+        """`begin_group` for the group the agent starts next, as its environment describes it."""
+        number = environ.get(E.ATTEMPT_NUMBER, "")
+        resume = environ.get(E.RESUME_FROM, "")
+        first = node_rank * procs
+        self.begin_group(
+            reporter,
+            attempt=int(number) if number.isdigit() else 0,
+            ranks=list(range(first, first + procs)),
+            world_size=len(self.hosts) * procs,
+            resumed_step=step_of_uri(resume),
+            resume_uri=resume,
+            writers=_json_object(environ.get(E.MEMORY_RESUME_NODES, "")),
+        )
 
     def begin_group(
         self,

@@ -1,0 +1,104 @@
+"""A node's memory tier as the agent runs it (agent/memckpt/node.py): two tiers in this process,
+each serving on a real TCP port, replicate a group's snapshots around the ring and report them;
+a replacement node stages its ranks from the replicas their holder keeps; the area goes with the
+job. Payloads are random bytes (the agent never reads them)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from aerie_contracts import env as E
+from aerie_contracts import memckpt
+from aerie_contracts.checkpoints import memory_uri
+from agent.memckpt.node import NodeMemoryTier, parse_peers
+from tests.agent.memckpt.test_replicate import JOB, payload, write
+from tests.helpers.wait import wait_for
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    def checkpoint(self, body: dict) -> None:
+        self.bodies.append(body)
+
+
+def _env(tmp: Path, host: str, peers: str) -> dict[str, str]:
+    return {
+        E.MEMORY_CHECKPOINT_EVERY: "4",
+        E.MEMORY_CHECKPOINT_DIR: str(tmp / host),
+        E.MEMORY_CHECKPOINT_PEERS: peers,
+        E.JOB: JOB,
+    }
+
+
+def test_peers_are_parsed_and_nonsense_is_refused():
+    assert parse_peers("algo-1=127.0.0.1:5000,algo-2=10.0.0.2:5001") == {
+        "algo-1": ("127.0.0.1", 5000),
+        "algo-2": ("10.0.0.2", 5001),
+    }
+    for bad in ("algo-1", "algo-1=host", "algo-1=host:99999", "=h:1"):
+        with pytest.raises(ValueError):
+            parse_peers(bad)
+
+
+def test_off_unless_the_backend_set_everything(tmp_path):
+    env = _env(tmp_path, "algo-1", "algo-1=127.0.0.1:1,algo-2=127.0.0.1:2")
+    assert NodeMemoryTier.from_env(env, host="algo-1", hosts=["algo-1", "algo-2"]) is not None
+    for name, value in ((E.MEMORY_CHECKPOINT_EVERY, "0"), (E.MEMORY_CHECKPOINT_PEERS, "")):
+        assert NodeMemoryTier.from_env({**env, name: value}, host="algo-1", hosts=["algo-1", "algo-2"]) is None
+    with pytest.raises(ValueError, match="no endpoint for algo-3"):
+        NodeMemoryTier.from_env(env, host="algo-1", hosts=["algo-1", "algo-2", "algo-3"])
+
+
+def test_a_group_is_replicated_reported_then_staged_on_a_replacement_node(tmp_path):
+    hosts = ["algo-1", "algo-2"]
+    peers = ",".join(f"{h}=127.0.0.1:{_port()}" for h in [*hosts, "algo-3"])
+    tiers = {h: NodeMemoryTier.from_env(_env(tmp_path, h, peers), host=h, hosts=hosts) for h in hosts}
+    reports = {h: Reports() for h in hosts}
+    try:
+        for tier in tiers.values():
+            tier.start()
+        for node, ranks in (("algo-1", [0, 1]), ("algo-2", [2, 3])):
+            for rank in ranks:
+                write(tmp_path / node, 8, rank, payload(5000, rank))
+            tiers[node].begin_group(reports[node], attempt=1, ranks=ranks, world_size=4, resumed_step=None)
+        # begin_group drops snapshots newer than the resume point (none: all of them): write after.
+        for node, ranks in (("algo-1", [0, 1]), ("algo-2", [2, 3])):
+            for rank in ranks:
+                write(tmp_path / node, 8, rank, payload(5000, rank))
+        wait_for(what="both nodes reported step 8", check=lambda: all(r.bodies for r in reports.values()), timeout_s=20)
+        body = reports["algo-2"].bodies[0]
+        assert body["uri"] == memory_uri(JOB, 8, 1) and body["meta"]["ranks"] == [2, 3]
+        assert body["meta"]["replica_node"] == "algo-1"
+        for tier in tiers.values():
+            tier.end_group()
+
+        # algo-2 is gone with its memory; algo-3 takes ranks 2-3 from the replicas algo-1 holds.
+        tiers["algo-2"].close(job_over=True)
+        new_hosts = ["algo-1", "algo-3"]
+        replacement = NodeMemoryTier.from_env(_env(tmp_path, "algo-3", peers), host="algo-3", hosts=new_hosts)
+        tiers["algo-3"] = replacement.start()
+        writers = {
+            "algo-1": {"ranks": [0, 1], "replica_node": "algo-2"},
+            "algo-2": {"ranks": [2, 3], "replica_node": "algo-1"},
+        }
+        assert replacement.stage([2, 3], 8, writers) == {2: "replica", 3: "replica"}
+        staged = memckpt.local_dir(tmp_path / "algo-3", JOB) / memckpt.file_name(8, 2)
+        assert memckpt.verify(staged).rank == 2
+        assert tiers["algo-1"].stage([0, 1], 8, writers) == {0: "local", 1: "local"}
+        # A rank whose holder is gone too is left to the trainer's fallback.
+        assert replacement.stage([4], 8, {"algo-9": {"ranks": [4], "replica_node": "algo-8"}}) == {4: "s3"}
+    finally:
+        for tier in tiers.values():
+            tier.close(job_over=True)
+    assert not memckpt.area_dir(tmp_path / "algo-1", JOB).exists()
