@@ -66,8 +66,9 @@ def step_records(attempt_dir: Path, rank: int | None = 0) -> list[dict]:
     return _steps_in(attempt_dir, "metrics", rank)
 
 
-def _steps_in(root: Path, metrics: str, rank: int | None) -> list[dict]:
-    """The training-step lines of the `metrics` streams under `root`'s nodes (a torn line skipped)."""
+def _steps_in(root: Path, metrics: str, rank: int | None, event: str | None = None) -> list[dict]:
+    """The training-step lines (or, with `event`, that event's lines) of the `metrics` streams
+    under `root`'s nodes (a torn line skipped)."""
     pattern = "rank-*.jsonl" if rank is None else f"rank-{rank:05d}.jsonl"
     recs = []
     for f in root.glob(f"algo-*/output/{metrics}/{pattern}"):
@@ -76,7 +77,7 @@ def _steps_in(root: Path, metrics: str, rank: int | None) -> list[dict]:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if rec.get("event") is None and rec.get("step") is not None:
+            if rec.get("event") == event and (event is not None or rec.get("step") is not None):
                 recs.append(rec)
     return recs
 
@@ -88,16 +89,16 @@ def served_by(root: Path) -> list[int]:
     return sorted({own} | {int(h.stem.split("-")[1]) for h in root.glob("handle-*.json")})
 
 
-def attempt_step_records(job_dir: Path, number: int, rank: int | None = 0) -> list[dict]:
-    """`step_records` of attempt `number`, relaunched or restarted in place: an in-place attempt
-    runs under the directory of the attempt that launched its agents, where each agent set the
-    stream of the group before aside as `output/metrics.attempt-<n>`."""
+def attempt_step_records(job_dir: Path, number: int, rank: int | None = 0, event: str | None = None) -> list[dict]:
+    """`step_records` (or `event`'s lines) of attempt `number`, relaunched or restarted in place:
+    an in-place attempt runs under the directory of the attempt that launched its agents, where
+    each agent set the stream of the group before aside as `output/metrics.attempt-<n>`."""
     roots = [d for d in job_dir.glob("attempt-*") if number in served_by(d)]
     if not roots:
         return []
     served = served_by(roots[0])
     metrics = "metrics" if number == served[-1] else f"metrics.attempt-{number}"
-    return _steps_in(roots[0], metrics, rank)
+    return _steps_in(roots[0], metrics, rank, event)
 
 
 def rank_losses(jobs_dir: Path, job_id: str, rank: int = 0) -> dict[int, dict[int, float]]:

@@ -1,0 +1,127 @@
+"""Recovery, side by side (issue #22): the same rank faults under `relaunch + S3` and `in place +
+memory`, timed per fault from the job's own records. Shared by bench/chaos.py.
+
+One job per policy, 2 nodes x 2 ranks of the tiny trainer, S3 every `S3_EVERY` steps; one fault
+per attempt (a rank killed, a rank stopped, a rank spinning), each off the checkpoint boundaries so
+redone work shows. Nodes are never excluded (`exclude_after_blames` high): these are rank faults
+on healthy nodes, the case an in-place restart is for, and both policies get the same nodes.
+
+Per fault, from the failed attempt's and its successor's metrics streams and records:
+- detect_s: the failed attempt's last step -> the attempt recorded failed (the verdict);
+- restart_s: the verdict -> the new ranks begin their restore (launch, imports, rendezvous);
+- restore_s: the ranks' restore (the slowest rank's `restored` event);
+- redone_steps / redone_s: steps trained again after the resume point (at the run's median step time);
+and per policy the median step time, so snapshot overhead is measured in the same run against a
+policy with snapshots off (plus the snapshots' own cost share, from their `checkpoint_memory` events).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aerie_contracts.checkpoints import step_of_uri
+from aerie_contracts.metrics import MetricEvent
+from aerie_contracts.states import JOB_TERMINAL
+from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import attempt_step_records, trainer_spec
+
+STEPS = 100
+S3_EVERY = 20
+MEMORY_EVERY = 5
+FAULTS = [
+    {"kind": "sigkill", "step": 27, "rank": 3, "attempt": 1},
+    {"kind": "sigstop", "step": 53, "rank": 1, "attempt": 2},
+    {"kind": "busy_hang", "step": 77, "rank": 2, "attempt": 3},
+]
+POLICIES: dict[str, dict[str, Any]] = {
+    "relaunch + S3": {"in_place_restarts": 0, "memory_every_steps": 0},
+    "in place + memory": {"in_place_restarts": len(FAULTS), "memory_every_steps": MEMORY_EVERY},
+}
+
+
+@dataclass
+class PolicyRun:
+    policy: str
+    job: dict[str, Any]
+    wall_s: float
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    median_step_s: float | None = None
+    snapshot_share: float | None = None  # snapshot seconds / step seconds, rank 0
+
+
+def run_policy(cp: ControlPlane, work: Path, policy: str, bucket: str = "s3://aerie/recovery") -> PolicyRun:
+    """One job under `policy` (a key of POLICIES), to its end."""
+    name = "recovery-" + ("memory" if POLICIES[policy]["memory_every_steps"] else "s3")
+    path = trainer_spec(
+        work / f"{name}.json",
+        name,
+        steps=STEPS,
+        faults=FAULTS,
+        checkpoint_uri=f"{bucket}/{name}",
+        every_steps=S3_EVERY,
+        max_restarts=len(FAULTS),
+        in_place_restarts=POLICIES[policy]["in_place_restarts"],
+        memory_every_steps=POLICIES[policy]["memory_every_steps"],
+    )
+    spec = json.loads(path.read_text())
+    spec["retry"]["exclude_after_blames"] = 100
+    path.write_text(json.dumps(spec))
+    started = time.time()
+    cp.cli("submit", str(path), check=True)
+    job = cp.wait_state(name, JOB_TERMINAL, timeout_s=900)
+    run = PolicyRun(policy=policy, job=job, wall_s=time.time() - started)
+    measure(run, cp.home / "jobs" / job["id"])
+    return run
+
+
+def measure(run: PolicyRun, job_dir: Path) -> None:
+    """Fill `run.faults`, the median step time and the snapshot share from the job's records."""
+    attempts = sorted(run.job["attempt_list"], key=lambda a: a["number"])
+    steps = [r for a in attempts for r in attempt_step_records(job_dir, a["number"])]
+    step_times = [float(r["step_s"]) for r in steps if isinstance(r.get("step_s"), (int, float))]
+    run.median_step_s = statistics.median(step_times) if step_times else None
+    snaps = [
+        float(r["snapshot_s"])
+        for a in attempts
+        for r in attempt_step_records(job_dir, a["number"], 0, MetricEvent.CHECKPOINT_MEMORY)
+        if isinstance(r.get("snapshot_s"), (int, float))
+    ]
+    if step_times and snaps:
+        run.snapshot_share = sum(snaps) / sum(step_times)
+    for fault, failed, nxt in zip(FAULTS, attempts, attempts[1:], strict=False):
+        run.faults.append(fault_timings(fault, failed, nxt, job_dir, run.median_step_s))
+
+
+def fault_timings(
+    fault: dict[str, Any], failed: dict[str, Any], nxt: dict[str, Any], job_dir: Path, step_s: float | None
+) -> dict[str, Any]:
+    last = max(attempt_step_records(job_dir, failed["number"]), key=lambda r: r["step"], default=None)
+    restored = attempt_step_records(job_dir, nxt["number"], None, MetricEvent.RESTORED)
+    out: dict[str, Any] = {
+        "fault": fault["kind"],
+        "reason": (failed.get("reason") or {}).get("kind"),
+        "mode": (nxt.get("cause") or {}).get("mode"),
+        "resumed_from": nxt.get("resume_from"),
+    }
+    verdict = failed.get("ended_at")
+    if last is not None and verdict:
+        out["detect_s"] = round(verdict - last["t"], 2)
+    if restored and verdict:
+        restore_s = max(float(r.get("restore_s") or 0) for r in restored)
+        began = min(float(r["t"]) - float(r.get("restore_s") or 0) for r in restored)
+        out["restart_s"] = round(began - verdict, 2)
+        out["restore_s"] = round(restore_s, 2)
+        out["restart_plus_restore_s"] = round(out["restart_s"] + restore_s, 2)
+    # The point the ranks really restored (a memory point's fallback, if they took it).
+    resumed = step_of_uri((restored[0].get("uri") if restored else None) or nxt.get("resume_from") or "") or 0
+    out["resumed_step"] = resumed
+    if last is not None:
+        out["redone_steps"] = int(last["step"]) - resumed
+        if step_s:
+            out["redone_s"] = round(out["redone_steps"] * step_s, 2)
+    return out
