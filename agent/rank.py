@@ -5,6 +5,7 @@ real process's pid (the probes and fault injection need it) and its exit code or
 SIGTERM/SIGINT, and prefixes every output line with the host and rank so node logs stay readable.
 
     python -m agent.rank -- python train.py --lr 3e-4
+    python -m agent.rank --go FILE -- ...   (a warm rank: agent.warm; nothing is recorded until FILE exists)
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from agent.logparse import LogParser, SegmentSplitter
 
 
 def main(argv: list[str]) -> int:
+    go = None
+    if argv[:1] == ["--go"] and len(argv) >= 2:
+        go, argv = Path(argv[1]), argv[2:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
@@ -42,6 +46,13 @@ def main(argv: list[str]) -> int:
         print(f"[{host} rank {rank}] cannot start {argv[0]!r}: {exc.strerror}", flush=True)
         _write(ranks_dir / f"rank-{rank}.exit.json", {"rank": rank, "exit_code": 127, "signal": None, "t": time.time()})
         return 127
+    if go is not None:
+        # A warm rank belongs to the group the go file starts: until then it leaves no trace in
+        # the ranks' directory (the agent clears it between groups), and dies silently if unused.
+        from agent.warm import wait_go
+
+        if wait_go(go, alive=lambda: child.poll() is None) is None:
+            return child.wait()
     _write(ranks_dir / f"rank-{rank}.pid", child.pid)
 
     def forward(signum, _frame):

@@ -41,6 +41,7 @@ from agent.config import AgentConfig, rank_command, write_failure
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
 from agent.proctree import become_subreaper, kill_tree, killpg
 from agent.progress_sources import make_monitor, make_tb_progress
+from agent.warm import WarmGroup
 
 log = logging.getLogger("aerie.agent")
 
@@ -77,6 +78,15 @@ class Supervisor:
         self.tb_progress: Any = None  # agent.tb_progress.TensorBoardProgress: progress from event files
         self.attempt_over = False  # the control plane said this attempt ended (elsewhere, maybe)
         self.memory: Any = None  # agent.memckpt.node.NodeMemoryTier, when the backend turned it on
+        # The next worker group's ranks, started (torch imported) as soon as this one is failing.
+        self.warm = WarmGroup(
+            cfg.node_dir,
+            cfg.workdir,
+            cfg.entrypoint,
+            procs=cfg.procs_per_node,
+            node_rank=cfg.node_rank,
+            nnodes=len(cfg.hosts),
+        )
         self._job_over = False  # the control plane said the job ended (its memory area can go)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -97,11 +107,14 @@ class Supervisor:
         try:
             while True:
                 code = self._run_group()
+                if code != 0:
+                    self._prewarm()
                 successor = self._await_in_place() if code != 0 else None
                 if successor is None:
                     return code
                 self._switch(successor)
         finally:
+            self.warm.discard()
             if self.memory is not None:
                 self.memory.close(job_over=code == 0 or self._job_ended())
 
@@ -129,6 +142,32 @@ class Supervisor:
         cfg = self.cfg
         if not self._restore_checkpoint():
             return self._finish(1)
+        self.tb_progress = make_tb_progress(cfg)
+        if self.tb_progress is not None:
+            # transformers.Trainer writes its TensorBoard events where TENSORBOARD_LOGGING_DIR names.
+            self.tb_progress.directory.mkdir(parents=True, exist_ok=True)
+        env = self._group_env()
+        cmd = rank_command(cfg)
+        self._begin_memory_group()
+        warm = self.warm.take(env, cfg.master_addr, cfg.master_port)
+        log.info(
+            "starting %d rank(s) on %s%s: %s",
+            cfg.procs_per_node,
+            cfg.host,
+            " (warm: torch already imported)" if warm else "",
+            " ".join(cfg.entrypoint),
+        )
+        # Own session: the whole rank tree can be signalled at once, and only it.
+        self.proc = warm or subprocess.Popen(
+            cmd, cwd=str(cfg.workdir), env=_cold_env(env, cfg), start_new_session=True, stdin=subprocess.DEVNULL
+        )
+        write_json(cfg.node_dir / "trainer.pgid", self.proc.pid)
+        self._watch_group()
+        return self._finish(self.proc.returncode)
+
+    def _group_env(self) -> dict[str, str]:
+        """The ranks' environment (torchrun's per-rank variables aside)."""
+        cfg = self.cfg
         env = dict(os.environ)
         # SageMaker sets no SM_* at all: the agent does, as its training toolkit would, and points
         # the ranks at the agent's own directory (pid and exit files) and the metrics stream.
@@ -136,33 +175,15 @@ class Supervisor:
         env.update({E.NODE_DIR: str(cfg.node_dir), E.METRICS_PATH: str(cfg.metrics_dir)})
         if self.checkpoints is not None:
             env[E.CHECKPOINT_DIR] = str(self.checkpoints.root)
-        self.tb_progress = make_tb_progress(cfg)
         if self.tb_progress is not None:
-            self.tb_progress.directory.mkdir(parents=True, exist_ok=True)
-            # transformers.Trainer writes its TensorBoard events where this names (report_to=tensorboard).
             env.setdefault("TENSORBOARD_LOGGING_DIR", str(self.tb_progress.directory))
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
-        if cfg.world_size == 1:
-            env.update(
-                {
-                    "RANK": "0",
-                    "LOCAL_RANK": "0",
-                    "WORLD_SIZE": "1",
-                    "LOCAL_WORLD_SIZE": "1",
-                    "GROUP_RANK": "0",
-                    "MASTER_ADDR": cfg.master_addr,
-                    "MASTER_PORT": str(cfg.master_port),
-                }
-            )
-        cmd = rank_command(cfg)
-        self._begin_memory_group()
-        log.info("starting %d rank(s) on %s: %s", cfg.procs_per_node, cfg.host, " ".join(cfg.entrypoint))
-        # Own session: the whole rank tree can be signalled at once, and only it.
-        self.proc = subprocess.Popen(
-            cmd, cwd=str(cfg.workdir), env=env, start_new_session=True, stdin=subprocess.DEVNULL
-        )
-        write_json(cfg.node_dir / "trainer.pgid", self.proc.pid)
+        return env
 
+    def _watch_group(self) -> None:
+        """Tick, beat and escalate until the worker group ends; then its last lines and leftovers."""
+        assert self.proc is not None
+        cfg = self.cfg
         sample_s = float(cfg.health.get("sample_s", 1.0))
         heartbeat_s = float(cfg.health.get("heartbeat_s", 5.0))
         next_beat = 0.0
@@ -183,7 +204,6 @@ class Supervisor:
             self._drain_checkpoints()
         leftovers = kill_tree(self.proc.pid)  # what torchrun left behind, if anything
         psutil.wait_procs(leftovers, timeout=5)  # adopted by this subreaper: reap them
-        return self._finish(self.proc.returncode)
 
     # --- in place -------------------------------------------------------------------------
 
@@ -194,6 +214,12 @@ class Supervisor:
             return max(0.0, float(E.IN_PLACE_WAIT_S.get() or 0))
         except ValueError:
             return 0.0
+
+    def _prewarm(self) -> None:
+        """Start the successor's ranks now (agent.warm), while this group is torn down and the
+        control plane decides: an in-place restart then skips the interpreters' start-up."""
+        if self.warm_wait_s > 0 and not self.stop_requested:
+            self.warm.start(self._group_env())
 
     def _attempt_ended(self) -> None:
         """The heartbeat's answer said stop: the attempt failed elsewhere (these ranks' work is
@@ -206,6 +232,8 @@ class Supervisor:
             "attempt %s is over (%s): stopping the ranks of %s", self.cfg.attempt, answer.get("why"), self.cfg.host
         )
         self._terminate_ranks(VERDICT_GRACE_S if failed else TERM_GRACE_S)
+        if failed:
+            self._prewarm()
 
     def _await_in_place(self, poll_s: float = 0.5) -> dict[str, Any] | None:
         """The in-place successor attempt (`GET .../next` said restart), or None: the agent ends
@@ -221,6 +249,7 @@ class Supervisor:
             if action == NextAction.RESTART:
                 return answer
             if action == NextAction.EXIT:
+                self.warm.discard()
                 self._job_over = str((answer or {}).get("why", "")).startswith("job ")
                 log.info("node %s: no in-place restart (%s)", self.cfg.host, (answer or {}).get("why"))
                 return None
@@ -384,6 +413,7 @@ class Supervisor:
         log.error("verdict %s on %s: %s", v.kind, self.cfg.host, v.message)
         self.reporter.verdict(self.verdict)
         self._terminate_ranks(VERDICT_GRACE_S)
+        self._prewarm()
 
     def _report_checkpoints(self) -> None:
         """Tell the control plane about committed checkpoints seen in the metrics stream."""
@@ -509,3 +539,19 @@ class Supervisor:
 def _json_safe(value: Any) -> Any:
     """NaN/Infinity are not JSON: send them as null (the metric was not a number)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _cold_env(env: dict[str, str], cfg: AgentConfig) -> dict[str, str]:
+    """A cold group's environment: with one rank, no torchrun sets the rank's variables."""
+    if cfg.world_size > 1:
+        return env
+    return {
+        **env,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": cfg.master_addr,
+        "MASTER_PORT": str(cfg.master_port),
+    }

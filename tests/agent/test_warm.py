@@ -1,0 +1,109 @@
+"""Warm worker groups (agent/warm.py), with real processes: the ranks start, import torch and wait,
+leaving no trace until the go file names their group's environment; then they run the entrypoint
+with it, under the usual rank wrapper (pid and exit files, prefixed output). A failing rank ends
+the group with its code; a group killed unused leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.warm import WarmGroup, warmable
+from tests.helpers.wait import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json, os, sys
+out = os.path.join(os.environ["OUT_DIR"], "rank-" + os.environ["RANK"] + ".json")
+json.dump({k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "WHICH")}
+          | {"argv": sys.argv, "torch": "torch" in sys.modules}, open(out, "w"))
+print("hello from", os.environ["RANK"])
+sys.exit(int(os.environ.get("FAIL_RANK", "-1") == os.environ["RANK"]) * 3)
+"""
+
+
+def test_warmable_entrypoints():
+    assert warmable(["python", "-m", "trainer.train", "--config", "x.yaml"])
+    assert warmable(["python3", "train.py", "--lr", "3e-4"])
+    assert warmable([sys.executable, "train.py"])
+    assert not warmable(["python", "-c", "print(1)"])
+    assert not warmable(["bash", "run.sh"])
+    assert not warmable(["python", "-m"])
+
+
+@pytest.fixture
+def group(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    node_dir = tmp_path / "agent"
+    (node_dir / "ranks").mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    warm = WarmGroup(node_dir, tmp_path, ["python", str(script), "--flag"], procs=2, node_rank=1, nnodes=2)
+    env = {**os.environ, "AERIE_NODE_DIR": str(node_dir), "OUT_DIR": str(out), "PYTHONPATH": str(REPO)}
+    yield warm, env, node_dir, out
+    warm.discard()
+
+
+def test_ranks_wait_for_the_go_file_then_run_with_its_environment(group):
+    warm, env, node_dir, out = group
+    warm.start({**env, "WHICH": "warm-up"})
+    time.sleep(2.0)  # long enough to import torch here, and to have run, had it not waited
+    assert not list((node_dir / "ranks").iterdir()) and not list(out.iterdir())
+    proc = warm.take({**env, "WHICH": "the group's"}, "127.0.0.1", 29123)
+    assert proc is not None
+    assert proc.wait(timeout=60) == 0
+    ranks = {p.name: json.loads(p.read_text()) for p in out.iterdir()}
+    assert set(ranks) == {"rank-2.json", "rank-3.json"}
+    for name, rank in ranks.items():
+        assert rank["RANK"] == name[5] and rank["WORLD_SIZE"] == "4" and rank["MASTER_PORT"] == "29123"
+        assert rank["WHICH"] == "the group's" and rank["torch"] is True
+        assert rank["argv"][1:] == ["--flag"]
+    exits = [json.loads(p.read_text()) for p in (node_dir / "ranks").glob("rank-*.exit.json")]
+    assert sorted(e["rank"] for e in exits) == [2, 3] and all(e["exit_code"] == 0 for e in exits)
+    assert len(list((node_dir / "ranks").glob("rank-*.pid"))) == 2
+
+
+def test_a_failing_rank_ends_the_group_with_its_code(group):
+    warm, env, node_dir, _out = group
+    warm.start(env)
+    proc = warm.take({**env, "FAIL_RANK": "3"}, "127.0.0.1", 29124)
+    assert proc is not None and proc.wait(timeout=60) == 3
+    failed = json.loads((node_dir / "ranks" / "rank-3.exit.json").read_text())
+    assert failed["exit_code"] == 3
+
+
+def test_an_unused_group_is_killed_with_its_ranks(group):
+    warm, env, node_dir, _out = group
+    warm.start(env)
+    pid = warm.proc.pid
+    wait_for(what="the ranks", check=lambda: len(_children(pid)) >= 2, timeout_s=30)
+    ranks = _children(pid)
+    warm.discard()
+    wait_for(what="every rank gone", check=lambda: not any(_alive(p) for p in [pid, *ranks]), timeout_s=20)
+    assert not list((node_dir / "ranks").iterdir())
+    assert warm.take(env, "127.0.0.1", 1) is None
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
