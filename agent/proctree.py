@@ -16,14 +16,18 @@ log = logging.getLogger("aerie.agent")
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
-def kill_tree(pid: int) -> list[psutil.Process]:
+def kill_tree(pid: int, spare: int | None = None) -> list[psutil.Process]:
     """SIGKILL the rank tree: the rank command's process group (`pid`, torchrun's), and every
     descendant of this process whatever its session (torchrun puts each worker in a session of its
-    own, out of reach of the killpg). This process has no children but the rank tree. Returns the
-    processes signalled, except the rank command itself (which its Popen reaps)."""
+    own, out of reach of the killpg). This process has no children but the rank tree and, with
+    `spare`, the tree rooted there (the next group warming up: agent.warm), which is left alone.
+    Returns the processes signalled, except the rank command itself (which its Popen reaps)."""
     killpg(pid, signal.SIGKILL)
     try:
         tree = psutil.Process().children(recursive=True)
+        if spare is not None:
+            keep = {spare, *(p.pid for p in psutil.Process(spare).children(recursive=True))}
+            tree = [p for p in tree if p.pid not in keep]
     except psutil.Error:
         return []
     for proc in tree:

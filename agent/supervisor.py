@@ -46,7 +46,7 @@ from agent.warm import WarmGroup
 log = logging.getLogger("aerie.agent")
 
 TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
-VERDICT_GRACE_S = 3.0  # after a verdict: the ranks are hung or diverged, there is nothing to save
+VERDICT_GRACE_S = 1.0  # after a verdict: the ranks are hung or diverged, nothing to save; a restart waits on it
 # Rank 0's training steps forwarded to the control plane (POST .../metrics), batched.
 METRIC_KEYS = ("t", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
 METRICS_EVERY_S = 2.0
@@ -193,8 +193,11 @@ class Supervisor:
             if self.warm_wait_s > 0 and self.reporter.attempt_over and not self.attempt_over:
                 self._attempt_ended()
             if now >= next_beat:
-                self.reporter.heartbeat(self._summary())
+                summary = self._summary()
+                self.reporter.heartbeat(summary)
                 next_beat = now + heartbeat_s
+                if summary.get("last_step") is not None:
+                    self._prewarm()  # the group trains: its successor may warm up now
             self._escalate(now)
             time.sleep(min(sample_s, 0.5) if self._term_sent_at else sample_s)
         if self.memory is not None:
@@ -202,7 +205,7 @@ class Supervisor:
         self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
         if self.proc.returncode == 0 and self.verdict is None and not self.stop_requested:
             self._drain_checkpoints()
-        leftovers = kill_tree(self.proc.pid)  # what torchrun left behind, if anything
+        leftovers = kill_tree(self.proc.pid, spare=self.warm.pid)  # what torchrun left behind, if anything
         psutil.wait_procs(leftovers, timeout=5)  # adopted by this subreaper: reap them
 
     # --- in place -------------------------------------------------------------------------
@@ -218,8 +221,9 @@ class Supervisor:
     def _prewarm(self) -> None:
         """Start the successor's ranks now (agent.warm), while this group is torn down and the
         control plane decides: an in-place restart then skips the interpreters' start-up."""
-        if self.warm_wait_s > 0 and not self.stop_requested:
+        if self.warm_wait_s > 0 and not self.stop_requested and self.warm.proc is None:
             self.warm.start(self._group_env())
+            log.info("node %s: the next worker group warms up (%s)", self.cfg.host, self.warm.state())
 
     def _attempt_ended(self) -> None:
         """The heartbeat's answer said stop: the attempt failed elsewhere (these ranks' work is
@@ -385,7 +389,7 @@ class Supervisor:
 
     def _escalate(self, now: float) -> None:
         if self._term_sent_at and now - self._term_sent_at > self._grace_s and self.proc:
-            kill_tree(self.proc.pid)
+            kill_tree(self.proc.pid, spare=self.warm.pid)
 
     # --- monitoring -----------------------------------------------------------------------
 
@@ -393,6 +397,8 @@ class Supervisor:
         from agent.chaos import apply_pending
 
         apply_pending(self.cfg.node_dir, self.cfg.interfaces)  # `aerie chaos` requests, if any
+        if detect and self.warm.proc is None and self.warm_wait_s > 0 and self._first_failed_rank() is not None:
+            self._prewarm()  # a rank died: the group is failing, whatever torchrun makes of it
         if self.checkpoints is not None:
             self.checkpoints.tick(now)  # uploads run in a thread of their own: training goes on
         if self.tb_progress is not None:

@@ -1,10 +1,12 @@
-"""Warm worker groups: the next worker group's processes, started while the last one fails.
+"""Warm worker groups: the next worker group's processes, ready before the last one fails.
 
 On a warm node most of an in-place restart is spent starting Python and importing torch in every
 rank — seconds per rank on a loaded host, before the process group, the model or the restore are
-even begun. So as soon as the agent knows its group is failing (a verdict, the control plane
-saying the attempt is over, the group's exit), it starts its successor's ranks: each imports torch
-(with torch.distributed.checkpoint and the entrypoint's package) and waits. When an in-place
+even begun. So once a group has trained its first step (not before: the warm-up must not slow its
+start), and at the latest when it is failing (a verdict, a rank's death, the control plane saying
+the attempt is over), the agent starts its successor's ranks: each imports torch (with
+torch.distributed.checkpoint and, for `python -m MODULE`, the module's imports) and waits, idle
+(host memory only: no accelerator is touched before the go). When an in-place
 successor arrives, the agent writes the new group's environment into the *go file*; every rank
 takes it and runs the entrypoint (runpy) in its already warm interpreter. A relaunch or the job's
 end kills the warm group unused. torch is never imported by the agent itself.
@@ -30,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-POLL_S = 0.02
+POLL_S = 0.05  # a waiting rank looks for its go file this often (idle otherwise)
 READY_WAIT_S = 15.0  # a group still warming up is waited for (still sooner than a cold start), this long
 TERM_GRACE_S = 10.0
 # Set per rank by `group` (torchrun's names); every other variable comes from the go file.
@@ -103,6 +105,15 @@ class WarmGroup:
             argv, cwd=str(self.workdir), env=env, start_new_session=True, stdin=subprocess.DEVNULL
         )
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def state(self) -> str:
+        if self.proc is None:
+            return "not started: " + ("no warm group wanted" if warmable(self.entrypoint) else "entrypoint runs cold")
+        return f"pid {self.proc.pid}" if self.proc.poll() is None else f"exited {self.proc.returncode}"
+
     def take(self, env: dict[str, str], master_addr: str, master_port: int) -> subprocess.Popen[bytes] | None:
         """The warm group, told to run as the group `env` describes; None if there is none alive."""
         proc = self.proc
@@ -123,10 +134,22 @@ class WarmGroup:
     def discard(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            from agent.proctree import kill_tree, killpg
+            import psutil
 
-            killpg(proc.pid, signal.SIGKILL)
-            kill_tree(proc.pid)
+            try:  # its ranks may have sessions of their own: every descendant, then the group
+                tree = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                tree = []
+            for p in tree:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            psutil.wait_procs(tree, timeout=5)
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -143,13 +166,16 @@ def _preimport(entrypoint: list[str]) -> None:
     for name in ("torch", "torch.distributed", "torch.distributed.checkpoint"):
         try:
             importlib.import_module(name)
-        except Exception:
+        except Exception:  # a script without torch still runs, cold
             return
     if entrypoint[1] == "-m":
+        # The module itself, for everything it imports (a `python -m` module keeps its work under
+        # `if __name__ == "__main__"`); then forgotten, so that it runs afresh as __main__.
         try:
-            importlib.import_module(entrypoint[2].split(".")[0])  # its package, not the module itself
-        except Exception:
+            importlib.import_module(entrypoint[2])
+        except BaseException:  # the run reports it, not the warm-up
             pass
+        sys.modules.pop(entrypoint[2], None)
 
 
 def run_rank(go: Path, entrypoint: list[str]) -> None:

@@ -7,8 +7,10 @@ redone work shows. Nodes are never excluded (`exclude_after_blames` high): these
 on healthy nodes, the case an in-place restart is for, and both policies get the same nodes.
 
 Per fault, from the failed attempt's and its successor's metrics streams and records:
-- detect_s: the failed attempt's last step -> the attempt recorded failed (the verdict);
-- restart_s: the verdict -> the new ranks begin their restore (launch, imports, rendezvous);
+- detect_s: the failed attempt's last step -> the verdict (its reason's time: the agent's verdict,
+  or the rank's death);
+- restart_s: the verdict -> the new ranks begin their restore (teardown, the decision, launch or
+  warm ranks' go, rendezvous, model build);
 - restore_s: the ranks' restore (the slowest rank's `restored` event);
 - redone_steps / redone_s: steps trained again after the resume point (at the run's median step time);
 and per policy the median step time, so snapshot overhead is measured in the same run against a
@@ -30,13 +32,15 @@ from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import attempt_step_records, trainer_spec
 
-STEPS = 100
+STEPS = 300
 S3_EVERY = 20
 MEMORY_EVERY = 5
+# A hundred steps apart (about 5 s of the tiny model's training here): time for a group's warm
+# successor (agent.warm) to be ready, as it is in a real run, whose faults are hours apart.
 FAULTS = [
-    {"kind": "sigkill", "step": 27, "rank": 3, "attempt": 1},
-    {"kind": "sigstop", "step": 53, "rank": 1, "attempt": 2},
-    {"kind": "busy_hang", "step": 77, "rank": 2, "attempt": 3},
+    {"kind": "sigkill", "step": 57, "rank": 3, "attempt": 1},
+    {"kind": "sigstop", "step": 157, "rank": 1, "attempt": 2},
+    {"kind": "busy_hang", "step": 257, "rank": 2, "attempt": 3},
 ]
 POLICIES: dict[str, dict[str, Any]] = {
     "relaunch + S3": {"in_place_restarts": 0, "memory_every_steps": 0},
@@ -108,7 +112,9 @@ def fault_timings(
         "mode": (nxt.get("cause") or {}).get("mode"),
         "resumed_from": nxt.get("resume_from"),
     }
-    verdict = failed.get("ended_at")
+    # The verdict's own time (an agent's, or a rank's death), else when the attempt was recorded failed.
+    at = (failed.get("reason") or {}).get("at")
+    verdict = float(at) if isinstance(at, (int, float)) else failed.get("ended_at")
     if last is not None and verdict:
         out["detect_s"] = round(verdict - last["t"], 2)
     if restored and verdict:
