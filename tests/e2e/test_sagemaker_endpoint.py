@@ -81,6 +81,9 @@ def statuses(described: dict) -> list[str]:
     return [t["Status"] for t in described["SecondaryStatusTransitions"]]
 
 
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py)
+# (no fault; the hang test and the SDK's test, which watches for a short Restarting status, stay serial).
+@pytest.mark.side_by_side
 def test_boto3_runs_waits_lists_and_stops_training_jobs(cp, creds, moto_url, monkeypatch):
     """Acceptance 1: create -> the waiter until Completed -> list -> stop a second job; wrong keys,
     a bad signature and a stale date are refused with AWS's codes; another tenant sees nothing."""
