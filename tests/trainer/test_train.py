@@ -34,13 +34,8 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data-cache")
 
 
-# The whole runs' length and checkpoint interval: a resume from the middle of a run past its warmup
-# (a torchrun start costs as much as ~30 of these steps; more steps would only lengthen the suite).
-STEPS, EVERY = 16, 8
-
-
 def write_config(directory: Path, cache: Path, **overrides) -> Path:
-    cfg = {"grad_accum": 2, "steps": STEPS, "warmup": 4, "instance_type": "c7i.xlarge", **overrides}
+    cfg = {"grad_accum": 2, "steps": 40, "warmup": 4, "instance_type": "c7i.xlarge", **overrides}
     return write_tiny_config(directory / "config.yaml", cache, max_bytes=1_000_000, **cfg)
 
 
@@ -200,28 +195,26 @@ def test_example_configs_load():
 
 @pytest.mark.parametrize("parallelism,storage", [("ddp", "file"), ("fsdp2", "file"), ("ddp", "s3")])
 def test_resume_parity_world_size_2(tmp_path, data_cache, parallelism, storage, request):
-    """16 steps with checkpoints every 8; resumed from step 8, steps 9-16 are bitwise the same."""
+    """40 steps with checkpoints every 20; resumed from step 20, steps 21-40 are bitwise the same."""
     from trainer.checkpoint import manifest
 
     config = write_config(tmp_path, data_cache, parallelism=parallelism)
     base = request.getfixturevalue("s3_prefix") if storage == "s3" else f"file://{tmp_path}/ckpt"
     rc, full = run_trainer(
-        tmp_path, config, 2, name="full", env={"AERIE_CHECKPOINT_URI": base, "AERIE_CHECKPOINT_EVERY": str(EVERY)}
+        tmp_path, config, 2, name="full", env={"AERIE_CHECKPOINT_URI": base, "AERIE_CHECKPOINT_EVERY": "20"}
     )
     assert rc == 0
-    assert manifest.verify(f"{base}/step_{EVERY:08d}").good
-    assert manifest.last_good(base) == f"{base}/step_{STEPS:08d}"
-    rc, resumed = run_trainer(
-        tmp_path, config, 2, name="resumed", env={"AERIE_RESUME_FROM": f"{base}/step_{EVERY:08d}"}
-    )
+    assert manifest.verify(f"{base}/step_00000020").good
+    assert manifest.last_good(base) == f"{base}/step_00000040"
+    rc, resumed = run_trainer(tmp_path, config, 2, name="resumed", env={"AERIE_RESUME_FROM": f"{base}/step_00000020"})
     assert rc == 0
     for rank in (0, 1):
         a, b = steps_of(read_metrics(full, rank)), steps_of(read_metrics(resumed, rank))
-        assert sorted(a) == list(range(1, STEPS + 1)) and sorted(b) == list(range(EVERY + 1, STEPS + 1))
-        for step in range(EVERY + 1, STEPS + 1):
+        assert sorted(a) == list(range(1, 41)) and sorted(b) == list(range(21, 41))
+        for step in range(21, 41):
             for key in ("loss", "grad_norm", "lr", "tokens"):
                 assert a[step][key] == b[step][key], (rank, step, key)
-        assert a[STEPS]["loss"] < a[1]["loss"]
+        assert a[40]["loss"] < a[1]["loss"]
 
 
 def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, data_cache, aerie_home):
@@ -251,30 +244,32 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, data_c
                 "AERIE_ATTEMPT_NUMBER": str(number),
             }
 
-        config = write_config(tmp_path, data_cache, steps=STEPS)
+        config = write_config(tmp_path, data_cache, steps=40)
         ckpt = tmp_path / "ckpt"
-        env = {**as_attempt(1), "AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": str(EVERY)}
+        env = {**as_attempt(1), "AERIE_CHECKPOINT_URI": f"file://{ckpt}", "AERIE_CHECKPOINT_EVERY": "20"}
         rc, full = run_trainer(tmp_path, config, 1, name="full", env=env)
         assert rc == 0
-        last = f"file://{ckpt}/step_{STEPS:08d}/attempt_0001"
-        shard = max((ckpt / f"step_{STEPS:08d}" / "attempt_0001").glob("*.distcp"), key=lambda p: p.stat().st_size)
+        step40 = f"file://{ckpt}/step_00000040/attempt_0001"
+        shard = max((ckpt / "step_00000040" / "attempt_0001").glob("*.distcp"), key=lambda p: p.stat().st_size)
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
         with api.db.session() as s:
             repo.set_attempt_state(s, repo.get_attempt(s, f"{job_id}-a1"), "Failed", {"kind": "silent.hang"})
             repo.set_attempt_state(s, repo.create_attempt(s, repo.get_job(s, "default", job_id), 2), "Running")
-        rc, resumed = run_trainer(tmp_path, config, 1, name="resumed", env={**as_attempt(2), "AERIE_RESUME_FROM": last})
+        rc, resumed = run_trainer(
+            tmp_path, config, 1, name="resumed", env={**as_attempt(2), "AERIE_RESUME_FROM": step40}
+        )
         assert rc == 0
         a, b = steps_of(read_metrics(full, 0)), steps_of(read_metrics(resumed, 0))
-        assert sorted(b) == list(range(EVERY + 1, STEPS + 1))
+        assert sorted(b) == list(range(21, 41))
         assert all(a[s]["loss"] == b[s]["loss"] for s in b)
-        marked = manifest.verify(last).reasons
-        assert marked and marked[0].startswith("marked bad: restore failed") and f"step_{EVERY:08d}" in marked[0]
+        marked = manifest.verify(step40).reasons
+        assert marked and marked[0].startswith("marked bad: restore failed") and "step_00000020" in marked[0]
         with api.db.session() as s:
             rows = {
                 (c.step, c.attempt_id[-2:]): c for c in repo.list_checkpoints(s, repo.get_job(s, "default", job_id))
             }
-        assert {k: c.state for k, c in rows.items()} == {(EVERY, "a1"): "good", (STEPS, "a1"): "bad"}
-        assert rows[STEPS, "a1"].reason.startswith("restore failed") and rows[STEPS, "a1"].size_bytes > 0
+        assert {k: c.state for k, c in rows.items()} == {(20, "a1"): "good", (40, "a1"): "bad"}
+        assert rows[40, "a1"].reason.startswith("restore failed") and rows[40, "a1"].size_bytes > 0
     finally:
         api.stop()
 
