@@ -33,17 +33,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
     # The longest test (an xdist group of its own: the clean 10-minute run) goes first, so one
     # worker starts it at once while the other takes everything else; collected last (it lives in
-    # tests/integration), it started minutes late and the phase outlasted it by as much. The other
-    # whole jobs (`side_by_side`) come next, the short unit tests last: the jobs then all run beside
-    # the clean run, and whatever the second worker has not finished when the clean run ends is
-    # short tests that both workers share.
-    items.sort(key=_phase_order)
-
-
-def _phase_order(item) -> int:
-    if item.get_closest_marker("xdist_group"):
-        return 0
-    return 1 if item.get_closest_marker("side_by_side") else 2
+    # tests/integration), it started minutes late and the phase outlasted it by as much.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else 1)
 
 
 @pytest.fixture
