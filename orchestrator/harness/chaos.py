@@ -57,14 +57,16 @@ def _latest_step(cp: ControlPlane, job_id: str, attempt: int) -> int:
     return max(losses) if losses else 0
 
 
-def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/chaos") -> ChaosResult:
+def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/chaos", steps: int = STEPS) -> ChaosResult:
+    """The reference run, then the chaos run, both of `steps` steps (at least 200: the last attempt
+    must still be training when the control plane comes back, about 20 steps after step 95)."""
     timeline: list[tuple[float, str]] = []
 
     def note(what: str) -> None:
         timeline.append((time.time(), what))
 
     # The reference: same config and world size, no faults (`same`: what the two runs share).
-    same: dict[str, Any] = {"steps": STEPS, "extra_hps": HPS, "every_steps": EVERY}
+    same: dict[str, Any] = {"steps": steps, "extra_hps": HPS, "every_steps": EVERY}
     t0 = time.time()
     ref_spec = trainer_spec(work / "reference.json", "chaos-reference", checkpoint_uri=bucket_prefix + "-ref", **same)
     cp.cli("submit", str(ref_spec), check=True)
@@ -119,7 +121,7 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
     note("control plane killed")
     time.sleep(3)
     cp.start()
-    note("control plane restarted")
+    note(f"control plane restarted (the last attempt at step {_latest_step(cp, job['id'], final_attempt)})")
     job = cp.wait_state("chaos", JOB_TERMINAL, timeout_s=max(60, deadline - time.time()))
     note(f"job {job['state']}")
     losses = rank_losses(cp.home / "jobs", job["id"])

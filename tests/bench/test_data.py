@@ -12,7 +12,10 @@ import pytest
 from tests.helpers.bench import run_bench
 
 
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# downloads through a proxy and a 6-step run of one rank; speed is not asserted.
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_bench_prints_download_and_fastfile_lines():
     download_args = ["--size-mb", "6", "--objects", "3", "--connections", "4"]
     train_args = ["--train-mb", "1", "--steps", "6", "--warmup", "2"]

@@ -52,7 +52,10 @@ def cp(tmp_path, slack_standin):
     )
 
 
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py);
+# its hang floor and start-up grace are 120 s.
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_checkpoint_to_slack_to_ratings(cp, slack_standin, tmp_path):
     config = write_tiny_config(tmp_path / "train.yaml", tmp_path / "data-cache", checkpoint={"async": False})
     spec = write_spec(

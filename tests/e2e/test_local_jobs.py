@@ -11,6 +11,10 @@ from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, event_story
 from tests.helpers.contract_jobs import contract_spec
 from tests.helpers.planes import running_control_plane
 
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# contract-check ranks (no model), no fault detection, no timing asserted.
+pytestmark = pytest.mark.side_by_side
+
 
 @pytest.fixture
 def cp(tmp_path):

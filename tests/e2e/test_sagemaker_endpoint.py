@@ -81,6 +81,9 @@ def statuses(described: dict) -> list[str]:
     return [t["Status"] for t in described["SecondaryStatusTransitions"]]
 
 
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py)
+# (no fault; the SDK's test below, whose fault is an exit, joins it; the hang test stays serial).
+@pytest.mark.side_by_side
 def test_boto3_runs_waits_lists_and_stops_training_jobs(cp, creds, moto_url, monkeypatch):
     """Acceptance 1: create -> the waiter until Completed -> list -> stop a second job; wrong keys,
     a bad signature and a stale date are refused with AWS's codes; another tenant sees nothing."""
@@ -184,7 +187,10 @@ def test_a_silent_hang_in_a_boto3_job_is_caught_and_restarted(cp, creds):
     assert job["attempt_list"][0]["reason"]["kind"] == "silent.hang"
 
 
+# Side by side as well: its fault is a SIGKILL (an exit, not a hang), and what the watcher records is
+# each job's whole status history, so no short window has to be caught.
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_the_sagemaker_sdk_trains_on_aerie_unchanged(cp, creds, moto_url, tmp_path):
     """Acceptance 3: `ModelTrainer(...).train(wait=True)` of the SageMaker Python SDK 3.x, with a
     custom image, a command, 2 instances and a session on a boto3 session: its first attempt is

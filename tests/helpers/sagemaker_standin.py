@@ -208,6 +208,11 @@ class SageMakerStandIn:
     def _update(self, job: TrainingJob) -> None:
         if job.status not in ("InProgress", "Stopping"):
             return
+        if len(job.procs) < job.request["ResourceConfig"]["InstanceCount"]:
+            # CreateTrainingJob is still starting the containers: with none started yet, "every
+            # container exited 0" held vacuously, and one test run saw attempt 2 Completed 16 ms
+            # after it was created, before any rank ran.
+            return
         codes = {h: p.poll() for h, p in job.procs.items()}
         if job.status == "Stopping":
             if job.stop_requested and time.time() - job.stop_requested > 20:

@@ -14,6 +14,10 @@ from orchestrator.backends.slurm import SlurmBackend, slurm_job_state
 from orchestrator.harness.control_plane import REPO
 from orchestrator.spec import JobSpec
 
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# the backend's own calls on one-node contract-check jobs (a 60 s heartbeat), no verdicts.
+pytestmark = pytest.mark.side_by_side
+
 
 def _request(job_id: str, exclude: tuple[str, ...] = (), args: tuple[str, ...] = ("--steps", "2")) -> LaunchRequest:
     spec = JobSpec.model_validate(

@@ -68,6 +68,9 @@ def _slurm_state(slurm_job_id: int) -> str:
     return (slurm_job_state(slurm_job_id) or {}).get("state", "")
 
 
+# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py)
+# (contract-check ranks, no fault; the fault and lost-node tests below stay serial).
+@pytest.mark.side_by_side
 def test_two_node_job_completes_through_aerie_up(cp, tmp_path):
     r = cp.cli("submit", _spec(tmp_path, "slurm-ok", ["--steps", "3"]), "--follow", timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr + cp.log.read_text()[-3000:]
@@ -84,6 +87,7 @@ def test_two_node_job_completes_through_aerie_up(cp, tmp_path):
     assert "CONTRACT PROBLEM" not in logs
 
 
+@pytest.mark.side_by_side  # as above: its only bound is 30 s for Slurm's clean-up
 def test_stop_cancels_the_slurm_job_and_its_processes(cp, tmp_path):
     cp.cli("submit", _spec(tmp_path, "slurm-stop", ["--steps", "600", "--sleep", "1"]), check=True)
     job = _wait_running(cp, "slurm-stop")
