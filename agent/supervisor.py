@@ -262,9 +262,8 @@ class Supervisor:
 
     def _switch(self, successor: dict[str, Any]) -> None:
         """Serve the in-place attempt `successor`: its id, token and resume point for the agent and
-        the ranks it starts next; per-group state and files of the attempt before set aside.
-        (The resume point is the control plane's: S3's last good checkpoint today; a memory
-        tier's point arrives the same way.)"""
+        the ranks it starts next (with a memory resume point, its durable fallback and who holds
+        which snapshot); per-group state and files of the attempt before set aside."""
         cfg = self.cfg
         attempt, token = str(successor["attempt_id"]), str(successor["token"])
         previous = os.environ.get(E.ATTEMPT_NUMBER, "")
