@@ -78,7 +78,7 @@ class Supervisor:
         self.tb_progress: Any = None  # agent.tb_progress.TensorBoardProgress: progress from event files
         self.attempt_over = False  # the control plane said this attempt ended (elsewhere, maybe)
         self.memory: Any = None  # agent.memckpt.node.NodeMemoryTier, when the backend turned it on
-        # The next worker group's ranks, started (torch imported) as soon as this one is failing.
+        # The next worker group's ranks, warm (torch imported) before this one can fail: agent.warm.
         self.warm = WarmGroup(
             cfg.node_dir,
             cfg.workdir,

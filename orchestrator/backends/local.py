@@ -106,7 +106,7 @@ class LocalBackend(Backend):
             if spec.backend_options.get("model_artifacts_uri"):
                 env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
             env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
-            if spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
+            if spec.retry.max_restarts > 0 and spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
                 # The agents outlive their worker groups: a failed attempt may be restarted in place.
                 env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
             if peers:
