@@ -30,11 +30,7 @@ def kill_tree(pid: int, spare: int | None = None) -> list[psutil.Process]:
             tree = [p for p in tree if p.pid not in keep]
     except psutil.Error:
         return []
-    for proc in tree:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    _kill(tree)
     return [proc for proc in tree if proc.pid != pid]
 
 
@@ -58,3 +54,22 @@ def killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_subtree(pid: int) -> list[psutil.Process]:
+    """SIGKILL `pid` and every descendant of it, whatever their sessions; returns them (to reap)."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    _kill(tree)
+    return tree
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass

@@ -136,20 +136,10 @@ class WarmGroup:
         if proc is not None and proc.poll() is None:
             import psutil
 
-            try:  # its ranks may have sessions of their own: every descendant, then the group
-                tree = psutil.Process(proc.pid).children(recursive=True)
-            except psutil.Error:
-                tree = []
-            for p in tree:
-                try:
-                    p.kill()
-                except psutil.Error:
-                    pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            psutil.wait_procs(tree, timeout=5)
+            from agent.proctree import kill_subtree
+
+            tree = kill_subtree(proc.pid)  # its ranks may have sessions of their own
+            psutil.wait_procs([p for p in tree if p.pid != proc.pid], timeout=5)
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -12,29 +12,19 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from orchestrator.backends import local_fence
 from orchestrator.harness.jobs import step_records, trainer_spec
+from tests.helpers.attempt_files import attempt_of, pids, running_pids
 from tests.helpers.wait import wait_for
 from trainer.checkpoint import manifest
 
 pytestmark = pytest.mark.slow
 
 STEPS, EVERY, CRASH = 40, 5, 12
-
-
-def _pids(node: Path, pattern: str) -> set[int]:
-    out = set()
-    for f in node.glob(pattern):
-        try:
-            out.add(int(json.loads(f.read_text())))
-        except (OSError, ValueError, TypeError):
-            pass
-    return out
 
 
 def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(s3_plane, tmp_path):
@@ -54,16 +44,9 @@ def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(s3_plane, tmp
     agents = {h: root / h / "agent" for h in ("algo-1", "algo-2")}
 
     def attempt(n: int) -> dict | None:
-        attempts = cp.job("warm")["attempt_list"]
-        return attempts[n - 1] if len(attempts) >= n else None
+        return attempt_of(cp, "warm", n)
 
-    wait_for(
-        what="attempt 1's ranks",
-        check=lambda: all(len(_pids(d, "ranks/rank-*.pid")) == 2 for d in agents.values()),
-        timeout_s=120,
-    )
-    agent_pids = {h: _pids(d, "agent.pid") for h, d in agents.items()}
-    rank_pids = {h: _pids(d, "ranks/rank-*.pid") for h, d in agents.items()}
+    agent_pids, rank_pids = running_pids(agents, 2)
 
     # 1. The crash: attempt 2 in place, on the same agents, with new ranks.
     failed = wait_for(
@@ -79,7 +62,7 @@ def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(s3_plane, tmp
     wait_for(
         what="attempt 2's ranks",
         check=lambda: all(
-            len(p := _pids(d, "ranks/rank-*.pid")) == 2 and not p & rank_pids[h] for h, d in agents.items()
+            len(p := pids(d, "ranks/rank-*.pid")) == 2 and not p & rank_pids[h] for h, d in agents.items()
         ),
         timeout_s=60,
         every_s=0.05,
@@ -93,7 +76,7 @@ def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(s3_plane, tmp
 
     running = wait_for(what="attempt 2 training past its resume", check=past_resume, timeout_s=90)
     first_step_s = time.time() - failed["ended_at"]
-    assert {h: _pids(d, "agent.pid") for h, d in agents.items()} == agent_pids
+    assert {h: pids(d, "agent.pid") for h, d in agents.items()} == agent_pids
     assert failed["reason"]["kind"] == "exit.nonzero", failed["reason"]
     assert len(running["nodes"]) == 2
     # The new group's rank 0 trained on from the checkpoint (its stream is a fresh one, the
@@ -109,7 +92,7 @@ def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(s3_plane, tmp
     job = cp.wait_state("warm", {"Completed", "Failed", "Stopped"}, timeout_s=180)
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     relaunched = cp.home / "jobs" / job_id / "attempt-3"
-    assert _pids(relaunched / "algo-1" / "agent", "agent.pid") - agent_pids["algo-1"]
+    assert pids(relaunched / "algo-1" / "agent", "agent.pid") - agent_pids["algo-1"]
     described = cp.cli("describe", "warm", check=True).stdout
     assert "in_place" in described and "relaunch" in described, described
     print(

@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from aerie_contracts import memckpt
-from aerie_contracts.checkpoints import CheckpointTier, memory_uri
-from aerie_contracts.metrics import MetricEvent
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
 from orchestrator.backends import local_fence
-from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import attempt_step_records, trainer_spec
-from tests.helpers.s3_requests import _LINE
+from tests.helpers.attempt_files import attempt_of, good_memory, restored_events, s3_requests_since
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -41,107 +37,79 @@ pytestmark = pytest.mark.slow
 STEPS, S3_EVERY, MEM_EVERY = 40, 10, 4
 
 
-def _restored(attempt_dir: Path) -> list[dict]:
-    out = []
-    for f in attempt_dir.glob("algo-*/output/metrics/rank-*.jsonl"):
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == MetricEvent.RESTORED:
-                out.append(rec)
-    return out
+def test_a_lost_node_is_replaced_from_its_peers_replica_and_from_s3_when_both_copies_are_gone(s3_plane, tmp_path):
+    cp = s3_plane
+    s3_log = cp.home / "devstack" / "s3.log"
+    spec = trainer_spec(
+        tmp_path / "spec.json",
+        "lost",
+        steps=STEPS,
+        checkpoint_uri="s3://aerie/lost",
+        every_steps=S3_EVERY,
+        memory_every_steps=MEM_EVERY,
+        max_restarts=3,
+        backend_options={"node_slots": 4},
+    )
+    cp.cli("submit", str(spec), check=True)
+    job_id = wait_for(what="the job", check=lambda: cp.job("lost")["id"], timeout_s=60)
+    job_dir = cp.home / "jobs" / job_id
+    area = Path(cp.env["AERIE_MEMORY_CHECKPOINT_DIR"])
+    prefix = f"s3://aerie/lost/{job_id}"
 
+    def attempt(n: int) -> dict | None:
+        return attempt_of(cp, "lost", n)
 
-def _s3_requests(log: Path, since: int) -> list[str]:
-    time.sleep(0.3)  # the S3 server logs a request after answering it
-    return [m.group(0) for m in _LINE.finditer(log.read_bytes()[since:].decode("utf-8", "replace"))]
+    # 1. algo-2 lost once step 12 is in memory: the replacement restores from algo-1's replicas.
+    wait_for(what="memory checkpoint of step 12", check=lambda: good_memory(cp, job_id, 12, 1), timeout_s=180)
+    local_fence.kill_node(job_dir / "attempt-1" / "algo-2")
+    shutil.rmtree(area / "algo-2")
+    second = wait_for(what="attempt 2", check=lambda: attempt(2), timeout_s=120)
+    mark = s3_log.stat().st_size  # chaining's S3 listing is done: what follows is the restore
+    assert attempt(1)["reason"]["kind"] == "node.lost", attempt(1)["reason"]
+    assert second["cause"][CAUSE_MODE] == RestartMode.RELAUNCH, second["cause"]
+    assert second["resume_from"].startswith(f"mem://{job_id}/"), second
+    root2 = job_dir / "attempt-2"
+    restored = wait_for(
+        what="attempt 2 restored", check=lambda: len(r := restored_events(root2)) == 4 and r, timeout_s=120
+    )
+    assert {r["uri"] for r in restored} == {second["resume_from"]}, restored
+    assert s3_requests_since(s3_log, mark) == []
+    assert sorted(p.name for p in root2.iterdir() if p.name.startswith("algo-")) == ["algo-1", "algo-3"]
+    new_node = (root2 / "algo-3" / "logs" / "node.log").read_text()
+    kept_node = (root2 / "algo-1" / "logs" / "node.log").read_text()
+    for rank in (2, 3):
+        assert f"rank {rank}: restoring from the replica copy" in new_node, new_node[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: restoring from the local copy" in kept_node, kept_node[-3000:]
 
+    # 2. algo-3 lost with both copies of its ranks: every rank takes S3's checkpoint instead.
+    wait_for(
+        what="attempt 2's memory checkpoint of step 24", check=lambda: good_memory(cp, job_id, 24, 2), timeout_s=180
+    )
+    local_fence.kill_node(root2 / "algo-3")
+    shutil.rmtree(area / "algo-3")
+    shutil.rmtree(memckpt.replica_dir(area / "algo-1", job_id, "algo-3"))
+    third = wait_for(what="attempt 3", check=lambda: attempt(3), timeout_s=120)
+    mark = s3_log.stat().st_size
+    assert third["resume_from"].startswith(f"mem://{job_id}/"), third
+    fallback = third["cause"][CAUSE_RESUME_FALLBACK]
+    assert fallback and fallback.startswith(prefix), third["cause"]
+    root3 = job_dir / "attempt-3"
+    restored = wait_for(
+        what="attempt 3 restored", check=lambda: len(r := restored_events(root3)) == 4 and r, timeout_s=120
+    )
+    assert {r["uri"] for r in restored} == {fallback}, restored
+    seen = s3_requests_since(s3_log, mark)
+    reads = [r for r in seen if r.startswith('"GET /aerie/lost/') or "GET /aerie/lost/" in r]
+    assert reads, f"the fallback was read from S3: {seen}"
 
-def test_a_lost_node_is_replaced_from_its_peers_replica_and_from_s3_when_both_copies_are_gone(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    cp = ControlPlane(home, s3=True).start()
-    s3_log = home / "devstack" / "s3.log"
-    try:
-        spec = trainer_spec(
-            tmp_path / "spec.json",
-            "lost",
-            steps=STEPS,
-            checkpoint_uri="s3://aerie/lost",
-            every_steps=S3_EVERY,
-            memory_every_steps=MEM_EVERY,
-            max_restarts=3,
-            backend_options={"node_slots": 4},
-        )
-        cp.cli("submit", str(spec), check=True)
-        job_id = wait_for(what="the job", check=lambda: cp.job("lost")["id"], timeout_s=60)
-        job_dir = cp.home / "jobs" / job_id
-        area = Path(cp.env["AERIE_MEMORY_CHECKPOINT_DIR"])
-        prefix = f"s3://aerie/lost/{job_id}"
+    job = cp.wait_state("lost", {"Completed", "Failed", "Stopped"}, timeout_s=240)
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
 
-        def attempt(n: int) -> dict | None:
-            attempts = cp.job("lost")["attempt_list"]
-            return attempts[n - 1] if len(attempts) >= n else None
-
-        def good_memory(step: int, number: int) -> bool:
-            want = memory_uri(job_id, step, number)
-            rows = cp.get(f"/v1/jobs/{job_id}/checkpoints")
-            return any(r["uri"] == want and r["state"] == "good" and r["tier"] == CheckpointTier.MEMORY for r in rows)
-
-        # 1. algo-2 lost once step 12 is in memory: the replacement restores from algo-1's replicas.
-        wait_for(what="memory checkpoint of step 12", check=lambda: good_memory(12, 1), timeout_s=180)
-        local_fence.kill_node(job_dir / "attempt-1" / "algo-2")
-        shutil.rmtree(area / "algo-2")
-        second = wait_for(what="attempt 2", check=lambda: attempt(2), timeout_s=120)
-        mark = s3_log.stat().st_size  # chaining's S3 listing is done: what follows is the restore
-        assert attempt(1)["reason"]["kind"] == "node.lost", attempt(1)["reason"]
-        assert second["cause"][CAUSE_MODE] == RestartMode.RELAUNCH, second["cause"]
-        assert second["resume_from"].startswith(f"mem://{job_id}/"), second
-        root2 = job_dir / "attempt-2"
-        restored = wait_for(
-            what="attempt 2 restored", check=lambda: len(r := _restored(root2)) == 4 and r, timeout_s=120
-        )
-        assert {r["uri"] for r in restored} == {second["resume_from"]}, restored
-        assert _s3_requests(s3_log, mark) == []
-        assert sorted(p.name for p in root2.iterdir() if p.name.startswith("algo-")) == ["algo-1", "algo-3"]
-        new_node = (root2 / "algo-3" / "logs" / "node.log").read_text()
-        kept_node = (root2 / "algo-1" / "logs" / "node.log").read_text()
-        for rank in (2, 3):
-            assert f"rank {rank}: restoring from the replica copy" in new_node, new_node[-3000:]
-        for rank in (0, 1):
-            assert f"rank {rank}: restoring from the local copy" in kept_node, kept_node[-3000:]
-
-        # 2. algo-3 lost with both copies of its ranks: every rank takes S3's checkpoint instead.
-        wait_for(what="attempt 2's memory checkpoint of step 24", check=lambda: good_memory(24, 2), timeout_s=180)
-        local_fence.kill_node(root2 / "algo-3")
-        shutil.rmtree(area / "algo-3")
-        shutil.rmtree(memckpt.replica_dir(area / "algo-1", job_id, "algo-3"))
-        third = wait_for(what="attempt 3", check=lambda: attempt(3), timeout_s=120)
-        mark = s3_log.stat().st_size
-        assert third["resume_from"].startswith(f"mem://{job_id}/"), third
-        fallback = third["cause"][CAUSE_RESUME_FALLBACK]
-        assert fallback and fallback.startswith(prefix), third["cause"]
-        root3 = job_dir / "attempt-3"
-        restored = wait_for(
-            what="attempt 3 restored", check=lambda: len(r := _restored(root3)) == 4 and r, timeout_s=120
-        )
-        assert {r["uri"] for r in restored} == {fallback}, restored
-        seen = _s3_requests(s3_log, mark)
-        reads = [r for r in seen if r.startswith('"GET /aerie/lost/') or "GET /aerie/lost/" in r]
-        assert reads, f"the fallback was read from S3: {seen}"
-
-        job = cp.wait_state("lost", {"Completed", "Failed", "Stopped"}, timeout_s=240)
-        assert job["state"] == "Completed", json.dumps(job)[:3000]
-
-        # 3. Deterministic replay: the steps trained twice gave the same loss.
-        losses: dict[int, float] = {}
-        for number in (1, 2, 3):
-            for rec in attempt_step_records(job_dir, number):
-                step, loss = int(rec["step"]), rec["loss"]
-                assert losses.setdefault(step, loss) == loss, (number, step, losses[step], loss)
-        assert sorted(losses) == list(range(1, STEPS + 1))
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
+    # 3. Deterministic replay: the steps trained twice gave the same loss.
+    losses: dict[int, float] = {}
+    for number in (1, 2, 3):
+        for rec in attempt_step_records(job_dir, number):
+            step, loss = int(rec["step"]), rec["loss"]
+            assert losses.setdefault(step, loss) == loss, (number, step, losses[step], loss)
+    assert sorted(losses) == list(range(1, STEPS + 1))

@@ -23,18 +23,15 @@ blame excludes it (a relaunch); here the node is kept, as an operator would for 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from aerie_contracts import memckpt
-from aerie_contracts.checkpoints import CheckpointTier, memory_uri
-from aerie_contracts.metrics import MetricEvent
+from aerie_contracts.checkpoints import memory_uri
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
-from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import attempt_step_records, trainer_spec
-from tests.helpers.s3_requests import _LINE
+from tests.helpers.attempt_files import attempt_of, good_memory, pids, restored_events, running_pids, s3_requests_since
 from tests.helpers.wait import wait_for
 from trainer.checkpoint import manifest
 
@@ -60,120 +57,79 @@ def _spec(tmp: Path, name: str, faults: list[dict] | None) -> Path:
     return path
 
 
-def _pids(folder: Path, pattern: str) -> set[int]:
-    out = set()
-    for f in folder.glob(pattern):
-        try:
-            out.add(int(json.loads(f.read_text())))
-        except (OSError, ValueError, TypeError):
-            pass
-    return out
-
-
-def _restored(root: Path) -> list[dict]:
-    """The `restored` events of the live metrics stream of every rank under an attempt directory."""
-    out = []
-    for f in root.glob("algo-*/output/metrics/rank-*.jsonl"):
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == MetricEvent.RESTORED:
-                out.append(rec)
-    return out
-
-
 def _losses(job_dir: Path, number: int) -> dict[int, float]:
     """Rank 0's loss per step in attempt `number`."""
     return {int(r["step"]): r["loss"] for r in attempt_step_records(job_dir, number)}
 
 
-def test_hang_recovers_in_place_from_memory_and_a_corrupt_copy_is_replaced_by_the_replica(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    cp = ControlPlane(home, s3=True).start()
-    s3_log = home / "devstack" / "s3.log"
-    try:
-        faults = [
-            {"kind": "busy_hang", "step": HANG, "rank": 1, "attempt": 1},
-            {"kind": "sigstop", "step": STOP, "rank": 3, "attempt": 2},
-        ]
-        cp.cli("submit", str(_spec(tmp_path, "mem", faults)), check=True)
-        job_id = wait_for(what="the job", check=lambda: cp.job("mem")["id"], timeout_s=60)
-        job_dir = cp.home / "jobs" / job_id
-        root = job_dir / "attempt-1"
-        agents = {h: root / h / "agent" for h in ("algo-1", "algo-2")}
-        area = Path(cp.env["AERIE_MEMORY_CHECKPOINT_DIR"])
+def test_hang_recovers_in_place_from_memory_and_a_corrupt_copy_is_replaced_by_the_replica(s3_plane, tmp_path):
+    cp = s3_plane
+    s3_log = cp.home / "devstack" / "s3.log"
+    faults = [
+        {"kind": "busy_hang", "step": HANG, "rank": 1, "attempt": 1},
+        {"kind": "sigstop", "step": STOP, "rank": 3, "attempt": 2},
+    ]
+    cp.cli("submit", str(_spec(tmp_path, "mem", faults)), check=True)
+    job_id = wait_for(what="the job", check=lambda: cp.job("mem")["id"], timeout_s=60)
+    job_dir = cp.home / "jobs" / job_id
+    root = job_dir / "attempt-1"
+    agents = {h: root / h / "agent" for h in ("algo-1", "algo-2")}
+    area = Path(cp.env["AERIE_MEMORY_CHECKPOINT_DIR"])
 
-        def attempt(n: int) -> dict | None:
-            attempts = cp.job("mem")["attempt_list"]
-            return attempts[n - 1] if len(attempts) >= n else None
+    def attempt(n: int) -> dict | None:
+        return attempt_of(cp, "mem", n)
 
-        def good_memory(step: int, number: int) -> bool:
-            rows = cp.get(f"/v1/jobs/{job_id}/checkpoints")
-            want = memory_uri(job_id, step, number)
-            return any(r["uri"] == want and r["state"] == "good" and r["tier"] == CheckpointTier.MEMORY for r in rows)
+    agent_pids, rank_pids = running_pids(agents, 2)
 
-        wait_for(
-            what="attempt 1's ranks",
-            check=lambda: all(len(_pids(d, "ranks/rank-*.pid")) == 2 for d in agents.values()),
-            timeout_s=120,
-        )
-        agent_pids = {h: _pids(d, "agent.pid") for h, d in agents.items()}
-        rank_pids = {h: _pids(d, "ranks/rank-*.pid") for h, d in agents.items()}
+    # 1. The busy hang: attempt 2 in place, from memory, reading nothing from S3.
+    wait_for(what="attempt 1 failed", check=lambda: (a := attempt(1)) and a["state"] == "Failed", timeout_s=120)
+    second = wait_for(what="attempt 2", check=lambda: attempt(2), timeout_s=60)
+    mark = s3_log.stat().st_size  # chaining's S3 listing is done: what follows is the restore
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    assert second["resume_from"] == memory_uri(job_id, 12, 1), second
+    assert second["cause"][CAUSE_RESUME_FALLBACK] == manifest.checkpoint_uri(f"s3://aerie/mem/{job_id}", 10, 1)
+    restored = wait_for(
+        what="attempt 2's ranks restored",
+        check=lambda: len(r := restored_events(root)) == 4 and r,
+        timeout_s=90,
+    )
+    during = s3_requests_since(s3_log, mark)
+    assert during == [], f"S3 requests while the ranks restored from memory: {during}"
+    assert {r["uri"] for r in restored} == {second["resume_from"]}, restored
+    assert {h: pids(d, "agent.pid") for h, d in agents.items()} == agent_pids
+    assert all(not pids(d, "ranks/rank-*.pid") & rank_pids[h] for h, d in agents.items())
 
-        # 1. The busy hang: attempt 2 in place, from memory, reading nothing from S3.
-        wait_for(what="attempt 1 failed", check=lambda: (a := attempt(1)) and a["state"] == "Failed", timeout_s=120)
-        second = wait_for(what="attempt 2", check=lambda: attempt(2), timeout_s=60)
-        mark = s3_log.stat().st_size  # chaining's S3 listing is done: what follows is the restore
-        assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
-        assert second["resume_from"] == memory_uri(job_id, 12, 1), second
-        assert second["cause"][CAUSE_RESUME_FALLBACK] == manifest.checkpoint_uri(f"s3://aerie/mem/{job_id}", 10, 1)
-        restored = wait_for(
-            what="attempt 2's ranks restored",
-            check=lambda: len(r := _restored(root)) == 4 and r,
-            timeout_s=90,
-        )
-        time.sleep(0.3)  # the S3 server logs a request after answering it
-        during = [m.group(0) for m in _LINE.finditer(s3_log.read_bytes()[mark:].decode("utf-8", "replace"))]
-        assert during == [], f"S3 requests while the ranks restored from memory: {during}"
-        assert {r["uri"] for r in restored} == {second["resume_from"]}, restored
-        assert {h: _pids(d, "agent.pid") for h, d in agents.items()} == agent_pids
-        assert all(not _pids(d, "ranks/rank-*.pid") & rank_pids[h] for h, d in agents.items())
+    # 2. Rank 3 stops at step 23; rank 2's own copy of step 20 gets a flipped byte.
+    wait_for(
+        what="attempt 2's memory checkpoint of step 20", check=lambda: good_memory(cp, job_id, 20, 2), timeout_s=90
+    )
+    snapshot = memckpt.local_dir(area / "algo-2", job_id) / memckpt.file_name(20, 2)
+    with open(snapshot, "r+b") as f:
+        f.seek(memckpt.HEADER_SIZE + 100)
+        byte = f.read(1)
+        f.seek(memckpt.HEADER_SIZE + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    third = wait_for(what="attempt 3", check=lambda: attempt(3), timeout_s=90)
+    assert third["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, third["cause"]
+    assert third["resume_from"] == memory_uri(job_id, 20, 2), third
 
-        # 2. Rank 3 stops at step 23; rank 2's own copy of step 20 gets a flipped byte.
-        wait_for(what="attempt 2's memory checkpoint of step 20", check=lambda: good_memory(20, 2), timeout_s=90)
-        snapshot = memckpt.local_dir(area / "algo-2", job_id) / memckpt.file_name(20, 2)
-        with open(snapshot, "r+b") as f:
-            f.seek(memckpt.HEADER_SIZE + 100)
-            byte = f.read(1)
-            f.seek(memckpt.HEADER_SIZE + 100)
-            f.write(bytes([byte[0] ^ 0xFF]))
-        third = wait_for(what="attempt 3", check=lambda: attempt(3), timeout_s=90)
-        assert third["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, third["cause"]
-        assert third["resume_from"] == memory_uri(job_id, 20, 2), third
+    job = cp.wait_state("mem", {"Completed", "Failed", "Stopped"}, timeout_s=180)
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    assert {r["uri"] for r in restored_events(root)} == {third["resume_from"]}
+    node_log = (root / "algo-2" / "logs" / "node.log").read_text()
+    assert "step 20, rank 2: restoring from the replica copy" in node_log, node_log[-3000:]
+    assert "step 20, rank 3: restoring from the local copy" in node_log
 
-        job = cp.wait_state("mem", {"Completed", "Failed", "Stopped"}, timeout_s=180)
-        assert job["state"] == "Completed", json.dumps(job)[:3000]
-        assert {r["uri"] for r in _restored(root)} == {third["resume_from"]}
-        node_log = (root / "algo-2" / "logs" / "node.log").read_text()
-        assert "step 20, rank 2: restoring from the replica copy" in node_log, node_log[-3000:]
-        assert "step 20, rank 3: restoring from the local copy" in node_log
-
-        # 3. Bit for bit against an uninterrupted run: every step any attempt trained (steps
-        # after a resume point were trained twice) gave the uninterrupted run's loss.
-        cp.cli("submit", str(_spec(tmp_path, "ref", None)), check=True)
-        ref = cp.wait_state("ref", {"Completed", "Failed", "Stopped"}, timeout_s=180)
-        assert ref["state"] == "Completed", json.dumps(ref)[:3000]
-        reference = _losses(cp.home / "jobs" / ref["id"], 1)
-        assert sorted(reference) == list(range(1, STEPS + 1))
-        trained = {n: _losses(job_dir, n) for n in (1, 2, 3)}
-        differ = {n: {s: (x, reference[s]) for s, x in t.items() if x != reference[s]} for n, t in trained.items()}
-        assert differ == {1: {}, 2: {}, 3: {}}, differ
-        assert set().union(*trained.values()) == set(reference)
-        # The job's memory folders are gone once it completed.
-        assert not list(area.glob(f"*/{job_id}"))
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
+    # 3. Bit for bit against an uninterrupted run: every step any attempt trained (steps
+    # after a resume point were trained twice) gave the uninterrupted run's loss.
+    cp.cli("submit", str(_spec(tmp_path, "ref", None)), check=True)
+    ref = cp.wait_state("ref", {"Completed", "Failed", "Stopped"}, timeout_s=180)
+    assert ref["state"] == "Completed", json.dumps(ref)[:3000]
+    reference = _losses(cp.home / "jobs" / ref["id"], 1)
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    trained = {n: _losses(job_dir, n) for n in (1, 2, 3)}
+    differ = {n: {s: (x, reference[s]) for s, x in t.items() if x != reference[s]} for n, t in trained.items()}
+    assert differ == {1: {}, 2: {}, 3: {}}, differ
+    assert set().union(*trained.values()) == set(reference)
+    # The job's memory folders are gone once it completed.
+    assert not list(area.glob(f"*/{job_id}"))

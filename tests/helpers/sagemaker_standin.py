@@ -40,8 +40,9 @@ from typing import Any
 
 import boto3
 import botocore.session
-import psutil
 from botocore.validate import ParamValidator
+
+from agent.proctree import kill_subtree
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 IMAGE_WORKDIR = "/opt/ml/code"  # the trainer image's WORKDIR (containers/trainer/Dockerfile)
@@ -93,15 +94,7 @@ class SageMakerStandIn:
         self.server.shutdown()
         for job in self.jobs.values():
             for proc in job.procs.values():
-                try:
-                    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-                except psutil.Error:
-                    tree = []
-                for p in tree:
-                    try:
-                        p.kill()
-                    except psutil.Error:
-                        pass
+                kill_subtree(proc.pid)
                 proc.wait()
 
     # --- the API -----------------------------------------------------------------------------

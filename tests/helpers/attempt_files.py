@@ -1,0 +1,70 @@
+"""What an attempt's nodes leave on disk, read by the whole-job tests: rank and agent pids, the
+ranks' `restored` events, and the requests the loopback S3 server logged since a mark."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from aerie_contracts.checkpoints import CheckpointTier, memory_uri
+from aerie_contracts.metrics import MetricEvent
+from orchestrator.harness.control_plane import ControlPlane
+from tests.helpers.s3_requests import _LINE
+from tests.helpers.wait import wait_for
+
+
+def pids(folder: Path, pattern: str) -> set[int]:
+    """The pids in the JSON files matching `pattern` under `folder` (`agent.pid`, `ranks/rank-*.pid`)."""
+    out = set()
+    for f in folder.glob(pattern):
+        try:
+            out.add(int(json.loads(f.read_text())))
+        except (OSError, ValueError, TypeError):
+            pass
+    return out
+
+
+def restored_events(attempt_dir: Path) -> list[dict]:
+    """The `restored` events of the live metrics stream of every rank under an attempt directory."""
+    out = []
+    for f in attempt_dir.glob("algo-*/output/metrics/rank-*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == MetricEvent.RESTORED:
+                out.append(rec)
+    return out
+
+
+def s3_requests_since(log: Path, mark: int) -> list[str]:
+    """The request lines the S3 server logged after byte `mark` of its log."""
+    time.sleep(0.3)  # the server logs a request after answering it
+    return [m.group(0) for m in _LINE.finditer(log.read_bytes()[mark:].decode("utf-8", "replace"))]
+
+
+def attempt_of(cp: ControlPlane, job: str, n: int) -> dict | None:
+    """Attempt number `n` of `job` as the API shows it, or None before it exists."""
+    attempts = cp.job(job)["attempt_list"]
+    return attempts[n - 1] if len(attempts) >= n else None
+
+
+def good_memory(cp: ControlPlane, job_id: str, step: int, number: int) -> bool:
+    """Whether the memory checkpoint of `step` written by attempt `number` is recorded good."""
+    want = memory_uri(job_id, step, number)
+    rows = cp.get(f"/v1/jobs/{job_id}/checkpoints")
+    return any(r["uri"] == want and r["state"] == "good" and r["tier"] == CheckpointTier.MEMORY for r in rows)
+
+
+def running_pids(agents: dict[str, Path], ranks_per_node: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
+    """Once every node's ranks run: each node's agent pid and rank pids."""
+    wait_for(
+        what="the nodes' ranks",
+        check=lambda: all(len(pids(d, "ranks/rank-*.pid")) == ranks_per_node for d in agents.values()),
+        timeout_s=120,
+    )
+    return {h: pids(d, "agent.pid") for h, d in agents.items()}, {
+        h: pids(d, "ranks/rank-*.pid") for h, d in agents.items()
+    }
