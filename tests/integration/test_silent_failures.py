@@ -45,8 +45,15 @@ def test_fault_fails_the_attempt_with_its_cause(cp, tmp_path, case):
     faults, kind, restarts = CASES[case]
     name = f"fault-{case.replace('_', '-')}"
     # Three node slots for a 2-node job: one spare for a blamed node's place.
+    # No memory checkpoints: attempt 2 must start from scratch, where its END_ATTEMPT_2 fault is.
     spec = trainer_spec(
-        tmp_path / "spec.json", name, steps=400, faults=faults, max_restarts=restarts, backend_options={"node_slots": 3}
+        tmp_path / "spec.json",
+        name,
+        steps=400,
+        faults=faults,
+        max_restarts=restarts,
+        memory_every_steps=0,
+        backend_options={"node_slots": 3},
     )
     cp.cli("submit", str(spec), check=True)
     job = cp.wait_state(name, {"Completed", "Failed", "Stopped"}, timeout_s=420)

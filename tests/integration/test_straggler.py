@@ -40,6 +40,7 @@ def test_a_slow_rank_makes_its_node_a_straggler_and_restart_excludes_it(tmp_path
             steps=100_000,
             faults=faults,
             max_restarts=1,
+            memory_every_steps=0,  # attempt 2 starts from scratch, where its exit fault is
             health=health,
             backend_options={"node_slots": 3},
         )
