@@ -83,7 +83,10 @@ def main() -> None:
     trainer.train(resume_from_checkpoint=last)
     # What PyTorch asks of every torchrun script: without it, gloo's threads can race the
     # interpreter's exit and a rank that finished training dies of SIGABRT.
+    # A barrier first: a rank that tore its group down while a peer was still finishing its last
+    # collective (HF's final save and logging) left that peer blocked at exit.
     if torch.distributed.is_initialized():
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
