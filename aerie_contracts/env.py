@@ -136,9 +136,10 @@ MEMORY_CHECKPOINT_EVERY = _var(
 )
 MEMORY_CHECKPOINT_DIR = _var(
     "AERIE_MEMORY_CHECKPOINT_DIR",
-    "the node's shared-memory area for in-memory checkpoints (default /dev/shm/aerie-memckpt)",
-    "agent",
-    "trainer",
+    "the node's shared-memory area for in-memory checkpoints (default /dev/shm/aerie-memckpt; on local, "
+    "the control plane's value is the base of every node's own folder)",
+    "local backend (a folder per node), operator",
+    "agent, trainer",
 )
 MEMORY_CHECKPOINT_PEERS = _var(
     "AERIE_MEMORY_CHECKPOINT_PEERS",
@@ -151,14 +152,14 @@ MEMORY_RESUME_NODES = _var(
     "AERIE_MEMORY_RESUME_NODES",
     "with a memory resume point: JSON {node: {ranks, replica_node}}, which node wrote each rank's snapshot "
     "and which holds its replica (a replacement node fetches its ranks' replicas from their holders)",
-    "backend",
+    "controller (a relaunch), agent (an in-place switch)",
     "agent",
 )
 RESUME_FALLBACK = _var(
     "AERIE_RESUME_FALLBACK",
     "the durable (S3) checkpoint a memory resume point falls back to when any rank cannot restore its "
     "snapshot (empty: from scratch)",
-    "agent",
+    "controller (a relaunch), agent (an in-place switch)",
     "trainer",
 )
 FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
