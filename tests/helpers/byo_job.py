@@ -74,7 +74,9 @@ def hang_restart_resume(cp: ControlPlane, spec: dict[str, Any], work: Path, step
 
     job = cp.wait_state(name, {"Completed", "Failed"}, timeout_s=300)
     attempts = sorted(cp.get(f"/v1/jobs/{job_id}/attempts"), key=lambda a: a["number"])  # type: ignore[arg-type]
-    assert job["state"] == "Completed", (job, attempts)
+    # Short first (a CI log keeps only the head and tail of a failure): each attempt's end and reason.
+    story = [(a["number"], a["state"], (a.get("cause") or {}).get("mode"), a.get("reason")) for a in attempts]
+    assert job["state"] == "Completed", f"{job['state']}: {story!s:.1500} | verdicts: {job.get('verdicts')!s:.800}"
     # The stopped rank's node called the hang from log-derived progress. (The attempt's recorded
     # reason may be a peer's crash instead: the verdict's node ends its ranks, gloo peers on the
     # other node then fail at once, and a poll between the two exits sees only theirs.)

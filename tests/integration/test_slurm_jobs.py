@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -41,9 +42,18 @@ def _wait_running(cp: ControlPlane, ref: str, nodes: int = 2, timeout_s: float =
             and all(n["state"] == "Running" for n in attempts[-1]["nodes"])
         ):
             return job
-        assert job["state"] not in {"Completed", "Failed", "Stopped"}, json.dumps(job)[:3000]
+        if job["state"] in {"Completed", "Failed", "Stopped"}:
+            raise AssertionError(_ended_early(job))
         time.sleep(0.5)
     raise AssertionError(f"{ref} never had {nodes} running nodes: {json.dumps(cp.job(ref))[:2000]}")
+
+
+def _ended_early(job: dict) -> str:
+    """Why a job ended before its nodes ran, short enough to survive a truncated CI log: the job's
+    and its attempts' reasons first, then the cluster's view of its nodes."""
+    reasons = [(a["number"], a["state"], (a.get("reason") or {})) for a in job["attempt_list"]]
+    sinfo = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %t %E"], capture_output=True, text=True).stdout
+    return f"{job['name']} ended {job['state']} before its nodes ran: {reasons!s:.1200} | sinfo: {sinfo!s:.300}"
 
 
 def _handle(cp: ControlPlane, job: dict, attempt: int = 1) -> dict:
