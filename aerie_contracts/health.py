@@ -39,6 +39,7 @@ class Section(StrEnum):
     CHECKPOINT_STALL = "checkpoint_stall"  # the synchronous part of a save (no step runs)
     CHECKPOINT_UPLOAD = "checkpoint_upload"  # the asynchronous part (steps run beside it)
     EVAL = "eval"  # an in-loop evaluation (no step runs)
+    WIND_DOWN = "wind_down"  # after the last step: a final save, an export, the teardown (no step runs)
 
 
 # A heartbeat's summary carries the node's recent section durations under this key, so the control
@@ -93,6 +94,11 @@ class HealthSettings:
     # ever raises that limit); the step's are hang_floor_s and hang_factor.
     section_factor: float = _f(5.0, "a stall, upload, eval or setup may last this many times its learned p95", gt=0)
     stall_floor_s: float = _f(60.0, "a checkpoint's synchronous part is never stuck sooner than this", gt=0)
+    # Two minutes: a third-party trainer's final save is invisible to the agent (no checkpoint
+    # events), and a loaded host once took over 12 s for a tiny model's save and gloo teardown.
+    wind_down_floor_s: float = _f(
+        120.0, "after a rank's last step, its final save and teardown are never stuck sooner than this", gt=0
+    )
     upload_floor_s: float = _f(120.0, "a checkpoint's asynchronous upload is never stuck sooner than this", gt=0)
     eval_floor_s: float = _f(60.0, "an in-loop eval is never stuck sooner than this", gt=0)
     heartbeat_s: float = _f(5.0, "how often the agent reports to the control plane", gt=0)

@@ -67,4 +67,7 @@ class MetricEvent(StrEnum):
     # A rank's in-memory snapshot is complete in the node's shared memory (issue #22): `path`,
     # `size_bytes`, `snapshot_s` (the time the rank was blocked for it).
     CHECKPOINT_MEMORY = "checkpoint_memory"
+    # The rank's last step is done (its step reached the run's total): what follows, a final save,
+    # an export, the process group's teardown, is wind-down, judged by its own limit, not a step's.
+    TRAIN_END = "train_end"
     RESTORED = "restored"  # once, after a resume: `uri` and `restore_s` (seconds spent restoring)

@@ -32,7 +32,7 @@ from statistics import median
 
 from aerie_contracts import FailureKind
 from aerie_contracts.health import HealthSettings, Section
-from agent.probes.progress import CHECKPOINT, EVAL, UPLOAD_WAIT
+from agent.probes.progress import CHECKPOINT, EVAL, UPLOAD_WAIT, WIND_DOWN
 from agent.sections import detect_checkpoint_stalled, section_limit
 from agent.window import (
     Verdict,
@@ -64,6 +64,7 @@ _PAUSE_SECTIONS = {
     CHECKPOINT: Section.CHECKPOINT_STALL,
     EVAL: Section.EVAL,
     UPLOAD_WAIT: Section.CHECKPOINT_UPLOAD,  # the loop blocked on an upload: the upload's limit
+    WIND_DOWN: Section.WIND_DOWN,  # after the last step: a final save and the teardown
 }
 
 

@@ -8,7 +8,9 @@ tqdm redraws right after it), or, when no
 rule gives a step at all (SageMaker-style definitions of just a loss), counts steps itself.
 Anything that does not match is ignored; a value that is not a number is dropped. Records have
 the metrics stream's shape (`{"t", "rank", "step", "loss", ..., "event": None, "source": "log"}`),
-so the progress probe and the detectors take them exactly as Aerie's own trainer's.
+so the progress probe and the detectors take them exactly as Aerie's own trainer's. The step that
+reaches the run's total (a bar's "N/N", Megatron's "iteration N/ N") is followed by a `train_end`
+record: what comes after it is the rank's wind-down, not a hang between steps.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aerie_contracts import byo
+from aerie_contracts import metrics as keys
+from aerie_contracts.metrics import MetricEvent
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # torchtitan colours its metrics line
 _NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf)"
@@ -78,6 +82,7 @@ class LogParser:
     _total: int | None = field(default=None, init=False)
     _counted: int = field(default=0, init=False)
     _pending: dict[str, float] | None = field(default=None, init=False)  # HF: metrics awaiting their bar
+    _ended: bool = field(default=False, init=False)  # train_end given (the step reached the total)
     errors: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -154,7 +159,14 @@ class LogParser:
         if self._pending is not None and not values:
             values, self._pending = self._pending, None
         self._step = step
-        return [*out, self._record(now, step, values)]
+        out.append(self._record(now, step, values))
+        # The run's last step (a bar's or Megatron's "N/ M" total reached): what follows is the
+        # wind-down (a final save, the teardown), judged by its own limit (agent/sections.py).
+        total = self._total if self._total is not None else _total_of(found)
+        if total is not None and step >= total and not self._ended:
+            self._ended = True
+            out.append({**self._record(now, step, {}), keys.EVENT: MetricEvent.TRAIN_END.value})
+        return out
 
     def _record(self, now: float, step: int, values: dict[str, float]) -> dict[str, Any]:
         rec: dict[str, Any] = {"t": now, "rank": self.rank, "step": step, "event": None}
@@ -180,6 +192,13 @@ class LogParser:
             self._counted += 1  # definitions without a step: each loss line is one step
             return self._counted
         return None
+
+
+def _total_of(found: dict[str, Any]) -> int | None:
+    """A line's own total of training steps (Megatron's "iteration N/ M"), not a per-epoch bar's."""
+    if not found.get("total") or "epoch" in found:
+        return None
+    return int(found["total"])
 
 
 class SegmentSplitter:

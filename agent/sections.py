@@ -6,9 +6,10 @@ and evals. Each gets its own limit, `max(floor, factor x p95)` of its durations 
 history: this attempt's (the window) and the previous attempts' (`Window.learned`, handed over by
 the control plane in `AERIE_SECTIONS`), so a restarted attempt starts with what was learned.
 
-Without any history a stall, upload or eval may last `pause_max_s` (the cold limit), setup
-`first_step_timeout_s`; setup's learned limit never goes below that (a restarted attempt also
-restores a checkpoint, so a fresh attempt's setup is no guide to its lower bound).
+Without any history a stall, upload or eval may last `pause_max_s` (the cold limit), the
+wind-down after the last step `wind_down_floor_s`, setup `first_step_timeout_s`; setup's learned
+limit never goes below that (a restarted attempt also restores a checkpoint, so a fresh attempt's
+setup is no guide to its lower bound).
 """
 
 from __future__ import annotations
@@ -36,12 +37,20 @@ def section_limit(w: Window, cfg: HealthSettings, section: Section) -> tuple[flo
         return max(cfg.hang_floor_s, cfg.hang_factor * p95 if p95 is not None else 0.0), p95
     if section is Section.SETUP:
         return max(cfg.first_step_timeout_s, cfg.section_factor * p95 if p95 is not None else 0.0), p95
+    if section is Section.WIND_DOWN:
+        # Once per attempt, so rarely learned: its floor, not the cold pause_max_s (a rank hung at
+        # exit would go unnamed for half an hour), or longer if this job's saves take longer (a
+        # final save is a save; a third-party trainer's is invisible to the agent).
+        stall = percentile(samples(w, Section.CHECKPOINT_STALL), 95)
+        learned = [cfg.section_factor * x for x in (p95, stall) if x is not None]
+        return max([cfg.wind_down_floor_s, *learned]), p95
     if p95 is None:
         return cfg.pause_max_s, None
     floor = {
         Section.CHECKPOINT_STALL: cfg.stall_floor_s,
         Section.CHECKPOINT_UPLOAD: cfg.upload_floor_s,
         Section.EVAL: cfg.eval_floor_s,
+        Section.WIND_DOWN: cfg.wind_down_floor_s,
     }[section]
     return max(floor, cfg.section_factor * p95), p95
 

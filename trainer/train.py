@@ -352,6 +352,9 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         # period (an unfinished one is never mistaken for good: it has no manifest).
         checkpointer.wait(timeout=STOP_GRACE_S)
         return stop.exit_code
+    # What follows the last step (the final upload, the teardown) is wind-down, not a hang between
+    # steps: the agent judges it by its own limit (agent/sections.py).
+    metrics.event(MetricEvent.TRAIN_END, cfg.steps)
     checkpointer.wait()
     return 0
 

@@ -7,10 +7,11 @@ files that appear later (ranks start at different times) are picked up on the ne
 Sections (`aerie_contracts.health.Section`): `checkpoint_begin` opens a checkpoint *stall* (a pause:
 no step runs); `checkpoint_staged` closes it and opens the *upload*, which runs beside the steps
 and is not a pause; `checkpoint_end` closes whichever is open (a writer without `staged` has its
-whole save as a stall); `checkpoint_wait` (the loop blocks on the in-flight upload) opens an
-`upload_wait` pause that the upload's end closes. `eval_begin`/`eval_end` bound an eval pause.
-Each closed section's duration is kept (`durations`), so the agent learns its timeouts and
-reports them in heartbeats.
+whole save as a stall); `train_end` (the rank's last step is done) opens its *wind-down* (a final
+save, an export, the teardown), which the rank's exit ends; `checkpoint_wait` (the loop blocks on
+the in-flight upload) opens an `upload_wait` pause that the upload's end closes.
+`eval_begin`/`eval_end` bound an eval pause. Each closed section's duration is kept (`durations`),
+so the agent learns its timeouts and reports them in heartbeats.
 
 TensorBoard records (`"source": "tensorboard"`, agent/tb_progress.py) reach disk only when the
 trainer's writer flushes, usually after its log lines did: they only ever move a rank forward. One
@@ -39,8 +40,8 @@ TIMING_STEPS = 10  # steps per rank whose compute/wait medians the heartbeat rep
 _RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
 # Pause names in `open` (a window's evidence shows them): a checkpoint's stall, an eval, and the
 # loop blocked on an in-flight upload (`checkpoint_wait`, bounded by the upload's own limit).
-CHECKPOINT, EVAL, UPLOAD_WAIT = "checkpoint", "eval", "upload_wait"
-_PAUSE_SECTION = {CHECKPOINT: Section.CHECKPOINT_STALL, EVAL: Section.EVAL}
+CHECKPOINT, EVAL, UPLOAD_WAIT, WIND_DOWN = "checkpoint", "eval", "upload_wait", "wind_down"
+_PAUSE_SECTION = {CHECKPOINT: Section.CHECKPOINT_STALL, EVAL: Section.EVAL, WIND_DOWN: Section.WIND_DOWN}
 
 
 def _non_finite(x: object) -> bool:
@@ -141,6 +142,11 @@ class ProgressProbe:
                 self.repeated += not seen
                 return seen
             self.last_source[rank] = rec.get(byo.SOURCE_KEY)
+            # A later step after `train_end` (a bar's total was not the run's): no wind-down after all.
+            # (The last step again is not: HF's logs dict of the last step may follow its bar.)
+            last = self.steps.get(rank)
+            if last and isinstance(rec[keys.STEP], (int, float)) and rec[keys.STEP] > last[-1][1]:
+                self.open.get(rank, {}).pop(WIND_DOWN, None)
             step_s = rec.get(keys.STEP_S)
             self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, rec[keys.STEP], loss, step_s])
             if self.first_step_t is None or t < self.first_step_t:
@@ -178,6 +184,8 @@ class ProgressProbe:
         opened = self.open.setdefault(rank, {})
         if event in (MetricEvent.CHECKPOINT_BEGIN, MetricEvent.EVAL_BEGIN):
             opened[CHECKPOINT if event == MetricEvent.CHECKPOINT_BEGIN else EVAL] = t
+        elif event == MetricEvent.TRAIN_END:
+            opened.setdefault(WIND_DOWN, t)
         elif event == MetricEvent.EVAL_END:
             self._close_pause(opened, EVAL, t)
         elif event == MetricEvent.CHECKPOINT_STAGED:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from aerie_contracts import byo
+from aerie_contracts.metrics import MetricEvent
 from agent.detect import HealthConfig
 from agent.logparse import LogParser, SegmentSplitter
 from agent.monitor import Observations
@@ -61,6 +62,10 @@ def hf_output(tmp_path_factory) -> bytes:
 
 def test_hf_trainer_preset_on_real_output(hf_output):
     recs = parse(LogParser(preset=byo.PRESET_HF_TRAINER), hf_output)
+    # The bar's "4/4" ends training: one train_end record (the wind-down: HF's final save, teardown).
+    ends = [r for r in recs if r["event"] == MetricEvent.TRAIN_END]
+    assert [r["step"] for r in ends] == [4]
+    recs = [r for r in recs if r["event"] is None]
     assert sorted({r["step"] for r in recs}) == [1, 2, 3, 4]  # the training bar; shard-writing bars ignored
     with_loss = [r for r in recs if "loss" in r]
     assert [r["step"] for r in with_loss] == [1, 2, 3, 4]  # each logs dict attached to its step
@@ -166,3 +171,12 @@ def test_a_raw_create_training_job_metric_definition_drives_progress(tmp_path):
     obs.add({"now": 5.0, "records": probe.sample()})
     assert probe.last_step() == 3 and probe.last_loss() == pytest.approx(1.0)
     assert [s[1] for s in obs.window(5.0, 0.0).steps["0"]] == [1, 2, 3]
+
+
+def test_megatrons_last_iteration_ends_training_once():
+    """`iteration N/ N` is the run's last step: a train_end record follows it (the wind-down, judged
+    by its own limit), once; earlier iterations give none."""
+    line = " [2024-05-01 10:00:0{i}] iteration        {i}/       3 | lm loss: 1.0E+01 |\n"
+    text = "".join(line.format(i=i) for i in (1, 2, 3, 3)).encode()
+    recs = parse(LogParser(preset=byo.PRESET_MEGATRON), text)
+    assert [(r["step"], r["event"]) for r in recs] == [(1, None), (2, None), (3, None), (3, "train_end"), (3, None)]

@@ -251,3 +251,30 @@ def test_the_probe_reports_each_ranks_compute_and_wait_medians():
     probe.ingest({"t": 16, "rank": 1, "step": 16, "loss": float("nan"), "local_loss": float("nan"), "event": None})
     probe.ingest({"t": 17, "rank": 1, "step": 17, "loss": float("nan"), "local_loss": float("nan"), "event": None})
     assert probe.first_nan[1]["step"] == 16 and 0 not in probe.first_nan
+
+
+# ----------------------------------------------------------------------------- wind-down
+
+
+def test_the_wind_down_after_the_last_step_has_its_own_limit_not_the_steps():
+    """After `train_end` (the last step; a BYO trainer's final save is invisible to the agent) a
+    quiet node is winding down: no hang at the 12 s step limit; one past `wind_down_floor_s`
+    (a rank hung at exit) is a hang that names the open wind-down."""
+    health = {"hang_floor_s": 12.0, "startup_grace_s": 0.0, "wind_down_floor_s": 60.0}
+    samples = synth(150, hang_at=51.0, events=[(50.0, MetricEvent.TRAIN_END.value)])  # last step at t=49
+    fired = replay(samples, health, 0.0)
+    assert kinds(fired)[:1] == [HANG]
+    t, v = fired[0]
+    assert 50 + 60 < t <= 50 + 61, t  # the wind-down's limit from its start, not 49 + 12
+    assert "wind_down open for over 60s" in v.message
+    w, cfg = window_after(samples[:60], health)
+    assert section_limit(w, cfg, Section.WIND_DOWN) == (60.0, None)  # cold: its floor, not pause_max_s
+
+
+def test_a_step_after_train_end_goes_back_to_the_step_limit():
+    """A total that was not the run's (a bar redrawn for a second phase): the next step closes the
+    wind-down and an ordinary hang is called at the step limit again."""
+    health = {"hang_floor_s": 12.0, "startup_grace_s": 0.0, "wind_down_floor_s": 600.0}
+    samples = synth(120, hang_at=71.0, events=[(30.0, MetricEvent.TRAIN_END.value)])  # steps go on to t=69
+    t, v = replay(samples, health, 0.0)[0]
+    assert v.kind == HANG and 69 + 12 < t <= 69 + 13, t
