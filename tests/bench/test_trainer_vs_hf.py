@@ -11,7 +11,9 @@ import pytest
 from tests.helpers.bench import run_bench
 
 
+# Beside the unit tests (`make test`'s first phase): it runs no job and asserts no speed.
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_bench_prints_eager_and_bf16_lines_for_a_family():
     args = ["--family", "llama", "--no-compile", "--rounds", "2", "--steps", "1", "--warmup", "0"]
     args += ["--batch", "2", "--seq", "16", "--threads", "1"]

@@ -520,7 +520,10 @@ def test_cfn_lint_reports_no_errors(synthesized, tmp_path):
 # --- the CLI, as documented -----------------------------------------------------------------------
 
 
+# Beside the unit tests (`make test`'s first phase): no job, no detector, only CPU; alone in the
+# serial phase it cost that phase its own synth (about 45 s) on top of the CLI's.
 @pytest.mark.slow
+@pytest.mark.side_by_side
 def test_documented_cdk_synth_command_produces_the_same_stack(synthesized, tmp_path):
     """Runs `npx aws-cdk@2 synth ...` exactly as README.md's Deploy to AWS section shows, from infra/aws."""
     if shutil.which("npx") is None:
