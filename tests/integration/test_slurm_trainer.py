@@ -16,7 +16,9 @@ from orchestrator.harness.control_plane import REPO, ControlPlane
 
 STEPS = 6
 
-pytestmark = pytest.mark.slow
+# Beside the unit tests (`make test`'s first phase): two fault-free runs on the example's own
+# thresholds (a 30 s hang floor), nothing as tight as the serial phase's.
+pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]
 
 
 @pytest.fixture
