@@ -118,6 +118,28 @@ class HeartbeatOut(BaseModel):
     stop: bool = False
 
 
+class PreflightIn(BaseModel):
+    """A node's pre-flight result (aerie_contracts.preflight.PreflightResult); extra keys are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    passed: bool
+    checks: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
+    elapsed_s: float | None = None
+    budget_s: float | None = None
+    t: float | None = None
+    faults: list[str] = Field(default_factory=list, max_length=16)
+
+
+class PreflightOut(BaseModel):
+    """The attempt's pre-flight decision (aerie_contracts.preflight.Decision): `start` once every
+    node passed, `abort` once one failed (`failed` names them) or the attempt ended, else `wait`."""
+
+    action: str
+    why: str = ""
+    failed: list[str] = Field(default_factory=list)
+
+
 class NextOut(BaseModel):
     """What an agent whose worker group ended does next (aerie_contracts.restarts.NextAction).
     With `restart`: the in-place attempt it now serves, that attempt's agent token (scoped to it,

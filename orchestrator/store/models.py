@@ -75,6 +75,8 @@ class Node(Base):
     last_heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     exit: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The node's pre-flight result for this attempt (aerie_contracts.preflight.PreflightResult).
+    preflight: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     attempt: Mapped[Attempt] = relationship(back_populates="nodes")
 
