@@ -17,6 +17,7 @@ class NodeOut(BaseModel):
     last_heartbeat_at: float | None = None
     summary: dict[str, Any] | None = None
     exit: dict[str, Any] | None = None
+    preflight: dict[str, Any] | None = None  # aerie_contracts.preflight.PreflightResult, once reported
 
 
 class VerdictOut(BaseModel):
