@@ -1,7 +1,9 @@
 """GPU health from NVML (nvidia-ml-py), around the compute burn: volatile uncorrected ECC errors,
-retired pages pending, a hardware clock slowdown, and XID critical errors raised while the checks
-ran (NVML reports XIDs only as events after registration, so earlier ones are not seen here; the
-monitor's probe counts them during training). Skipped cleanly without NVML or a visible GPU."""
+retired pages pending (before Ampere) or row remapping pending/failed (A100, H100: their
+retired-pages call answers NotSupported), a hardware clock slowdown, and XID critical errors
+raised while the checks ran (NVML reports XIDs only as events after registration, so earlier ones
+are not seen here; the monitor's probe counts them during training). Skipped cleanly without NVML
+or a visible GPU. On an idle H100 (device machine): ECC 0, throttle reasons 0x1 (idle), healthy."""
 
 from __future__ import annotations
 
@@ -82,12 +84,15 @@ class GpuHealth:
                 nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
             )
             pending = self._call(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+            # (corrected rows, uncorrected rows, remapping pending, remapping failed)
+            remap = self._call(nv.nvmlDeviceGetRemappedRows, h)
             reasons = self._call(nv.nvmlDeviceGetCurrentClocksThrottleReasons, h)
             sm = self._call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
             sm_max = self._call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
             per_gpu[str(i)] = {
                 "ecc_uncorrected": ecc,
                 "retired_pages_pending": bool(pending) if pending is not None else None,
+                "row_remap": list(remap) if isinstance(remap, (list, tuple)) else None,
                 "hw_slowdown": bool(reasons & HW_SLOWDOWN) if isinstance(reasons, int) else None,
                 "sm_clock_mhz": sm,
                 "sm_clock_max_mhz": sm_max,
@@ -97,6 +102,9 @@ class GpuHealth:
                 problems.append(f"GPU {i}: {ecc} uncorrected ECC errors > {settings.max_gpu_ecc_errors}")
             if pending:
                 problems.append(f"GPU {i}: retired pages pending (needs a reset)")
+            if isinstance(remap, (list, tuple)) and len(remap) >= 4 and (remap[2] or remap[3]):
+                what = "failed" if remap[3] else "pending (needs a reset)"
+                problems.append(f"GPU {i}: row remapping {what}")
             if isinstance(reasons, int) and reasons & HW_SLOWDOWN:
                 problems.append(f"GPU {i}: hardware clock slowdown (reasons {reasons:#x})")
             if xids.get(i):

@@ -113,12 +113,19 @@ def test_gpu_health_skips_without_nvml_and_flags_ecc_retired_pages_slowdown_and_
     gpus = nvml_standin.eight_gpus([0.0] * 8)
     healthy = GpuHealth({"CUDA_VISIBLE_DEVICES": "0,1"}, nvml_standin.module(gpus)).finish(FAST)
     assert healthy["passed"] and sorted(healthy["details"]["gpus"]) == ["0", "1"]
+    # What an idle H100 answered on the device machine: ECC 0, retired pages NotSupported (it
+    # remaps rows instead), throttle reasons 0x1 (GPU idle), SM clock 345 of 1980 MHz: healthy.
+    h100 = nvml_standin.Gpu(uuid="GPU-b3dd9f82", ecc_uncorrected=0, retired_pending=None, throttle_reasons=0x1)
+    h100.remap, h100.sm_clock_mhz = (0, 0, False, False), 345
+    assert GpuHealth({}, nvml_standin.module([h100])).finish(FAST)["passed"]
     gpus[1].ecc_uncorrected, gpus[2].retired_pending, gpus[3].throttle_reasons = 3, True, 0x40
+    gpus[4].remap = (0, 1, True, False)
     health = GpuHealth({}, nvml_standin.module(gpus, xids=[(5, 79)]))
     bad = health.finish(FAST)
-    assert not bad["passed"] and bad["value"] == 4
+    assert not bad["passed"] and bad["value"] == 5
     for words in ("GPU 1: 3 uncorrected ECC", "GPU 2: retired pages", "GPU 3: hardware clock", "GPU 5: XID 79"):
         assert words in bad["reason"]
+    assert "GPU 4: row remapping pending" in bad["reason"]
 
 
 # --- compute burn and collective (torch subprocesses) ----------------------------------------------
