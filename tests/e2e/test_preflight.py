@@ -120,3 +120,35 @@ def test_preflight_of_a_healthy_two_node_job_passes_everywhere_and_is_timed(s3_p
     took = max(n["preflight"]["elapsed_s"] for n in nodes)
     links = nodes[0]["preflight"]["checks"][-1]["details"]["links_gbps"]
     print(f"healthy 2-node pre-flight: {took:.1f}s (goal <= 15 s), links {links} Gbit/s")
+
+
+def test_an_in_place_restart_runs_preflight_again_before_the_new_worker_group(s3_plane, tmp_path):
+    """The agents stay up across an in-place restart (a rank's crash); each checks its node again
+    before the new group's ranks start, for the new attempt (its collective on the new port)."""
+    from aerie_contracts.restarts import CAUSE_MODE, RestartMode
+    from orchestrator.harness.jobs import trainer_spec
+
+    cp = s3_plane
+    spec = trainer_spec(
+        tmp_path / "spec.json",
+        "pf-warm",
+        steps=10,
+        procs=1,
+        checkpoint_uri="s3://aerie/pf-warm",
+        every_steps=3,
+        memory_every_steps=0,
+        max_restarts=1,
+        health={"preflight": PREFLIGHT},
+        faults=[{"kind": "sigkill", "step": 5, "rank": 1, "attempt": 1}],
+    )
+    cp.cli("submit", str(spec), check=True)
+    job = cp.wait_state("pf-warm", TERMINAL, timeout_s=300)
+    assert job["state"] == "Completed", job
+    first, second = job["attempt_list"]
+    assert first["reason"]["kind"] == FailureKind.EXIT_NONZERO, first["reason"]
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    for attempt in (first, second):
+        results = {n["host"]: n["preflight"] for n in attempt["nodes"]}
+        assert sorted(results) == ["algo-1", "algo-2"], attempt["nodes"]
+        assert all(r and r["passed"] for r in results.values()), results
+    print("in-place pre-flight:", [n["preflight"]["elapsed_s"] for n in second["nodes"]], "s")
