@@ -171,6 +171,7 @@ def _judge_compute(settings: PreflightSettings, measured: dict[str, Any], second
             seconds,
             f"slowest GPU ({slowest})",
             per_gpu=rates,
+            timings=measured.get("timings"),
         )
     return at_least(
         Check.COMPUTE,
@@ -180,6 +181,7 @@ def _judge_compute(settings: PreflightSettings, measured: dict[str, Any], second
         seconds,
         "one CPU core",
         gpus_seen=gpus,
+        timings=measured.get("timings"),  # the probe's interpreter and torch import, burn, collective
     )
 
 

@@ -119,21 +119,25 @@ def collective(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     cfg = json.loads(argv[1])
+    t0 = time.perf_counter()
     out: dict[str, Any] = {}
     try:
         import torch  # noqa: F401
     except Exception as exc:
         print(TAG + json.dumps({"error": f"torch not importable: {exc}"}), flush=True)
         return 0
+    timings = out["timings"] = {"import_s": round(time.perf_counter() - t0, 3)}  # where the time went
     try:
         out["burn"] = burn(cfg)
     except Exception as exc:
         out["burn_error"] = f"{type(exc).__name__}: {exc}"
+    timings["burn_s"] = round(time.perf_counter() - t0 - timings["import_s"], 3)
     if int(cfg.get("nodes", 1)) > 1:
         try:
             out["collective"] = collective(cfg)
         except Exception as exc:
             out["collective_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        timings["collective_s"] = round(time.perf_counter() - t0 - timings["import_s"] - timings["burn_s"], 3)
     print(TAG + json.dumps(out), flush=True)
     return 0
 
