@@ -88,8 +88,22 @@ class Reporter:
         return answer if isinstance(answer, dict) else None
 
     def preflight_decision(self) -> dict[str, Any] | None:
-        """The attempt's pre-flight decision (GET .../preflight), None if unknown."""
-        return self._get("/preflight")
+        """The attempt's pre-flight decision (GET .../preflight), None if unknown. A control plane
+        without the route (404: older than pre-flight) cannot hold the node back: start."""
+        if not self.enabled:
+            return None
+        try:
+            r = self._client.get(self.base + "/preflight")
+        except httpx.HTTPError as exc:
+            log.debug("control plane unreachable for /preflight: %s", exc)
+            return None
+        if r.status_code == 404 and r.text.replace(" ", "") == '{"detail":"NotFound"}':  # no such route
+            return {"action": "start", "why": "the control plane has no pre-flight decision"}
+        if r.status_code != 200:
+            log.warning("control plane refused /preflight: %s %s", r.status_code, r.text[:200])
+            return None
+        answer = r.json()
+        return answer if isinstance(answer, dict) else None
 
     def retarget(self, attempt: str, token: str) -> None:
         """Speak for another attempt (an in-place successor) from now on, with its own token."""

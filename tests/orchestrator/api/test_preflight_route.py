@@ -78,3 +78,24 @@ def test_an_ended_attempt_aborts_and_a_malformed_result_is_refused(api):
         repo.set_attempt_state(s, repo.get_attempt(s, a1), "Failed", {"kind": "node.lost"})
     answer = client.get(f"/v1/attempts/{a1}/nodes/algo-1/preflight", headers=_auth(token)).json()
     assert answer["action"] == Decision.ABORT
+
+
+def test_the_reporter_asks_for_the_decision_and_an_older_control_plane_cannot_hold_the_node(api):
+    """The agent's reporter against the real app: the decision route, and a route that is not there."""
+    from agent.report import Reporter
+
+    client, app, _admin = api
+    with app.state.db.session() as s:
+        job = repo.create_job(s, {"name": "pf", "backend": "local", "entrypoint": ["x"]}, "default")
+        attempt = repo.create_attempt(s, job, 1)
+        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1"]}
+        repo.set_attempt_state(s, attempt, "Running")
+        a1, token = attempt.id, repo.mint_token(s, "agent", attempt_id=attempt.id)
+    rep = Reporter("http://testserver", token, a1, "algo-1")
+    client.headers["Authorization"] = f"Bearer {token}"
+    rep._client = client  # the in-process app (TestClient is an httpx.Client)
+    assert rep.preflight_decision()["action"] == Decision.WAIT
+    answer = rep.preflight({"passed": True, "checks": [], "elapsed_s": 1.0})
+    assert answer["action"] == Decision.START and rep.preflight_decision()["action"] == Decision.START
+    rep.base = "/v1/no-such-route"  # a control plane older than pre-flight
+    assert rep.preflight_decision()["action"] == Decision.START
