@@ -98,7 +98,8 @@ class NodeBlame(Base):
 
     Blame counts per job: `retry.exclude_after_blames` active rows exclude the host from the
     job's next attempts. A row stays as history; it stops counting once `cleared_at` is set, which
-    `repo.clear_blames` does when the node has proven itself again (a passed pre-flight check).
+    `repo.clear_blames` does when the node has proven itself again (not called yet: a passed pre-flight
+    check does not clear, see docs/architecture.md, "Blame").
     One row per (attempt, host): a redelivered failure records nothing twice."""
 
     __tablename__ = "node_blames"

@@ -156,8 +156,9 @@ def blames_of(s: Session, job: Job) -> Sequence[NodeBlame]:
 
 
 def clear_blames(s: Session, job: Job, host: str, by: str) -> int:
-    """The node proved itself again (it passed the pre-launch health check): its blames in this job
-    stop counting towards exclusion, and stay as history. Returns how many were cleared."""
+    """The node proved itself again: its blames in this job stop counting towards exclusion, and
+    stay as history. Returns how many were cleared. (Not called by pre-flight: passing its checks
+    is too weak to forgive a node that hung a job; hot spares may re-admit excluded nodes with it.)"""
     rows = [b for b in blames_of(s, job) if b.host == host and b.cleared_at is None]
     for b in rows:
         b.cleared_at, b.cleared_by = now(), by
