@@ -3,7 +3,9 @@
 One supervisor per node. It starts the entrypoint (through torchrun when the job has more than
 one rank), ticks the monitor every `sample_s`, sends heartbeats every `heartbeat_s`, and on a
 verdict posts it and stops the ranks' process tree (SIGTERM, grace, SIGKILL), so the attempt
-fails in seconds with a named cause instead of waiting out a collective timeout. The agent is a
+fails in seconds with a named cause instead of waiting out a collective timeout. With
+`health.preflight` on, every worker group first passes the node's pre-flight checks and waits for
+its peers' (agent/preflight/): a node that fails starts no rank. The agent is a
 child subreaper, so no rank of the tree outlives the node (see `agent.proctree.become_subreaper`).
 
 Where the backend keeps agents up between attempts (`AERIE_IN_PLACE_WAIT_S`), a failed worker
@@ -90,7 +92,6 @@ class Supervisor:
         self._job_over = False  # the control plane said the job ended (its memory area can go)
         self.groups = 0  # worker groups started by this agent (the second and later are in place)
         self.preflight_outcome: dict[str, Any] | None = None  # why this group's ranks never started
-        self.preflight: dict[str, Any] | None = None  # this group's pre-flight result (agent/preflight)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -346,7 +347,7 @@ class Supervisor:
 
         cfg = self.cfg
         settings = HealthSettings.from_dict(cfg.health).preflight
-        self.preflight = self.preflight_outcome = None
+        self.preflight_outcome = None
         if not settings.enabled or (self.groups > 1 and not settings.in_place):
             return True
         node = Node(cfg.host, tuple(cfg.hosts), cfg.master_addr, cfg.master_port, cfg.attempt, cfg.procs_per_node)
@@ -360,7 +361,7 @@ class Supervisor:
             stop=self._stop,
         )
         go = gate.run()
-        self.preflight, self.preflight_outcome = dict(gate.result or {}), gate.outcome
+        self.preflight_outcome = gate.outcome  # the result itself: agent/preflight.json and the control plane
         if go and self.monitor is not None and hasattr(self.monitor, "started_at"):
             self.monitor.started_at = time.time()  # startup grace and first-step timeout start with the ranks
         return go
