@@ -10,13 +10,14 @@ The names and values on those boundaries are defined here, once, and imported ev
 - `events`: event source, detail-types and the shape of each detail;
 - `failures`: failure kinds, with their retry and blame policy in one table, and the typed reason;
 - `health`: the `health` settings of a job spec, one class for the spec and the agent;
+- `preflight`: the pre-flight checks' names, result shape, decision and injectable faults;
 - `goodput`: the goodput ledger's categories and JSON shape;
 - `env`: the `AERIE_*` environment: each name, its meaning, who sets it and who reads it.
 
 Standard library only (it ships in the Lambda bundle and is imported by the torch-free agent).
 """
 
-from aerie_contracts import checkpoints, env, events, failures, goodput, health, states
+from aerie_contracts import checkpoints, env, events, failures, goodput, health, preflight, states
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import Blame, BlameRule, FailureKind, FailureReason, NodeBlame, Policy, policy
 from aerie_contracts.health import HealthSettings
@@ -42,5 +43,6 @@ __all__ = [
     "goodput",
     "health",
     "policy",
+    "preflight",
     "states",
 ]

@@ -163,6 +163,13 @@ RESUME_FALLBACK = _var(
     "trainer",
 )
 FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
+PREFLIGHT_FAULT = _var(
+    "AERIE_PREFLIGHT_FAULT",
+    "test-only: make pre-flight checks fail, `cause[@host],...` (aerie_contracts.preflight.Fault: slow_compute, "
+    "shm_full, store_unreachable, slow_link); passed to the nodes through the spec's env",
+    "tests (the spec's env)",
+    "agent",
+)
 # --- the trainer ------------------------------------------------------------------------------
 DATA_CACHE = _var("AERIE_DATA_CACHE", "where the built-in corpus and tokenizer are built once", "user", "trainer")
 STOP_GRACE_S = _var("AERIE_STOP_GRACE_S", "seconds a rank gets to finish a save after SIGTERM", "user", "trainer")

@@ -26,6 +26,7 @@ class DetailType(StrEnum):
     CHECKPOINT_COMMITTED = "Aerie Checkpoint Committed"
     VERDICT_RAISED = "Aerie Verdict Raised"
     CHAOS_INJECTED = "Aerie Chaos Injected"  # audit: who asked for which fault on which rank
+    PREFLIGHT_CHECKED = "Aerie Preflight Checked"  # a node's pre-flight result (aerie_contracts.preflight)
     # Published by SageMaker itself (EventBridge, source aws.sagemaker); chain_restart accepts it.
     SAGEMAKER_TRAINING_JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 
@@ -76,12 +77,23 @@ class ChaosInjectedDetail(_JobDetail, _Delivered, total=False):
     by: str  # the token's name/kind that asked
 
 
+class PreflightCheckedDetail(_JobDetail, _Delivered, total=False):
+    attempt_id: str
+    attempt: int
+    host: str
+    passed: bool
+    elapsed_s: float
+    failed: list[str]  # names of the checks that failed (aerie_contracts.preflight.Check)
+    summary: str  # aerie_contracts.preflight.summary_line
+
+
 DETAIL_SHAPES: dict[str, type] = {
     DetailType.JOB_STATE_CHANGE: JobStateDetail,
     DetailType.ATTEMPT_STATE_CHANGE: AttemptStateDetail,
     DetailType.CHECKPOINT_COMMITTED: CheckpointCommittedDetail,
     DetailType.VERDICT_RAISED: VerdictRaisedDetail,
     DetailType.CHAOS_INJECTED: ChaosInjectedDetail,
+    DetailType.PREFLIGHT_CHECKED: PreflightCheckedDetail,
 }
 
 

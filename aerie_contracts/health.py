@@ -78,6 +78,42 @@ def _f(default: Any, doc: str, **bounds: float) -> Any:
 
 
 @dataclass(frozen=True)
+class PreflightSettings:
+    """`health.preflight`: the checks each node agent runs before its ranks start in a new attempt
+    (agent/preflight/). A node that fails one is never given ranks: the attempt fails with
+    `preflight.failed` naming it, and chaining relaunches without it.
+
+    Off by default: every check is cheap on its own, but the compute burn and the all-reduce run
+    in a torch subprocess (an interpreter start and a torch import, 2-5 s on a loaded machine) and
+    every node waits for its peers' results before starting ranks, which would add seconds to
+    every job of the test suite and to every in-place restart. Turn it on per job (`enabled:
+    true`); the thresholds are floors that only broken hardware misses, not performance targets.
+    """
+
+    enabled: bool = _f(False, "run the pre-flight checks before each attempt's ranks start")
+    in_place: bool = _f(True, "... also before an in-place restart's worker group (a warm attempt)")
+    budget_s: float = _f(60.0, "time budget of one node's checks (each check's limit is what is left)", gt=0, le=600)
+    burn_s: float = _f(1.0, "compute burn: how long the matmul loop runs on each accelerator", gt=0, le=60)
+    matrix_n: int = _f(256, "compute burn: side of the square float32 matrices multiplied", ge=16, le=16384)
+    min_cpu_gflops: float = _f(0.5, "compute burn on CPU: the node fails below this rate (0: report only)", ge=0)
+    min_gpu_tflops: float = _f(1.0, "compute burn on each GPU: the node fails below this rate (0: report only)", ge=0)
+    max_gpu_ecc_errors: int = _f(0, "a GPU with more volatile uncorrected ECC errors than this fails", ge=0)
+    min_host_mem_mb: float = _f(512.0, "host memory available (MiB) below which the node fails", ge=0)
+    min_shm_free_mb: float = _f(256.0, "/dev/shm (or the memory tier's area) free MiB below which the node fails", ge=0)
+    shm_snapshot_factor: float = _f(
+        4.0, "the memory tier needs this many times its ranks' newest snapshots free (2 own + 2 replicas)", ge=0
+    )
+    store_timeout_s: float = _f(10.0, "the checkpoint store's PUT/HEAD/DELETE probe fails after this", gt=0)
+    collective_mb: float = _f(8.0, "all-reduce and per-link probe size (MiB) across the attempt's nodes", gt=0, le=1024)
+    min_link_gbps: float = _f(
+        0.2, "a node whose outgoing link to its ring successor is slower (Gbit/s) fails (0: report only)", ge=0
+    )
+    peer_wait_s: float = _f(
+        180.0, "how long a node that passed waits for its peers' results before starting its ranks anyway", gt=0
+    )
+
+
+@dataclass(frozen=True)
 class HealthSettings:
     """Thresholds of the node agent's detectors (agent/detect.py documents each detector)."""
 
@@ -142,6 +178,9 @@ class HealthSettings:
         0.5, "with 3 nodes or more: a NIC rate below this fraction of the peers' median is an outlier", gt=0, lt=1
     )
     enabled: bool = _f(True, "run the detectors at all")
+    preflight: PreflightSettings = field(
+        default_factory=PreflightSettings, metadata={"doc": "checks before each attempt's ranks start"}
+    )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> HealthSettings:

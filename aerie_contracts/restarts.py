@@ -46,14 +46,15 @@ IN_PLACE_BACKENDS = frozenset({"local"})
 # removed. Elsewhere a relaunch is a new allocation and resumes from S3.
 MEMORY_OUTLIVES_RELAUNCH = frozenset({"local"})
 
-# Failures after which the attempt's allocation cannot be reused: a node is gone or cut off, or
-# the attempt never had its nodes.
+# Failures after which the attempt's allocation cannot be reused: a node is gone or cut off, failed
+# its pre-flight check (bad hardware: it would fail again), or the attempt never had its nodes.
 NOT_REUSABLE = frozenset(
     {
         FailureKind.NODE_LOST.value,
         FailureKind.NODE_PREEMPTED.value,
         FailureKind.LAUNCH_FAILED.value,
         FailureKind.PLACEMENT_FAILED.value,
+        FailureKind.PREFLIGHT_FAILED.value,
     }
 )
 

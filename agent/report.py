@@ -65,15 +65,42 @@ class Reporter:
 
     def next_attempt(self) -> dict[str, Any] | None:
         """What this node does now that its worker group ended (GET .../next), None if unknown."""
+        return self._get("/next")
+
+    def _get(self, path: str) -> dict[str, Any] | None:
         if not self.enabled:
             return None
         try:
-            r = self._client.get(self.base + "/next")
+            r = self._client.get(self.base + path)
         except httpx.HTTPError as exc:
-            log.debug("control plane unreachable for /next: %s", exc)
+            log.debug("control plane unreachable for %s: %s", path, exc)
             return None
         if r.status_code != 200:
-            log.warning("control plane refused /next: %s %s", r.status_code, r.text[:200])
+            log.warning("control plane refused %s: %s %s", path, r.status_code, r.text[:200])
+            return None
+        answer = r.json()
+        return answer if isinstance(answer, dict) else None
+
+    def preflight(self, result: dict[str, Any]) -> dict[str, Any] | None:
+        """Post this node's pre-flight result (POST .../preflight); the answer is the attempt's
+        decision so far (`aerie_contracts.preflight.Decision`), None if it could not be sent."""
+        answer = self._post("/preflight", result, tries=3, answer=True)
+        return answer if isinstance(answer, dict) else None
+
+    def preflight_decision(self) -> dict[str, Any] | None:
+        """The attempt's pre-flight decision (GET .../preflight), None if unknown. A control plane
+        without the route (404: older than pre-flight) cannot hold the node back: start."""
+        if not self.enabled:
+            return None
+        try:
+            r = self._client.get(self.base + "/preflight")
+        except httpx.HTTPError as exc:
+            log.debug("control plane unreachable for /preflight: %s", exc)
+            return None
+        if r.status_code == 404 and r.text.replace(" ", "") == '{"detail":"NotFound"}':  # no such route
+            return {"action": "start", "why": "the control plane has no pre-flight decision"}
+        if r.status_code != 200:
+            log.warning("control plane refused /preflight: %s %s", r.status_code, r.text[:200])
             return None
         answer = r.json()
         return answer if isinstance(answer, dict) else None

@@ -3,7 +3,9 @@
 One supervisor per node. It starts the entrypoint (through torchrun when the job has more than
 one rank), ticks the monitor every `sample_s`, sends heartbeats every `heartbeat_s`, and on a
 verdict posts it and stops the ranks' process tree (SIGTERM, grace, SIGKILL), so the attempt
-fails in seconds with a named cause instead of waiting out a collective timeout. The agent is a
+fails in seconds with a named cause instead of waiting out a collective timeout. With
+`health.preflight` on, every worker group first passes the node's pre-flight checks and waits for
+its peers' (agent/preflight/): a node that fails starts no rank. The agent is a
 child subreaper, so no rank of the tree outlives the node (see `agent.proctree.become_subreaper`).
 
 Where the backend keeps agents up between attempts (`AERIE_IN_PLACE_WAIT_S`), a failed worker
@@ -88,6 +90,8 @@ class Supervisor:
             nnodes=len(cfg.hosts),
         )
         self._job_over = False  # the control plane said the job ended (its memory area can go)
+        self.groups = 0  # worker groups started by this agent (the second and later are in place)
+        self.preflight_outcome: dict[str, Any] | None = None  # why this group's ranks never started
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -107,7 +111,7 @@ class Supervisor:
         try:
             while True:
                 code = self._run_group()
-                if code != 0:
+                if code != 0 and self.preflight_outcome is None:
                     self._prewarm()
                 successor = self._await_in_place() if code != 0 else None
                 if successor is None:
@@ -140,6 +144,9 @@ class Supervisor:
     def _run_group(self) -> int:
         """One attempt's worker group on this node, from restore to outcome (the node's exit code)."""
         cfg = self.cfg
+        self.groups += 1
+        if not self._preflight():
+            return self._finish(1)
         if not self._restore_checkpoint():
             return self._finish(1)
         self.tb_progress = make_tb_progress(cfg)
@@ -331,6 +338,34 @@ class Supervisor:
             self.monitor.started_at = time.time()  # startup grace and first-step timeout start with the ranks
         return True
 
+    def _preflight(self) -> bool:
+        """The spec's pre-flight checks (`health.preflight`, agent/preflight/) before this group's
+        ranks start: False when this node failed them or a peer did (no rank starts)."""
+        from aerie_contracts.health import HealthSettings
+        from agent.preflight import Node
+        from agent.preflight.node import Gate
+
+        cfg = self.cfg
+        settings = HealthSettings.from_dict(cfg.health).preflight
+        self.preflight_outcome = None
+        if not settings.enabled or (self.groups > 1 and not settings.in_place):
+            return True
+        node = Node(cfg.host, tuple(cfg.hosts), cfg.master_addr, cfg.master_port, cfg.attempt, cfg.procs_per_node)
+        gate = Gate(
+            settings,
+            node,
+            dict(os.environ),
+            self.reporter,
+            cfg.node_dir,
+            heartbeat_s=float(cfg.health.get("heartbeat_s", 5.0)),
+            stop=self._stop,
+        )
+        go = gate.run()
+        self.preflight_outcome = gate.outcome  # the result itself: agent/preflight.json and the control plane
+        if go and self.monitor is not None and hasattr(self.monitor, "started_at"):
+            self.monitor.started_at = time.time()  # startup grace and first-step timeout start with the ranks
+        return go
+
     def _restore_checkpoint(self) -> bool:
         """A third-party trainer's checkpoints (`checkpoint.marker`): watch its directory (uploads
         from rank 0's node), and on a resume put the checkpoint back there, verified, before any
@@ -505,6 +540,10 @@ class Supervisor:
     def _outcome(self, returncode: int) -> tuple[int, dict[str, Any] | None]:
         if self.input_failure is not None:
             return 2, self.input_failure
+        if self.preflight_outcome is not None:
+            # This node failed its pre-flight (retried without it), or a peer did (a stop: not its failure).
+            stopped = self.preflight_outcome.get("kind") == FailureKind.USER_STOP
+            return (143 if stopped else 1), self.preflight_outcome
         if self.restore_failure is not None:
             return 1, self.restore_failure  # retried: chaining falls back to an older good checkpoint
         if self.verdict is not None:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from aerie_contracts import env, restarts
+from aerie_contracts import env, preflight, restarts
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
 from orchestrator import goodput_view
 from orchestrator.client import ApiError, Client
@@ -227,6 +227,7 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
         why = (a.get("cause") or {}).get(restarts.CAUSE_MODE_REASON)
         if why:
             console.print(f"  attempt {a['number']} {a['cause'][restarts.CAUSE_MODE]}: {why}")
+    _preflight_table(d["attempt_list"])
     if d["verdicts"]:
         vt = Table("VERDICT", "ATTEMPT", "HOST", "MESSAGE")
         for v in d["verdicts"]:
@@ -243,6 +244,34 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
         console.print(goodput_view.summary(led))
         if led.get("advice"):
             console.print(goodput_view.advice_line(led["advice"]))
+
+
+def _preflight_table(attempts: list[dict]) -> None:
+    """One row per node that ran the pre-flight checks: each check's measured value against its
+    threshold, and, for a node that failed, why (the evidence to send bad hardware back)."""
+    rows = [(a, n) for a in attempts for n in a["nodes"] if n.get("preflight")]
+    if not rows:
+        return
+    table = Table("PRE-FLIGHT", "ATTEMPT", "HOST", "TOOK", "CHECKS", "WHY")
+    for a, n in rows:
+        res = n["preflight"]
+        checks = []
+        for c in res.get("checks") or []:
+            value = c.get("value")
+            shown = "skipped" if c.get("skipped") else "" if value is None else f"{value:.3g}"
+            if c.get("threshold") and not c.get("skipped"):
+                shown += f"/{c['threshold']:g}"
+            checks.append(f"{c.get('check')}={shown}{'' if c.get('passed') else ' FAIL'}".rstrip("="))
+        took = res.get("elapsed_s")
+        table.add_row(
+            "passed" if res.get("passed") else "[red]FAILED[/red]",
+            str(a["number"]),
+            n["host"],
+            f"{took:.1f}s" if isinstance(took, (int, float)) else "",
+            " ".join(checks),
+            "" if res.get("passed") else preflight.summary_line(res).split(": ", 1)[-1],
+        )
+    console.print(table)
 
 
 def _goodput_or_none(job: str) -> dict | None:
@@ -285,6 +314,8 @@ def events(job: str = typer.Argument(..., help="Job id or name.")) -> None:
             parts.append(f"exit_code={d['exit_code']}")
         if d.get("step") is not None:
             parts.append(f"step={d['step']}")
+        if d.get("summary"):  # a node's pre-flight result
+            parts.append(f"{d.get('host')}: pre-flight {d['summary']}")
         table.add_row(
             str(row["seq"]),
             e["time"][11:19],

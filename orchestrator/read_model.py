@@ -35,7 +35,9 @@ def attempt_out(a: Attempt, previous: Attempt | None = None) -> AttemptOut:
         time_to_resume_s=(a.started_at - previous.ended_at)
         if previous and a.started_at and previous.ended_at
         else None,
-        nodes=[NodeOut(**columns(n, "host", "state", "last_heartbeat_at", "summary", "exit")) for n in a.nodes],
+        nodes=[
+            NodeOut(**columns(n, "host", "state", "last_heartbeat_at", "summary", "exit", "preflight")) for n in a.nodes
+        ],
     )
 
 

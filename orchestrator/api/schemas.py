@@ -17,6 +17,7 @@ class NodeOut(BaseModel):
     last_heartbeat_at: float | None = None
     summary: dict[str, Any] | None = None
     exit: dict[str, Any] | None = None
+    preflight: dict[str, Any] | None = None  # aerie_contracts.preflight.PreflightResult, once reported
 
 
 class VerdictOut(BaseModel):
@@ -116,6 +117,28 @@ class HeartbeatIn(BaseModel):
 class HeartbeatOut(BaseModel):
     ok: bool = True
     stop: bool = False
+
+
+class PreflightIn(BaseModel):
+    """A node's pre-flight result (aerie_contracts.preflight.PreflightResult); extra keys are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    passed: bool
+    checks: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
+    elapsed_s: float | None = None
+    budget_s: float | None = None
+    t: float | None = None
+    faults: list[str] = Field(default_factory=list, max_length=16)
+
+
+class PreflightOut(BaseModel):
+    """The attempt's pre-flight decision (aerie_contracts.preflight.Decision): `start` once every
+    node passed, `abort` once one failed (`failed` names them) or the attempt ended, else `wait`."""
+
+    action: str
+    why: str = ""
+    failed: list[str] = Field(default_factory=list)
 
 
 class NextOut(BaseModel):

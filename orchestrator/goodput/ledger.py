@@ -98,8 +98,11 @@ def compute(trace: JobTrace, advice: dict[str, Any] | None = None) -> dict[str, 
         if a.started_at is not None:
             cur.to(min(a.started_at, a_end), Category.LAUNCH, n)
         if not a.points:
-            # Never reached a step: it all went to starting (a failure here is a start-up failure).
+            # Never reached a step: it all went to starting (a failure here is a start-up failure),
+            # the nodes' pre-flight checks first.
             first_verdict = next((t for t, _ in a.verdicts if t >= cur.t), None)
+            if a.preflight_s:
+                cur.to(min(cur.t + a.preflight_s, first_verdict or a_end, a_end), Category.PREFLIGHT, n)
             if first_verdict is not None:
                 cur.to(min(first_verdict, a_end), Category.STARTUP, n)
                 cur.to(a_end, Category.RESTART, n)
@@ -113,6 +116,8 @@ def compute(trace: JobTrace, advice: dict[str, Any] | None = None) -> dict[str, 
             restore = min(startup, a.restore_s)
         elif a.resumed_step and base_startup is not None:
             restore = min(startup, max(0.0, startup - base_startup))
+        if a.preflight_s:  # the agents check their nodes before anything else starts
+            cur.to(cur.t + min(max(0.0, startup - restore), a.preflight_s), Category.PREFLIGHT, n)
         cur.to(began - restore, Category.STARTUP, n)
         cur.to(began, Category.RESTORE, n)
         cur.to(min(first_t, a_end), Category.REDONE if first_step <= done else Category.PRODUCTIVE, n)

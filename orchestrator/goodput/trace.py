@@ -38,6 +38,7 @@ class AttemptTrace:
     # A loss verdict's step (loss.nan, loss.spike): the fault is in the numbers from that step on,
     # however many steps ran before the verdict stopped the attempt.
     loss_fault_step: int | None = None
+    preflight_s: float | None = None  # measured: the slowest node's pre-flight checks (nodes.preflight)
 
 
 @dataclass
@@ -99,6 +100,10 @@ def read(s: Session, job: Job, now: float | None = None) -> JobTrace:
             resumed_step=step_of_uri(a.resume_from),
             restore_s=max(
                 (x for n in a.nodes for x in [_float((n.summary or {}).get(SUMMARY_RESTORE_S))] if x is not None),
+                default=None,
+            ),
+            preflight_s=max(
+                (x for n in a.nodes for x in [_float((n.preflight or {}).get("elapsed_s"))] if x is not None),
                 default=None,
             ),
             reason_kind=(a.reason or {}).get("kind"),

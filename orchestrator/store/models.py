@@ -75,6 +75,8 @@ class Node(Base):
     last_heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     exit: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The node's pre-flight result for this attempt (aerie_contracts.preflight.PreflightResult).
+    preflight: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     attempt: Mapped[Attempt] = relationship(back_populates="nodes")
 
@@ -96,7 +98,8 @@ class NodeBlame(Base):
 
     Blame counts per job: `retry.exclude_after_blames` active rows exclude the host from the
     job's next attempts. A row stays as history; it stops counting once `cleared_at` is set, which
-    `repo.clear_blames` does when the node has proven itself again (a passed pre-flight check).
+    `repo.clear_blames` does when the node has proven itself again (not called yet: a passed pre-flight
+    check does not clear, see docs/architecture.md, "Blame").
     One row per (attempt, host): a redelivered failure records nothing twice."""
 
     __tablename__ = "node_blames"

@@ -50,7 +50,8 @@ def _size(n: int | None) -> str:
 
 
 def _num(x: float | None, digits: int = 4) -> str:
-    return "–" if x is None else f"{x:.{digits}g}"
+    # Not a number: none yet, or missing (a node still in its data download or pre-flight phase).
+    return f"{x:.{digits}g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "–"
 
 
 templates.env.filters.update(ts=_ts, ago=_ago, size=_size, num=_num)

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from aerie_contracts import DetailType
+from aerie_contracts import DetailType, preflight
 from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.read_model import attempts_out
@@ -75,6 +75,7 @@ def job_panels(s: Session, job: Job, backend: Any, goodput_cache: dict | None = 
     latest = job.attempts[-1] if job.attempts else None
     checkpoints = repo.list_checkpoints(s, job)
     return dict(
+        preflights=preflight_rows(job),
         job=job,
         attempts=attempts,
         verdicts=verdicts,
@@ -87,6 +88,41 @@ def job_panels(s: Session, job: Job, backend: Any, goodput_cache: dict | None = 
         running=job.state not in JOB_TERMINAL,
         goodput=goodput_panel(s, job, goodput_cache),
     )
+
+
+def preflight_rows(job: Job) -> list[dict[str, Any]]:
+    """Every node's pre-flight result, attempt by attempt: each check's value against its threshold
+    and, for a node that failed, why."""
+    rows = []
+    for a in job.attempts:
+        for n in a.nodes:
+            res = n.preflight
+            if not res:
+                continue
+            checks = [
+                dict(
+                    name=c.get("check"),
+                    passed=bool(c.get("passed")),
+                    skipped=bool(c.get("skipped")),
+                    value=c.get("value"),
+                    threshold=c.get("threshold"),
+                    unit=c.get("unit") or "",
+                    reason=c.get("reason") or "",
+                )
+                for c in res.get("checks") or []
+                if isinstance(c, dict)
+            ]
+            rows.append(
+                dict(
+                    attempt=a.number,
+                    host=n.host,
+                    passed=bool(res.get("passed")) and not preflight.failed_checks(res),
+                    elapsed_s=res.get("elapsed_s"),
+                    checks=checks,
+                    summary=preflight.summary_line(res),
+                )
+            )
+    return rows
 
 
 def goodput_panel(s: Session, job: Job, cache: dict | None = None) -> dict[str, Any]:
@@ -256,6 +292,8 @@ def _event_text(e: Event) -> str:
         return f"checkpoint step {d.get('step')} committed"
     if e.detail_type == DetailType.VERDICT_RAISED:
         return f"verdict {d.get('kind')} on {d.get('host')}: {d.get('message', '')}"
+    if e.detail_type == DetailType.PREFLIGHT_CHECKED:
+        return f"pre-flight on {d.get('host')} (attempt {d.get('attempt')}): {d.get('summary', '')}"
     return e.detail_type
 
 

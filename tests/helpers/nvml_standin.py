@@ -24,6 +24,11 @@ class Gpu:
     pids: list[int] = field(default_factory=list)  # processes with a compute context on it
     mig: list[str] = field(default_factory=list)  # MIG device UUIDs ("MIG-…"), MIG mode on if any
     mig_pids: dict[str, list[int]] = field(default_factory=dict)
+    ecc_uncorrected: int | None = None  # None: ECC not supported (a consumer card), as before
+    retired_pending: bool | None = False  # retired pages waiting for a reset (None: NotSupported, as on H100)
+    remap: tuple[int, int, bool, bool] | None = None  # row remapping (A100/H100), None: NotSupported
+    throttle_reasons: int = 0  # nvmlClocksThrottleReasons bits
+    sm_clock_mhz: int = 1980
 
 
 class _Handle:
@@ -89,8 +94,20 @@ def module(gpus: list[Gpu], xids: list[tuple[int, int]] | None = None) -> types.
             computeInstanceId=0xFFFFFFFF,
         )
 
-    def ecc(_h, _kind, _counter):
-        raise err(real.NVML_ERROR_NOT_SUPPORTED)
+    def retired(h):
+        if h.gpu.retired_pending is None:
+            raise err(real.NVML_ERROR_NOT_SUPPORTED)
+        return int(h.gpu.retired_pending)
+
+    def remapped(h):
+        if h.gpu.remap is None:
+            raise err(real.NVML_ERROR_NOT_SUPPORTED)
+        return h.gpu.remap
+
+    def ecc(h, _kind, _counter):
+        if h.gpu.ecc_uncorrected is None:
+            raise err(real.NVML_ERROR_NOT_SUPPORTED)
+        return h.gpu.ecc_uncorrected
 
     nv.__dict__.update(
         nvmlInit=lambda: None,
@@ -109,6 +126,11 @@ def module(gpus: list[Gpu], xids: list[tuple[int, int]] | None = None) -> types.
         nvmlDeviceGetPowerUsage=lambda h: int(70_000 + 6_000 * h.gpu.util),  # milliwatts
         nvmlDeviceGetTemperature=lambda h, sensor: 40 + int(h.gpu.util) // 3,
         nvmlDeviceGetTotalEccErrors=ecc,
+        nvmlDeviceGetRetiredPagesPendingStatus=retired,
+        nvmlDeviceGetRemappedRows=remapped,
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: h.gpu.throttle_reasons,
+        nvmlDeviceGetClockInfo=lambda h, clock: h.gpu.sm_clock_mhz,
+        nvmlDeviceGetMaxClockInfo=lambda h, clock: 1980,
         nvmlEventSetCreate=lambda: object(),
         nvmlDeviceRegisterEvents=lambda h, types_, event_set: None,
         nvmlEventSetWait_v2=wait,

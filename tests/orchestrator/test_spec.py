@@ -33,6 +33,23 @@ def test_minimal_spec_gets_sane_defaults():
     assert spec.health.hang_floor_s > 0
 
 
+def test_health_preflight_is_validated_and_reaches_the_agent_as_given():
+    from aerie_contracts.health import HealthSettings
+
+    spec = JobSpec.model_validate({"name": "pf", "entrypoint": ["x"]})
+    assert spec.health.preflight.enabled is False and spec.health.preflight.budget_s == 60
+    given = {"enabled": True, "budget_s": 30, "min_cpu_gflops": 2.5, "collective_mb": 4}
+    spec = JobSpec.model_validate({"name": "pf", "entrypoint": ["x"], "health": {"preflight": given}})
+    agent_side = HealthSettings.from_dict(json.loads(json.dumps(spec.health.model_dump()))).preflight
+    assert agent_side.enabled and agent_side.budget_s == 30 and agent_side.min_cpu_gflops == 2.5
+    bad = {"budget_s": 0, "min_link_gbps": -1, "collective_mb": 4096, "bogus": 1}
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate({"name": "pf", "entrypoint": ["x"], "health": {"preflight": bad}})
+    text = format_validation_error(err.value)
+    for name in ("budget_s", "min_link_gbps", "collective_mb", "bogus"):
+        assert f"health.preflight.{name}" in text, text
+
+
 def test_every_bad_field_is_named_at_once():
     bad = {
         "name": "-bad name-",

@@ -1,5 +1,6 @@
-"""What node agents report: heartbeats, verdicts, exits and committed checkpoints; and what an
-agent whose worker group ended does next (an in-place restart, or nothing).
+"""What node agents report: heartbeats, verdicts, pre-flight results, exits and committed
+checkpoints; whether a node that passed pre-flight may start its ranks; and what an agent whose
+worker group ended does next (an in-place restart, or nothing).
 
 Each call is authorised for one attempt (`agent_of`): an agent token minted for attempt A is
 refused on attempt B, so a compromised node can't speak for another job.
@@ -15,7 +16,17 @@ from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK, 
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState
 from orchestrator.api.deps import AgentDep, AttemptDep, SessionDep
 from orchestrator.api.routes import checkpoints
-from orchestrator.api.schemas import AUTH_ERRORS, CheckpointIn, ExitIn, HeartbeatOut, MetricsIn, NextOut, VerdictIn
+from orchestrator.api.schemas import (
+    AUTH_ERRORS,
+    CheckpointIn,
+    ExitIn,
+    HeartbeatOut,
+    MetricsIn,
+    NextOut,
+    PreflightIn,
+    PreflightOut,
+    VerdictIn,
+)
 from orchestrator.store import repo
 
 router = APIRouter(prefix="/v1/attempts/{attempt_id}/nodes/{host}", tags=["agents"], responses=AUTH_ERRORS)
@@ -55,6 +66,28 @@ async def heartbeat(
 def verdict(s: SessionDep, attempt: AttemptDep, host: str, body: VerdictIn) -> dict:
     repo.record_verdict(s, attempt, host, body.kind, body.message, body.evidence)
     return {"ok": True}
+
+
+@router.post("/preflight", response_model=PreflightOut)
+def preflight(s: SessionDep, attempt: AttemptDep, host: str, body: PreflightIn) -> PreflightOut:
+    """The node's pre-flight result (agent/preflight/): stored on its row, emitted as `Aerie
+    Preflight Checked`, and, failed, recorded as its `preflight.failed` verdict. The answer is the
+    attempt's decision so far (as `GET`)."""
+    repo.record_preflight(s, attempt, host, {**body.model_dump(), "host": host})
+    s.flush()
+    return _decision(attempt)
+
+
+@router.get("/preflight", response_model=PreflightOut)
+def preflight_decision(s: SessionDep, attempt: AttemptDep, host: str) -> PreflightOut:
+    """Asked by a node that passed, until every node of the attempt passed (`start`) or one failed
+    or the attempt ended (`abort`: start no rank)."""
+    return _decision(attempt)
+
+
+def _decision(attempt) -> PreflightOut:
+    action, why, failed = repo.preflight_decision(attempt)
+    return PreflightOut(action=action, why=why, failed=failed)
 
 
 @router.post("/exit")

@@ -9,7 +9,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aerie_contracts import DetailType
-from aerie_contracts.states import NodeState
+from aerie_contracts.failures import FailureKind
+from aerie_contracts.preflight import Decision, failed_checks, summary_line
+from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, NodeState
 from orchestrator.store.models import (
     Attempt,
     Job,
@@ -60,6 +62,63 @@ def record_verdict(
     return verdict
 
 
+def record_preflight(s: Session, attempt: Attempt, host: str, result: dict[str, Any]) -> Node:
+    """A node's pre-flight result: stored on its row, emitted (`Aerie Preflight Checked`), and a
+    failed one also recorded as that node's `preflight.failed` verdict, the evidence chaining
+    blames it by. A node reports once per attempt; a repeated report replaces the stored one."""
+    from sqlalchemy.exc import IntegrityError
+
+    row = s.get(Node, (attempt.id, host))
+    if row is None:
+        try:
+            with s.begin_nested():  # the heartbeat buffer's flush may insert the row meanwhile
+                row = node(s, attempt, host)
+        except IntegrityError:
+            row = s.get(Node, (attempt.id, host), populate_existing=True)
+            assert row is not None
+    first = row.preflight is None
+    row.preflight = result
+    if not first:
+        return row
+    failed = [str(c.get("check")) for c in failed_checks(result)]
+    passed = bool(result.get("passed")) and not failed
+    emit(
+        s,
+        attempt.job,
+        DetailType.PREFLIGHT_CHECKED,
+        {
+            "attempt_id": attempt.id,
+            "attempt": attempt.number,
+            "host": host,
+            "passed": passed,
+            "elapsed_s": result.get("elapsed_s"),
+            "failed": failed,
+            "summary": summary_line(result),
+        },
+    )
+    if not passed:
+        record_verdict(
+            s, attempt, host, FailureKind.PREFLIGHT_FAILED, f"pre-flight {summary_line(result)}", {"preflight": result}
+        )
+    return row
+
+
+def preflight_decision(attempt: Attempt) -> tuple[Decision, str, list[str]]:
+    """The attempt's pre-flight decision from its nodes' results: (decision, why, failed hosts)."""
+    job = attempt.job
+    if job.stop_requested or job.state in JOB_TERMINAL or attempt.state in ATTEMPT_TERMINAL:
+        return Decision.ABORT, f"attempt {attempt.state}", []
+    results = {n.host: n.preflight for n in attempt.nodes if n.preflight is not None}
+    failed = sorted(h for h, r in results.items() if not r.get("passed") or failed_checks(r))
+    if failed:
+        return Decision.ABORT, f"pre-flight failed on {', '.join(failed)}", failed
+    hosts = list((attempt.handle or {}).get("hosts") or [])
+    missing = [h for h in hosts if h not in results]
+    if not hosts or missing:
+        return Decision.WAIT, f"waiting for {', '.join(missing) or 'the launch'}", []
+    return Decision.START, f"every node passed ({len(hosts)})", []
+
+
 def verdicts_of(s: Session, attempt_ids: list[str]) -> Sequence[Verdict]:
     return s.scalars(select(Verdict).where(Verdict.attempt_id.in_(attempt_ids)).order_by(Verdict.t)).all()
 
@@ -97,8 +156,9 @@ def blames_of(s: Session, job: Job) -> Sequence[NodeBlame]:
 
 
 def clear_blames(s: Session, job: Job, host: str, by: str) -> int:
-    """The node proved itself again (it passed the pre-launch health check): its blames in this job
-    stop counting towards exclusion, and stay as history. Returns how many were cleared."""
+    """The node proved itself again: its blames in this job stop counting towards exclusion, and
+    stay as history. Returns how many were cleared. (Not called by pre-flight: passing its checks
+    is too weak to forgive a node that hung a job; hot spares may re-admit excluded nodes with it.)"""
     rows = [b for b in blames_of(s, job) if b.host == host and b.cleared_at is None]
     for b in rows:
         b.cleared_at, b.cleared_by = now(), by

@@ -154,6 +154,7 @@ def test_any_history_sums_to_wall_time_times_nodes():
                     n, state, created, started, None if state == "Running" else ended, resumed, "x", verdicts, pts
                 )
             )
+            attempts[-1].preflight_s = rng.uniform(0, 20) if rng.random() < 0.5 else None
             t = ended
         ended_at = t + rng.uniform(0, 5) if rng.random() < 0.5 else None
         ckpts = [CheckpointTrace(1, rng.randint(1, 60), rng.uniform(0, 5), None, 0.0) for _ in range(rng.randint(0, 4))]
@@ -205,3 +206,19 @@ def test_the_agent_keeps_its_ranks_slowest_restore():
     ]:
         Supervisor._note_restore(sup, rec)  # type: ignore[arg-type]
     assert sup.restore_s == 5.0
+
+
+def test_pre_flight_is_carved_from_start_up_and_a_failed_one_is_all_pre_flight_then_restart():
+    # Attempt 1: its nodes' pre-flight took 4 s, then algo-2 failed it (verdict at 5 s): no step.
+    # Attempt 2: launched at 8, started at 9, pre-flight 3 s, first step ends at 20 (1 s steps).
+    a1 = AttemptTrace(1, "Failed", created_at=0.0, started_at=1.0, ended_at=6.0, verdicts=[(5.0, "preflight.failed")])
+    a1.preflight_s = 4.0
+    pts = [(i, 19.0 + i) for i in range(1, 6)]
+    a2 = AttemptTrace(2, "Completed", created_at=8.0, started_at=9.0, ended_at=24.0, points=pts, preflight_s=3.0)
+    t = JobTrace("j", "j", "Completed", 2, 0.0, 24.0, 24.0, attempts=[a1, a2])
+    c = ledger.compute(t)["categories"]
+    assert c[Category.PREFLIGHT] == pytest.approx(2 * (4 + 3))  # two nodes
+    assert c[Category.LAUNCH] == pytest.approx(2 * (1 + 1))
+    assert c[Category.STARTUP] == pytest.approx(2 * (0 + 7))  # attempt 2: 12..19 (first step began at 19)
+    assert c[Category.RESTART] == pytest.approx(2 * (1 + 2))  # verdict 5 -> end 6 -> attempt 2 created at 8
+    assert sum(c.values()) == pytest.approx(2 * 24)

@@ -247,3 +247,21 @@ def test_node_history_is_bounded_and_sampled_from_heartbeats(api, monkeypatch):
         == 200
     )
     assert app.state.node_history.series([attempt_id])["algo-1"]
+
+
+def test_the_job_page_shows_every_node_s_preflight_result_and_why_one_failed(api):
+    _client, app, admin = api
+    job_id, a1 = _job(app, "default", "preflighted")
+    ok = {"check": "compute", "passed": True, "value": 41.5, "threshold": 0.5, "unit": "GFLOP/s", "reason": "fine"}
+    bad = {"check": "shm", "passed": False, "value": 0, "threshold": 256, "unit": "MiB", "reason": "free 0 MiB < 256"}
+    with app.state.db.session() as s:
+        attempt = repo.get_attempt(s, a1)
+        repo.record_preflight(s, attempt, "algo-1", {"passed": True, "checks": [ok], "elapsed_s": 3.2})
+        repo.record_preflight(s, attempt, "algo-2", {"passed": False, "checks": [ok, bad], "elapsed_s": 2.9})
+    page = _browser(app, admin).get(f"/ui/jobs/{job_id}").text
+    section = page[page.index('id="preflight"') :]
+    section = section[: section.index("</table>")]
+    assert "algo-1" in section and "algo-2" in section and "FAILED" in section and "3.2 s" in section
+    assert "compute 41.5 / 0.5 GFLOP/s" in section and "shm 0 / 256 MiB ✗" in section
+    assert "shm: free 0 MiB &lt; 256" in section  # the reason, escaped
+    assert "pre-flight on algo-2 (attempt 1): FAILED" in page  # the event timeline

@@ -1,0 +1,93 @@
+"""Pre-flight on a healthy 2-node job (issue #23, acceptance 3's figure): one JSON line.
+
+Runs `--runs` (default 20) pre-flights of two nodes of this machine, each node's checks as its agent
+runs them (`agent.preflight.run_checks`: the torch subprocess's CPU burn and gloo all-reduce + link
+probe between the two, host memory, /dev/shm; the store probe is skipped, no S3 here), the two nodes
+side by side in threads. Goal: every run passes on both nodes and the slower node's pre-flight
+takes <= 15 s. The default settings but a 2 MiB collective and the links' floor at 0.05 Gbit/s
+(this loopback, shared, moves 0.6-7 Gbit/s). The whole job's view, with the control plane's
+barrier, is `tests/e2e/test_preflight.py` (it prints its time). Two runs here (2 cores, shared,
+load 5-13): 20/20 passed both times, p50 8.7 / 8.4 s, max 16.4 / 15.0 s; the slowest node's probe
+spent 5-10 s starting Python and importing torch.
+
+    .venv/bin/python bench/preflight.py [--runs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aerie_contracts import env as E
+from aerie_contracts.health import PreflightSettings
+from aerie_contracts.preflight import summary_line
+from agent.preflight import Node, run_checks
+
+GOAL_S = 15.0
+SETTINGS = PreflightSettings(enabled=True, collective_mb=2, min_link_gbps=0.05)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_run(area: str) -> dict[str, dict]:
+    hosts, port, out = ("algo-1", "algo-2"), _port(), {}
+    env = {E.MEMORY_CHECKPOINT_DIR: area}
+
+    def node(host: str) -> None:
+        out[host] = run_checks(SETTINGS, Node(host, hosts, "127.0.0.1", port, "bench"), env)
+
+    threads = [threading.Thread(target=node, args=(h,)) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    took, failures, timings = [], [], []
+    with tempfile.TemporaryDirectory() as area:
+        for i in range(args.runs):
+            res = one_run(area)
+            slowest = max(r["elapsed_s"] for r in res.values())
+            took.append(slowest)
+            for r in res.values():  # where the probe's time went (interpreter + torch import, burn, collective)
+                compute = next(c for c in r["checks"] if c["check"] == "compute")
+                timings.append((r["elapsed_s"], (compute.get("details") or {}).get("timings")))
+            bad = {h: summary_line(r) for h, r in res.items() if not r["passed"]}
+            if bad:
+                failures.append({"run": i, **bad})
+            print(f"run {i + 1:2d}: {slowest:5.1f}s {'FAILED ' + str(bad) if bad else 'passed'}", file=sys.stderr)
+    line = {
+        "bench": "preflight",
+        "nodes": 2,
+        "runs": args.runs,
+        "failures": len(failures),
+        "failed": failures[:5],
+        "p50_s": round(statistics.median(took), 2),
+        "max_s": round(max(took), 2),
+        "goal_s": GOAL_S,
+        "ratio_max_to_goal": round(max(took) / GOAL_S, 3),
+        "slowest_node": dict(zip(("elapsed_s", "probe"), max(timings, key=lambda t: t[0]), strict=True)),
+        "ok": not failures and max(took) <= GOAL_S,
+    }
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()
