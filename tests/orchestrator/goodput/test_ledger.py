@@ -195,13 +195,31 @@ def test_the_agent_keeps_its_ranks_slowest_restore():
 
     from agent.supervisor import Supervisor
 
-    sup = SimpleNamespace(restore_s=None)
+    sup = SimpleNamespace(restore_s=None, restored_step=None)
     for rec in [
-        {"event": "restored", "restore_s": 3.0},
-        {"event": "restored", "restore_s": 5.0},
+        {"event": "restored", "step": 40, "restore_s": 3.0},
+        {"event": "restored", "step": 48, "restore_s": 5.0},
         {"event": "restored", "restore_s": "x"},
-        {"event": None, "restore_s": 9.0},
+        {"event": None, "restore_s": 9.0, "step": 1},
         {"event": "restored", "restore_s": True},
     ]:
         Supervisor._note_restore(sup, rec)  # type: ignore[arg-type]
     assert sup.restore_s == 5.0
+    assert sup.restored_step == 40  # a rank that fell back to an older checkpoint: the ranks resumed there
+
+
+def test_the_agent_keeps_the_slowest_rank_of_each_recent_snapshot():
+    from types import SimpleNamespace
+
+    from agent import supervisor
+    from agent.supervisor import Supervisor
+
+    sup = SimpleNamespace(snapshot_s={})
+    for step in range(1, 41):
+        for rank, cost in enumerate((0.01, 0.03 if step % 2 else 0.02)):
+            rec = {"event": "checkpoint_memory", "step": step, "rank": rank, "snapshot_s": cost}
+            Supervisor._note_snapshot(sup, rec)  # type: ignore[arg-type]
+    Supervisor._note_snapshot(sup, {"event": "checkpoint_memory", "step": 41, "snapshot_s": "x"})  # type: ignore[arg-type]
+    Supervisor._note_snapshot(sup, {"event": None, "step": 42, "snapshot_s": 9.0})  # type: ignore[arg-type]
+    assert sorted(sup.snapshot_s) == list(range(41 - supervisor.SNAPSHOTS_KEPT, 41))
+    assert set(sup.snapshot_s.values()) == {0.02, 0.03}
