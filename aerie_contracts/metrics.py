@@ -68,3 +68,6 @@ class MetricEvent(StrEnum):
     # `size_bytes`, `snapshot_s` (the time the rank was blocked for it).
     CHECKPOINT_MEMORY = "checkpoint_memory"
     RESTORED = "restored"  # once, after a resume: `uri` and `restore_s` (seconds spent restoring)
+    # `checkpoint.every_steps: auto` adopted an interval: `every_steps`, and what it came from
+    # (`stall_s`, `step_s`, `mtbf_s`, `interval_s`): trainer/checkpoint/interval.py.
+    CHECKPOINT_INTERVAL = "checkpoint_interval"

@@ -200,3 +200,14 @@ def for_job(s: Session, trace: JobTrace) -> list[dict[str, Any]]:
         if adv is not None:
             out.append(adv)
     return out
+
+
+def checkpoint_mtbf_env(s: Session, job: Job, now: float) -> dict[str, str]:
+    """`AERIE_CHECKPOINT_MTBF_S` for a job whose spec asks `checkpoint.every_steps: auto`: the MTBF
+    of its allocation the S3 tier's advice would use (the trainer derives its interval from it)."""
+    spec = job.spec or {}
+    if (spec.get("checkpoint") or {}).get("every_steps") != "auto":
+        return {}
+    node_mtbf = fleet(s, now).node_mtbf_s() or setting_node_mtbf_s()
+    nodes = int((spec.get("resources") or {}).get("instance_count") or 1)
+    return {env.CHECKPOINT_MTBF_S: f"{node_mtbf / max(1, nodes):.1f}"}

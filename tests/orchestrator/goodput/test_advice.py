@@ -179,3 +179,24 @@ def test_the_ledger_carries_advice_for_each_measured_tier(tmp_path):
     assert set(tiers) == {"s3", "memory"}
     assert tiers["s3"]["save_stall_s"] == pytest.approx(0.4) and tiers["s3"]["current_every_steps"] == 100
     assert tiers["memory"]["save_stall_s"] == pytest.approx(0.01) and tiers["memory"]["current_every_steps"] == 5
+
+
+def test_every_steps_auto_gets_its_allocations_mtbf_at_launch(tmp_path, monkeypatch):
+    from orchestrator.store.models import Job
+
+    monkeypatch.setenv("AERIE_MTBF_H", "10")
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    with db.session() as s:
+        auto = {"name": "a", **MEMORY_SPEC, "checkpoint": {"s3_uri": "s3://b/c", "every_steps": "auto"}}
+        job = repo.create_job(s, auto, "default")
+        fixed = repo.create_job(s, {"name": "f", **MEMORY_SPEC}, "default")
+        # Too few failures seen: the setting's 10 h per node, over the job's 2 nodes.
+        assert advice.checkpoint_mtbf_env(s, job, now=0.0) == {"AERIE_CHECKPOINT_MTBF_S": "18000.0"}
+        assert advice.checkpoint_mtbf_env(s, fixed, now=0.0) == {}
+        for n in range(1, 4):  # three crashes in 3 x 1000 s of 2 nodes: 2000 node-seconds each
+            a = repo.create_attempt(s, fixed, n)
+            repo.set_attempt_state(s, a, "Failed", {"kind": "exit.nonzero"})
+            a.started_at, a.ended_at = 0.0, 1000.0
+        s.flush()
+        assert advice.checkpoint_mtbf_env(s, s.get(Job, job.id), now=0.0) == {"AERIE_CHECKPOINT_MTBF_S": "1000.0"}
+    db.dispose()
