@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from aerie_contracts import FailureKind, env
@@ -81,17 +81,27 @@ class Fleet:
 
 
 def fleet(s: Session, now: float) -> Fleet:
-    q = select(Attempt.state, Attempt.reason, Attempt.started_at, Attempt.ended_at, Job.spec).join(
-        Job, Attempt.job_id == Job.id
+    """The fleet's failures and node-seconds, aggregated in the database: two queries returning a
+    row per failure kind, however many attempts there are."""
+    nodes = func.coalesce(Job.spec[("resources", "instance_count")].as_integer(), 1)
+    span = func.coalesce(Attempt.ended_at, now) - Attempt.started_at
+    node_s = s.scalar(
+        select(func.sum(case((span > 0, span * nodes), else_=0.0)))
+        .select_from(Attempt)
+        .join(Job, Attempt.job_id == Job.id)
+        .where(Attempt.started_at.is_not(None))
     )
-    seen = Fleet()
-    for state, reason, started, ended, spec in s.execute(q.where(Attempt.started_at.is_not(None))):
-        nodes = int(((spec or {}).get("resources") or {}).get("instance_count") or 1)
-        seen.node_s += max(0.0, (ended if ended is not None else now) - started) * nodes
-        kind = (reason or {}).get("kind")
-        if state == AttemptState.FAILED and infrastructure_failure(kind):
-            seen.failures += 1
-            seen.not_reusable += kind in NOT_REUSABLE
+    seen = Fleet(node_s=float(node_s or 0.0))
+    kind = Attempt.reason["kind"].as_string()
+    q = (
+        select(kind, func.count())
+        .where(Attempt.state == AttemptState.FAILED, Attempt.started_at.is_not(None))
+        .group_by(kind)
+    )
+    for k, n in s.execute(q):
+        if infrastructure_failure(k):
+            seen.failures += n
+            seen.not_reusable += n if k in NOT_REUSABLE else 0
     return seen
 
 

@@ -16,16 +16,17 @@ left out.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.goodput import SUMMARY_RESTORE_S, SUMMARY_RESTORED_STEP, SUMMARY_SNAPSHOT_S
 from aerie_contracts.restarts import RestartMode, mode_of
-from orchestrator.store.models import Checkpoint, Job, MetricPoint, Verdict, columns
+from orchestrator.store.models import Attempt, Checkpoint, Job, MetricPoint, Verdict, columns
 
 LOSS_KINDS = frozenset({FailureKind.LOSS_NAN, FailureKind.LOSS_SPIKE})
 
@@ -102,63 +103,87 @@ def _resumed(nodes, resume_from: str | None) -> int | None:
 
 
 def read(s: Session, job: Job, now: float | None = None) -> JobTrace:
-    """The job's trace, in four queries (attempts come with the job)."""
+    """The job's trace."""
+    return read_many(s, [job], now)[0]
+
+
+CHUNK = 500  # ids per IN list (well under any database's parameter limit)
+
+
+def _chunks(ids: list[str]) -> list[list[str]]:
+    return [ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK)]
+
+
+def read_many(s: Session, jobs: Sequence[Job], now: float | None = None) -> list[JobTrace]:
+    """The traces of `jobs`, in five queries per `CHUNK` of them, however many there are (the
+    /metrics scrape reads every running job's)."""
+    now = time.time() if now is None else now
+    traces = {job.id: _job_trace(job, now) for job in jobs}
+    by_id: dict[str, AttemptTrace] = {}
+    owner: dict[str, JobTrace] = {}
+    for ids in _chunks(list(traces)):
+        q = select(Attempt).where(Attempt.job_id.in_(ids)).options(selectinload(Attempt.nodes)).order_by(Attempt.number)
+        for a in s.scalars(q):
+            at = AttemptTrace(
+                **columns(a, "number", "state", "created_at", "started_at", "ended_at"),
+                resumed_step=_resumed(a.nodes, a.resume_from) if a.resume_from else None,
+                restore_s=_slowest(a.nodes, SUMMARY_RESTORE_S),
+                reason_kind=(a.reason or {}).get("kind"),
+                mode=mode_of(a.cause).value,
+                snapshot_s=_slowest(a.nodes, SUMMARY_SNAPSHOT_S),
+            )
+            by_id[a.id] = at
+            owner[a.id] = traces[a.job_id]
+            traces[a.job_id].attempts.append(at)
+    for ids in _chunks(list(by_id)):
+        for v in s.scalars(select(Verdict).where(Verdict.attempt_id.in_(ids)).order_by(Verdict.t)):
+            at = by_id[v.attempt_id]
+            at.verdicts.append((v.t, v.kind))
+            step = (v.evidence or {}).get("step")
+            if v.kind in LOSS_KINDS and isinstance(step, int) and at.loss_fault_step is None:
+                at.loss_fault_step = step
+    for ids in _chunks(list(traces)):
+        q = (
+            select(MetricPoint.attempt_id, MetricPoint.step, MetricPoint.t)
+            .where(MetricPoint.job_id.in_(ids))
+            .order_by(MetricPoint.job_id, MetricPoint.attempt_number, MetricPoint.step)
+        )
+        for attempt_id, step, t in s.execute(q):
+            at = by_id.get(attempt_id)
+            if at is not None and t >= at.created_at:  # an earlier point is the attempt before's, sent late
+                at.points.append((step, t))
+        q = select(Checkpoint).where(Checkpoint.job_id.in_(ids)).order_by(Checkpoint.step, Checkpoint.id)
+        for c in s.scalars(q):
+            meta = c.meta or {}
+            writer = by_id.get(c.attempt_id or "")
+            traces[c.job_id].checkpoints.append(
+                CheckpointTrace(
+                    attempt=writer.number if writer else None,
+                    step=c.step,
+                    save_s=_float(meta.get("save_s")),
+                    size_bytes=c.size_bytes,
+                    created_at=c.created_at,
+                    tier=c.tier,
+                )
+            )
+    return [traces[job.id] for job in jobs]
+
+
+def _job_trace(job: Job, now: float) -> JobTrace:
     spec = job.spec or {}
     hps = spec.get("hyperparameters") or {}
     ckpt = spec.get("checkpoint") or {}
-    trace = JobTrace(
+    return JobTrace(
         job_id=job.id,
         name=job.name,
         state=job.state,
         nodes=int((spec.get("resources") or {}).get("instance_count") or 1),
         created_at=job.created_at,
         ended_at=job.ended_at,
-        now=time.time() if now is None else now,
+        now=now,
         every_steps=_int(ckpt.get("every_steps")),
         eval_every=_int(hps.get("eval_every")),
         backend=job.backend,
         memory_every_steps=_int(ckpt.get("memory_every_steps")),
         spec=spec,
     )
-    by_id = {}
-    for a in job.attempts:
-        at = AttemptTrace(
-            **columns(a, "number", "state", "created_at", "started_at", "ended_at"),
-            resumed_step=_resumed(a.nodes, a.resume_from) if a.resume_from else None,
-            restore_s=_slowest(a.nodes, SUMMARY_RESTORE_S),
-            reason_kind=(a.reason or {}).get("kind"),
-            mode=mode_of(a.cause).value,
-            snapshot_s=_slowest(a.nodes, SUMMARY_SNAPSHOT_S),
-        )
-        by_id[a.id] = at
-        trace.attempts.append(at)
-    if by_id:
-        for v in s.scalars(select(Verdict).where(Verdict.attempt_id.in_(list(by_id))).order_by(Verdict.t)):
-            at = by_id[v.attempt_id]
-            at.verdicts.append((v.t, v.kind))
-            step = (v.evidence or {}).get("step")
-            if v.kind in LOSS_KINDS and isinstance(step, int) and at.loss_fault_step is None:
-                at.loss_fault_step = step
-    q = (
-        select(MetricPoint.attempt_id, MetricPoint.step, MetricPoint.t)
-        .where(MetricPoint.job_id == job.id)
-        .order_by(MetricPoint.attempt_number, MetricPoint.step)
-    )
-    for attempt_id, step, t in s.execute(q):
-        at = by_id.get(attempt_id)
-        if at is not None and t >= at.created_at:  # an earlier point is the attempt before's, sent late
-            at.points.append((step, t))
-    for c in s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)):
-        meta = c.meta or {}
-        owner = by_id.get(c.attempt_id or "")
-        trace.checkpoints.append(
-            CheckpointTrace(
-                attempt=owner.number if owner else None,
-                step=c.step,
-                save_s=_float(meta.get("save_s")),
-                size_bytes=c.size_bytes,
-                created_at=c.created_at,
-                tier=c.tier,
-            )
-        )
-    return trace
