@@ -189,12 +189,12 @@ def compute(trace: JobTrace, advice: list[dict[str, Any]] | None = None) -> dict
         cur.to(min(first_t, a_end), Category.PRODUCTIVE, n)
         for (s0, t0), (s1, t1) in zip(a.points, a.points[1:]):
             t1 = min(t1, a_end)
-            if fault_step is not None and s0 >= fault_step:
-                cur.to(t1, Category.DETECTION, n)  # trained on from a bad loss until the verdict stopped it
-                continue
             if cut is not None and t1 > cut:
                 cur.to(cut, Category.DETECTION, n)  # the hang (or whatever the verdict saw), up to the verdict
                 cur.to(t1, Category.RESTART, n)  # a step finished while its ranks were stopped
+                continue
+            if fault_step is not None and s0 >= fault_step:
+                cur.to(t1, Category.DETECTION, n)  # trained on from a bad loss until the verdict stopped it
                 continue
             steps = max(1, s1 - s0)
             gap = max(0.0, t1 - max(t0, cur.t))

@@ -183,3 +183,20 @@ def test_a_late_batch_of_the_attempt_before_is_not_the_successors(db):
     assert second.points[0][0] == 30 and all(pt >= second.created_at for _, pt in second.points)
     assert second.mode == RestartMode.IN_PLACE and t.attempts[2].mode == RestartMode.RELAUNCH
     assert second.snapshot_s == SNAP and t.attempts[2].resumed_step == 40
+
+
+def test_a_nan_is_detected_from_its_step_and_steps_after_the_verdict_are_teardown():
+    """A NaN at step 10 (steps 1-9 good): the ranks train on to step 14, the verdict comes after
+    step 12's point; 10 → verdict is detection, steps finished after it teardown."""
+    from orchestrator.goodput import ledger
+    from orchestrator.goodput.trace import AttemptTrace, JobTrace
+
+    pts = [(i, 10.0 + i) for i in range(1, 15)]
+    a = AttemptTrace(1, "Failed", 0.0, 1.0, 26.0, reason_kind="loss.nan", points=pts)
+    a.verdicts, a.loss_fault_step = [(22.5, "loss.nan")], 10
+    led = ledger.compute(JobTrace("j", "j", "Failed", 1, 0.0, 26.0, 26.0, attempts=[a]))
+    [fault] = led["faults"]
+    assert (fault["last_step"], fault["detection_s"]) == (10, pytest.approx(2.5))
+    assert led["categories"][Category.DETECTION] == pytest.approx(2.5)
+    assert led["categories"][Category.RESTART] == pytest.approx(26 - 22.5)
+    assert led["categories"][Category.PRODUCTIVE] == pytest.approx(10)  # steps 1-10 (10 is the fault's)
