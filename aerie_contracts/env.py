@@ -102,7 +102,19 @@ IN_PLACE_WAIT_S = _var(
     "agent",
 )
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
-CHECKPOINT_EVERY = _var("AERIE_CHECKPOINT_EVERY", "checkpoint every this many steps", "backend", "trainer")
+CHECKPOINT_EVERY = _var(
+    "AERIE_CHECKPOINT_EVERY",
+    "the spec's checkpoint.every_steps: a step count, or `auto` (the Young–Daly interval the trainer measures)",
+    "backend",
+    "trainer",
+)
+CHECKPOINT_MTBF_S = _var(
+    "AERIE_CHECKPOINT_MTBF_S",
+    "with checkpoint.every_steps `auto`: seconds between failures of the job's allocation (all its nodes): "
+    "the fleet's observed MTBF, else AERIE_MTBF_H's, over the node count",
+    "control plane",
+    "trainer",
+)
 LOG_METRICS = _var(
     "AERIE_LOG_METRICS",
     'JSON {"preset", "definitions", "tensorboard"}: turn rank output lines (agent.rank) and TensorBoard '

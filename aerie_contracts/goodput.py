@@ -1,4 +1,5 @@
-"""The goodput ledger's contract: its categories and the JSON shape the API, CLI and dashboard share.
+"""The goodput ledger's contract: its categories and the JSON shape the API, CLI and dashboard share;
+the Young–Daly checkpoint interval the advice and the trainer's `checkpoint.every_steps: auto` share.
 
 A job's ledger splits its paid time — wall time from submission to end (or now) times its nodes —
 into productive step time and badput by cause. Every second of the job's timeline belongs to
@@ -12,10 +13,12 @@ Shape of `GET /v1/jobs/{job}/goodput` (all durations in node-seconds unless name
      "segments": [{"start", "end", "category", "attempt"}],  # wall-clock, contiguous, coalesced
      "faults": [{"attempt", "kind", "last_step", "last_step_t", "verdict_t", "detection_s",
                  "resumed_step", "redone_steps", "redone_s"}],
-     "advice": {...} | null}                               # see `Advice` keys below
+     "advice": [{"tier", ...}]}                            # one per checkpoint tier: `ADVICE_KEYS`
 """
 
 from __future__ import annotations
+
+import math
 
 from aerie_contracts._strenum import StrEnum
 
@@ -45,6 +48,12 @@ class RestartMode(StrEnum):
 # (from their `restored` metrics-stream events, `metrics.MetricEvent.RESTORED`): the ledger's
 # `restore` is this measurement when present.
 SUMMARY_RESTORE_S = "restore_s"
+# ... the step its ranks really resumed at (the lowest of their `restored` events' steps): a memory
+# resume point that fell back to S3 resumes earlier than the attempt's `resume_from` says.
+SUMMARY_RESTORED_STEP = "restored_step"
+# ... and the synchronous cost of its ranks' in-memory snapshots (`checkpoint_memory` events'
+# `snapshot_s`): per snapshot the slowest rank's, the median of the recent ones (the memory tier's C).
+SUMMARY_SNAPSHOT_S = "snapshot_stall_s"
 
 BADPUT = tuple(c for c in Category if c is not Category.PRODUCTIVE)
 
@@ -63,8 +72,11 @@ LABELS: dict[str, str] = {
     Category.IDLE: "idle",
 }
 
-# Keys of the ledger's "advice" object (checkpoint-interval advice, orchestrator/goodput/advice.py).
+# Keys of each entry of the ledger's "advice" list (checkpoint-interval advice per checkpoint tier,
+# orchestrator/goodput/advice.py).
 ADVICE_KEYS = (
+    "tier",  # aerie_contracts.checkpoints.CheckpointTier: "s3" | "memory"
+    "failures",  # which failures the tier's MTBF counts (the ones it recovers from), in words
     "save_stall_s",  # measured synchronous stall per save (C)
     "mtbf_s",  # mean time between failures of the job's allocation (all its nodes)
     "mtbf_source",  # "fleet" (observed in the store) | "setting" (AERIE_MTBF_H or the default)
@@ -76,3 +88,19 @@ ADVICE_KEYS = (
     "current_badput",  # expected fraction of time lost to saves + redone work at the current interval
     "advised_badput",
 )
+
+
+def young_daly(save_stall_s: float, mtbf_s: float) -> float:
+    """√(2·C·MTBF): the checkpoint interval (seconds of training between saves) that wastes least
+    (Young 1974; Daly 2006), for a synchronous stall C per save and failures every MTBF seconds."""
+    if not save_stall_s > 0 or not mtbf_s > 0:
+        raise ValueError("the save stall and the MTBF must be positive")
+    return math.sqrt(2.0 * save_stall_s * mtbf_s)
+
+
+def expected_waste(interval_s: float, save_stall_s: float, mtbf_s: float) -> float:
+    """Expected share of time lost to saves and redone work at `interval_s` (first order):
+    C/τ for saving, τ/(2·MTBF) for the half interval a failure costs on average."""
+    if not interval_s > 0:
+        raise ValueError("the interval must be positive")
+    return save_stall_s / interval_s + interval_s / (2.0 * mtbf_s)

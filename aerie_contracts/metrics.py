@@ -71,3 +71,6 @@ class MetricEvent(StrEnum):
     # an export, the process group's teardown, is wind-down, judged by its own limit, not a step's.
     TRAIN_END = "train_end"
     RESTORED = "restored"  # once, after a resume: `uri` and `restore_s` (seconds spent restoring)
+    # `checkpoint.every_steps: auto` adopted an interval: `every_steps`, and what it came from
+    # (`stall_s`, `step_s`, `mtbf_s`, `interval_s`): trainer/checkpoint/interval.py.
+    CHECKPOINT_INTERVAL = "checkpoint_interval"

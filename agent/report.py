@@ -3,6 +3,10 @@
 Heartbeats go through a one-slot queue drained by a thread, so a slow or dead API never delays
 detection; only the newest summary matters. Verdicts and the exit are sent with a few retries,
 and the exit is also written to a file the backend reads, so it is never lost with the API down.
+
+Whatever is queued is sent for the attempt it was queued for, with that attempt's token, retries
+included: after an in-place restart (`retarget`) a late batch of the attempt before must not be
+filed under its successor (the goodput ledger would read its steps as the successor's).
 """
 
 from __future__ import annotations
@@ -17,26 +21,30 @@ import httpx
 
 log = logging.getLogger("aerie.agent")
 
+_Target = tuple[str, str]  # (the node's path under its attempt, "Bearer <that attempt's token>")
+
 
 class Reporter:
     def __init__(self, api: str, token: str, attempt: str, host: str, timeout_s: float = 5.0):
         self.enabled = bool(api and token and attempt)
         self.host = host
         self.base = f"/v1/attempts/{attempt}/nodes/{host}"
+        self._auth = f"Bearer {token}"
         # The heartbeat's answer said the attempt is over (terminal, or the job is stopping).
         self.attempt_over = False
         self._client = httpx.Client(
-            base_url=api or "http://127.0.0.1:9", timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
+            base_url=api or "http://127.0.0.1:9", timeout=timeout_s, headers={"Authorization": self._auth}
         )
-        self._beats: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=1)
+        # Every queue holds (target, item): the attempt's node path and token when it was queued.
+        self._beats: queue.Queue[tuple[_Target, dict[str, Any]]] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._drain, name="heartbeats", daemon=True)
         # Verdicts and checkpoints: in order, retried, and never in the way of stopping a hung node
         # (the API may be unreachable through the very link that failed).
-        self._reports: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self._reports: queue.Queue[tuple[_Target, str, dict[str, Any]]] = queue.Queue()
         self._sender = threading.Thread(target=self._send_reports, name="reports", daemon=True)
         # Metrics batches (the dashboard's curves): a queue of their own, so a backlog never delays
         # a verdict; bounded, the oldest batch is dropped when the API is unreachable for long.
-        self._metrics: queue.Queue[list[dict[str, Any]]] = queue.Queue(maxsize=256)
+        self._metrics: queue.Queue[tuple[_Target, list[dict[str, Any]]]] = queue.Queue(maxsize=256)
         self._metrics_sender = threading.Thread(target=self._send_metrics, name="metrics", daemon=True)
         if self.enabled:
             self._thread.start()
@@ -51,16 +59,18 @@ class Reporter:
         except queue.Empty:
             pass
         try:
-            self._beats.put_nowait(summary)
+            self._beats.put_nowait((self._target(), summary))
         except queue.Full:
             pass
 
+    def _target(self) -> _Target:
+        return (self.base, self._auth)
+
     def _drain(self) -> None:
         while True:
-            summary = self._beats.get()
-            base = self.base
-            answer = self._post("/heartbeat", summary, tries=1, answer=True)
-            if isinstance(answer, dict) and answer.get("stop") and base == self.base:
+            target, summary = self._beats.get()
+            answer = self._post("/heartbeat", summary, tries=1, answer=True, target=target)
+            if isinstance(answer, dict) and answer.get("stop") and target[0] == self.base:
                 self.attempt_over = True  # not for an answer about the attempt before a retarget
 
     def next_attempt(self) -> dict[str, Any] | None:
@@ -108,23 +118,25 @@ class Reporter:
     def retarget(self, attempt: str, token: str) -> None:
         """Speak for another attempt (an in-place successor) from now on, with its own token."""
         self.base = f"/v1/attempts/{attempt}/nodes/{self.host}"
-        self._client.headers["Authorization"] = f"Bearer {token}"
+        self._auth = f"Bearer {token}"
+        self._client.headers["Authorization"] = self._auth
         self.attempt_over = False
 
     def verdict(self, body: dict[str, Any]) -> None:
         if self.enabled:
-            self._reports.put(("/verdicts", body))
+            self._reports.put((self._target(), "/verdicts", body))
 
     def checkpoint(self, body: dict[str, Any]) -> None:
         if self.enabled:
-            self._reports.put(("/checkpoints", body))
+            self._reports.put((self._target(), "/checkpoints", body))
 
     def metrics(self, records: list[dict[str, Any]]) -> None:
         if not self.enabled or not records:
             return
+        item = (self._target(), records)
         while True:
             try:
-                self._metrics.put_nowait(records)
+                self._metrics.put_nowait(item)
                 return
             except queue.Full:
                 try:
@@ -135,17 +147,17 @@ class Reporter:
 
     def _send_metrics(self) -> None:
         while True:
-            records = self._metrics.get()
+            target, records = self._metrics.get()
             try:
-                self._post("/metrics", {"records": records}, tries=3)
+                self._post("/metrics", {"records": records}, tries=3, target=target)
             finally:
                 self._metrics.task_done()
 
     def _send_reports(self) -> None:
         while True:
-            path, body = self._reports.get()
+            target, path, body = self._reports.get()
             try:
-                self._post(path, body, tries=3)
+                self._post(path, body, tries=3, target=target)
             finally:
                 self._reports.task_done()
 
@@ -158,13 +170,17 @@ class Reporter:
             time.sleep(0.1)
         return self._post("/exit", body, tries=2)
 
-    def _post(self, path: str, body: dict[str, Any], tries: int, answer: bool = False) -> Any:
-        """True if accepted (with `answer`: the response's JSON), False if not."""
+    def _post(
+        self, path: str, body: dict[str, Any], tries: int, answer: bool = False, target: _Target | None = None
+    ) -> Any:
+        """True if accepted (with `answer`: the response's JSON), False if not. Sent for `target`
+        (the attempt it was queued for), else for the current attempt."""
         if not self.enabled:
             return False
+        base, auth = target or self._target()
         for i in range(tries):
             try:
-                r = self._client.post(self.base + path, json=body)
+                r = self._client.post(base + path, json=body, headers={"Authorization": auth})
                 if r.status_code < 500:
                     if r.status_code >= 400:
                         log.warning("control plane refused %s: %s %s", path, r.status_code, r.text[:200])

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import signal
+import statistics
 import subprocess
 import threading
 import time
@@ -35,8 +36,9 @@ import psutil
 
 from aerie_contracts import byo
 from aerie_contracts import env as E
+from aerie_contracts import metrics as metric_keys
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind
-from aerie_contracts.goodput import SUMMARY_RESTORE_S
+from aerie_contracts.goodput import SUMMARY_RESTORE_S, SUMMARY_RESTORED_STEP, SUMMARY_SNAPSHOT_S
 from aerie_contracts.metrics import MetricEvent
 from aerie_contracts.restarts import NextAction
 from agent.config import AgentConfig, rank_command, write_failure
@@ -53,6 +55,7 @@ VERDICT_GRACE_S = 1.0  # after a verdict: the ranks are hung or diverged, nothin
 METRIC_KEYS = ("t", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
 METRICS_EVERY_S = 2.0
 METRICS_BATCH = 500
+SNAPSHOTS_KEPT = 16  # the memory tier's recent snapshot stalls the heartbeat's median is taken over
 
 
 class Supervisor:
@@ -74,6 +77,8 @@ class Supervisor:
         self._stop = threading.Event()  # set with stop_requested: ends a channel download
         self.data_download: dict[str, Any] | None = None  # agent.channels.receive's record
         self.restore_s: float | None = None  # the slowest of this node's ranks' checkpoint restores
+        self.restored_step: int | None = None  # the lowest step its ranks restored (a fallback resumes earlier)
+        self.snapshot_s: dict[int, float] = {}  # step → its slowest rank's in-memory snapshot stall (recent)
         self.input_failure: dict[str, Any] | None = None
         self.restore_failure: dict[str, Any] | None = None
         self.checkpoints: Any = None  # agent.byo_checkpoints.CheckpointSync for a third-party trainer
@@ -300,7 +305,8 @@ class Supervisor:
         cfg.metrics_dir.mkdir(parents=True, exist_ok=True)
         self.proc, self.verdict, self.attempt_over = None, None, False
         self._term_sent_at, self._grace_s = None, TERM_GRACE_S
-        self.restore_s = self.restore_failure = None
+        self.restore_s = self.restore_failure = self.restored_step = None
+        self.snapshot_s = {}
         self._metrics_batch = []
         if self._own_monitor:
             self.monitor = make_monitor(self.cfg)
@@ -460,15 +466,31 @@ class Supervisor:
         sample = getattr(self.monitor, "last_sample", None) or {}
         for rec in sample.get("records", []):
             self._note_restore(rec)
+            self._note_snapshot(rec)
             uri = rec.get("uri")
             if rec.get("event") == "checkpoint_committed" and uri and uri not in self._reported_checkpoints:
                 self._reported_checkpoints.add(uri)
                 self.reporter.checkpoint({"step": rec.get("step"), "uri": uri, "meta": rec})
 
     def _note_restore(self, rec: dict[str, Any]) -> None:
-        seconds = rec.get("restore_s") if rec.get("event") == MetricEvent.RESTORED else None
+        if rec.get("event") != MetricEvent.RESTORED:
+            return
+        seconds = rec.get("restore_s")
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < 1e7:
             self.restore_s = max(self.restore_s or 0.0, float(seconds))
+        step = rec.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            self.restored_step = step if self.restored_step is None else min(self.restored_step, step)
+
+    def _note_snapshot(self, rec: dict[str, Any]) -> None:
+        """A rank's in-memory snapshot: the step waits for the slowest rank's."""
+        seconds, step = rec.get(metric_keys.SNAPSHOT_S), rec.get("step")
+        if rec.get("event") != MetricEvent.CHECKPOINT_MEMORY or not isinstance(step, int):
+            return
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < 1e7:
+            self.snapshot_s[step] = max(self.snapshot_s.get(step, 0.0), float(seconds))
+            for old in sorted(self.snapshot_s)[:-SNAPSHOTS_KEPT]:
+                del self.snapshot_s[old]
 
     def _report_metrics(self, now: float, flush: bool = False) -> None:
         """Forward global rank 0's training steps (the dashboard's durable curves), in batches of
@@ -491,6 +513,10 @@ class Supervisor:
             base[DATA_DOWNLOAD] = self.data_download  # for the goodput ledger
         if self.restore_s is not None:
             base[SUMMARY_RESTORE_S] = self.restore_s  # for the goodput ledger
+        if self.restored_step is not None:
+            base[SUMMARY_RESTORED_STEP] = self.restored_step
+        if self.snapshot_s:  # the memory tier's save stall, for the ledger and the interval advice
+            base[SUMMARY_SNAPSHOT_S] = statistics.median(self.snapshot_s.values())
         if self.monitor is None:
             return base
         try:

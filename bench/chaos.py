@@ -41,31 +41,22 @@ sys.path.insert(0, str(REPO))
 from aerie_contracts.states import JobState  # noqa: E402
 from orchestrator.harness.chaos import TRAINER_FAULTS, run_chaos  # noqa: E402
 from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
-from orchestrator.harness.jobs import rank_losses  # noqa: E402
+from orchestrator.harness.jobs import attempt_step_records, rank_losses  # noqa: E402
 from orchestrator.harness.recovery import MEMORY_EVERY, POLICIES, run_policy  # noqa: E402
 
 FAULT_INTERVAL_S = 3600.0
 
 
 def first_step_time(jobs_dir: Path, job_id: str, attempt: int) -> float | None:
-    times = []
-    for f in (jobs_dir / job_id / f"attempt-{attempt}").glob("algo-*/output/metrics/rank-00000.jsonl"):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("event") is None and rec.get("step") is not None:
-                times.append(rec["t"])
-                break
-    return min(times) if times else None
+    """When rank 0 of `attempt` (relaunched or restarted in place) finished its first step."""
+    records = attempt_step_records(jobs_dir / job_id, attempt, 0)
+    return min(r["t"] for r in records) if records else None
 
 
 def last_step_time(jobs_dir: Path, job_id: str, attempt: int) -> tuple[float, int] | None:
-    best = None
-    for f in (jobs_dir / job_id / f"attempt-{attempt}").glob("algo-*/output/metrics/rank-00000.jsonl"):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("event") is None and rec.get("step") is not None:
-                best = (rec["t"], rec["step"])
-    return best
+    """(time, step) of rank 0's last step in `attempt`."""
+    records = attempt_step_records(jobs_dir / job_id, attempt, 0)
+    return max((r["t"], r["step"]) for r in records) if records else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -242,8 +242,8 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
     led = _goodput_or_none(d["id"])
     if led is not None:
         console.print(goodput_view.summary(led))
-        if led.get("advice"):
-            console.print(goodput_view.advice_line(led["advice"]))
+        for line in goodput_view.advice_lines(led):
+            console.print(line)
 
 
 def _preflight_table(attempts: list[dict]) -> None:
@@ -295,8 +295,8 @@ def goodput(
     if led["faults"]:
         console.print(goodput_view.faults_table(led["faults"]))
     console.print(goodput_view.summary(led))
-    if led.get("advice"):
-        console.print(goodput_view.advice_line(led["advice"]))
+    for line in goodput_view.advice_lines(led):
+        console.print(line)
 
 
 @app.command()

@@ -29,6 +29,7 @@ from orchestrator import failpoints, liveness
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
 from orchestrator.backends.nodeenv import memory_resume_env
 from orchestrator.events import Dispatcher
+from orchestrator.goodput.advice import checkpoint_mtbf_env
 from orchestrator.leader import LeaderLock
 from orchestrator.learned import learned_env
 from orchestrator.settings import Settings
@@ -172,7 +173,11 @@ class Controller:
                     resume_from=attempt.resume_from,
                     exclude_nodes=tuple(attempt.exclude_nodes or ()),
                     # What earlier attempts learned about section durations (learned timeouts).
-                    extra_env={**learned_env(job, attempt.number), **memory_resume_env(attempt.cause)},
+                    extra_env={
+                        **learned_env(job, attempt.number),
+                        **memory_resume_env(attempt.cause),
+                        **checkpoint_mtbf_env(s, job, time.time()),  # for checkpoint.every_steps: auto
+                    },
                 )
                 previous_handle = self._previous_handle(job, attempt)
                 if mode_of(attempt.cause) == RestartMode.IN_PLACE and previous_handle is not None:

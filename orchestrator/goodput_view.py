@@ -57,7 +57,11 @@ def summary(led: dict[str, Any]) -> str:
     )
 
 
+TIER_NAMES = {"s3": "S3 tier (checkpoint.every_steps)", "memory": "memory tier (checkpoint.memory_every_steps)"}
+
+
 def advice_line(adv: dict[str, Any]) -> str:
+    """One tier's advice: the Young–Daly interval, and the expected badput now against advised."""
     advised = f"every {adv['advised_every_steps']} steps (~{_hms(adv['advised_interval_s'])})"
     now = ""
     if adv.get("current_every_steps") and adv.get("current_badput") is not None:
@@ -66,7 +70,15 @@ def advice_line(adv: dict[str, Any]) -> str:
             f"expected checkpoint badput {100 * adv['current_badput']:.2f}%"
             f" vs {100 * adv['advised_badput']:.2f}% advised"
         )
+    tier = TIER_NAMES.get(adv.get("tier", "s3"), adv.get("tier", ""))
     return (
-        f"checkpoint interval advice (Young–Daly √(2·C·MTBF), C={_hms(adv['save_stall_s'])} stall, "
-        f"MTBF {_hms(adv['mtbf_s'])} from {adv['mtbf_source']}): S3 tier {advised}{now}"
+        f"checkpoint interval advice, {tier}: {advised}{now} "
+        f"(Young–Daly √(2·C·MTBF), C={_hms(adv['save_stall_s'])} stall, MTBF {_hms(adv['mtbf_s'])} "
+        f"from {adv['mtbf_source']}, counting {adv.get('failures', 'every failure')})"
     )
+
+
+def advice_lines(led: dict[str, Any]) -> list[str]:
+    """Every tier's advice line (an older control plane sent one S3 advice, not a list)."""
+    advice = led.get("advice") or []
+    return [advice_line(a) for a in (advice if isinstance(advice, list) else [advice])]

@@ -69,7 +69,10 @@ class Stopping(_Strict):
 
 class CheckpointConfig(_Strict):
     s3_uri: str | None = Field(default=None, pattern=S3_OR_FILE_URI)
-    every_steps: int = Field(default=100, ge=1)
+    # `auto`: the Young–Daly interval √(2·C·MTBF), which the trainer measures for itself (its first
+    # save's stall C, its step time) with the allocation's MTBF the control plane passes at launch
+    # (trainer/checkpoint/interval.py); the first save at step 100 (`checkpoint.auto_first_steps`).
+    every_steps: int | Literal["auto"] = Field(default=100)
     # The in-memory tier (issue #22): snapshots in the nodes' shared memory, replicated to a peer
     # node. `auto`: as often as the measured snapshot cost allows within 1 % of step time
     # (trainer.checkpoint.memory.AutoInterval); a step count; 0: off. S3 stays the durable tier.
@@ -86,6 +89,13 @@ class CheckpointConfig(_Strict):
     # (aerie_contracts.byo.MARKERS) or a glob matching its completion marker file. Set, the agent
     # uploads each finished one, commits Aerie's manifest and restores it on a resume.
     marker: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("every_steps")
+    @classmethod
+    def _interval(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("every_steps: a positive step count or 'auto'")
+        return value
 
     @field_validator("memory_every_steps")
     @classmethod

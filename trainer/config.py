@@ -81,10 +81,14 @@ class DataSection(_Section):
 
 class CheckpointSection(_Section):
     """Where and how often. `uri` defaults to `AERIE_CHECKPOINT_URI` (empty: no checkpoints);
-    `every_steps` to `AERIE_CHECKPOINT_EVERY` (the spec's `checkpoint.every_steps`), else 0 (never)."""
+    `every_steps` to `AERIE_CHECKPOINT_EVERY` (the spec's `checkpoint.every_steps`), else 0 (never).
+    `auto`: the Young–Daly interval from the run's own measured save stall and step time and the
+    MTBF the control plane passes (trainer/checkpoint/interval.py), the first save at step
+    `auto_first_steps`."""
 
     uri: str | None = None
-    every_steps: int | None = None
+    every_steps: int | Literal["auto"] | None = None
+    auto_first_steps: int = Field(100, ge=1)
     async_save: bool = Field(True, alias="async")
     thread_count: int = 4  # parallel writers per rank (S3 uploads, file writes)
 
@@ -92,10 +96,11 @@ class CheckpointSection(_Section):
         uri = self.uri if self.uri is not None else os.environ.get(env.CHECKPOINT_URI, "")
         return uri or None
 
-    def resolved_every(self) -> int:
+    def resolved_every(self) -> int | Literal["auto"]:
         if self.every_steps is not None:
             return self.every_steps
-        return int(os.environ.get(env.CHECKPOINT_EVERY) or 0)
+        raw = (os.environ.get(env.CHECKPOINT_EVERY) or "").strip().lower()
+        return "auto" if raw == "auto" else int(raw or 0)
 
 
 class TrainConfig(_Section):

@@ -33,6 +33,7 @@ from aerie_contracts import metrics as keys
 from aerie_contracts.metrics import MetricEvent
 from trainer import parallel, pricing
 from trainer.checkpoint.dcp import Checkpointer
+from trainer.checkpoint.interval import YoungDalyInterval, mtbf_from_env
 from trainer.config import TrainConfig, load_config
 from trainer.data.build import build_dataset, micro_batches
 from trainer.faults import FaultInjector
@@ -207,9 +208,10 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     model = clock.attach(model)
     optimizer, scheduler = build_optimizer(model, cfg)
 
+    every = cfg.checkpoint.resolved_every()
     checkpointer = Checkpointer(
         cfg.checkpoint.resolved_uri(),
-        cfg.checkpoint.resolved_every(),
+        every if isinstance(every, int) else 0,
         metrics,
         world={
             "world_size": world.world_size,
@@ -251,6 +253,17 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     tokens_per_step = global_batch * cfg.seq_len
 
     faults = FaultInjector(world.rank)  # chaos rehearsal (AERIE_FAULTS); a no-op otherwise
+    # `every_steps: auto`: saves at the Young–Daly interval this run measures (its ranks agree on it
+    # through the per-step all-gather below).
+    auto = None
+    if every == "auto" and checkpointer.base_uri:
+        auto = YoungDalyInterval(mtbf_from_env(), cfg.checkpoint.auto_first_steps, max_steps=max(1, cfg.steps))
+        if world.is_main:
+            log.info(
+                "checkpoint.every_steps auto: first save at step %d, then Young–Daly from its stall (MTBF %s)",
+                auto.first_after,
+                f"{auto.mtbf_s:.0f} s" if auto.mtbf_s else f"unknown: every {auto.first_after} steps",
+            )
     memsnap = memory_snapshotter(world.rank)
     # `auto` snapshots agree on their cost with a collective: on a group of their own, never the
     # checkpointer's, whose asynchronous S3 save runs collectives from another thread meanwhile.
@@ -270,12 +283,18 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         consumed += global_batch
         tokens += tokens_per_step
 
-        # One collective carries every rank's loss and whether any rank was asked to stop.
+        # One collective carries every rank's loss, whether any rank was asked to stop, and (with
+        # `every_steps: auto`) the checkpoint interval each rank would use.
         # Gathered, then summed in rank order: an all-reduce may add in a different order from run
         # to run, and a resumed run must report bitwise the losses of an uninterrupted one.
         # A superseded attempt (its commit was refused: the job moved on without it) stops too.
         halt = stop.signum > 0 or checkpointer.superseded is not None
-        summary = torch.stack([loss_sum, torch.tensor(float(halt), device=world.device)])
+        proposal = 0.0
+        if auto is not None:
+            auto.observe_upload(checkpointer.last_save_s)  # before it proposes: what it sends is what it logs
+            proposal = auto.proposal()
+        flags = [torch.tensor(x, device=world.device) for x in (float(halt), proposal)]
+        summary = torch.stack([loss_sum, *flags])
         gathered = [torch.empty_like(summary) for _ in range(world.world_size)]
         with clock.collective():
             dist.all_gather(gathered, summary)
@@ -283,6 +302,21 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
         stopping = any(g[1].item() > 0 for g in gathered)
         step_s = time.perf_counter() - t0
         compute_s, wait_s = clock.split(step_s)
+        if auto is not None:
+            auto.observe_step(step_s)
+            if auto.adopt(max(g[2].item() for g in gathered)) is not None:
+                adopted = auto.describe()
+                metrics.event(MetricEvent.CHECKPOINT_INTERVAL, step, **adopted)
+                if world.is_main:
+                    log.info(
+                        "checkpoint.every_steps auto: every %d steps (~%.0f s): Young–Daly √(2·C·MTBF) with "
+                        "C=%.3f s stall, MTBF %.0f s, %.3f s per step",
+                        auto.every,
+                        adopted["interval_s"] or 0.0,
+                        auto.stall_s or 0.0,
+                        auto.mtbf_s or 0.0,
+                        adopted["step_s"] or 0.0,
+                    )
 
         if step % cfg.log_every == 0 or step == cfg.steps or stopping:
             tokens_per_s = tokens_per_step / step_s
@@ -323,7 +357,8 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
             break
         # Periodic checkpoints, and one of the final state (what export and evaluation read).
         # Never checkpoint a diverged model: a NaN state must not become a resume point.
-        if (checkpointer.due(step) or (step == cfg.steps and checkpointer.base_uri)) and math.isfinite(loss_value):
+        due = checkpointer.due(step) or (auto is not None and auto.due(step))
+        if (due or (step == cfg.steps and checkpointer.base_uri)) and math.isfinite(loss_value):
             checkpointer.save(
                 step,
                 model,
@@ -332,6 +367,8 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
                 {"step": step, "consumed_samples": consumed, "tokens": tokens},
                 metrics_at_step={"loss": loss_value, "grad_norm": grad_norm.item(), "lr": lr},
             )
+            if auto is not None:
+                auto.observe_save(step, checkpointer.last_stall_s)
         if memsnap is not None:
             memsnap.observe_step(step_s)
             if math.isfinite(loss_value) and memsnap.due(step):

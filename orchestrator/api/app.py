@@ -68,6 +68,7 @@ def create_app(
     app.state.heartbeats = heartbeats
     app.state.tokens = TokenCache()
     app.state.lookups = SingleFlight()
+    app.state.metrics_cache = metrics_routes.ExpositionCache()  # GET /metrics: the exposition per tenant, a few seconds
     # The SageMaker-compatible endpoint (POST / with X-Amz-Target); without settings, an
     # ephemeral SigV4 key (AWS keys made by such an app work only while it lives).
     app.state.sagemaker = sagemaker or EndpointSettings(server_key=secrets.token_bytes(32))

@@ -274,8 +274,10 @@ class GoodputFaultOut(BaseModel):
 
 
 class GoodputAdviceOut(BaseModel):
-    """Checkpoint-interval advice (Young–Daly), for the job's S3 tier."""
+    """Checkpoint-interval advice (Young–Daly) for one of the job's checkpoint tiers."""
 
+    tier: Literal["s3", "memory"]  # aerie_contracts.checkpoints.CheckpointTier
+    failures: str  # which failures the tier's MTBF counts
     save_stall_s: float
     mtbf_s: float
     mtbf_source: Literal["fleet", "setting"]
@@ -303,4 +305,4 @@ class GoodputOut(BaseModel):
     categories: dict[str, float]
     segments: list[GoodputSegmentOut]
     faults: list[GoodputFaultOut]
-    advice: GoodputAdviceOut | None = None
+    advice: list[GoodputAdviceOut] = []  # one per tier measured so far

@@ -12,14 +12,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.goodput import Category, RestartMode
+from aerie_contracts.metrics import SAVE_S
 from aerie_contracts.states import AttemptState, CheckpointState, JobState
 from orchestrator.goodput import advice, ledger, trace
 from orchestrator.store.db import Database
@@ -29,6 +31,17 @@ OTHER = "other"
 SAVE_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 HEARTBEAT_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 GOODPUT_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
+
+
+def _json_seconds(s: Session, column: Any, key: str) -> Any:
+    """A JSON column's `key` as a number of seconds in SQL, NULL where it is not a non-negative
+    number (a CASE: a non-number is never cast, which PostgreSQL would refuse)."""
+    if s.get_bind().dialect.name == "postgresql":
+        number = func.json_typeof(column[key]) == "number"
+    else:
+        number = func.json_type(column, f'$."{key}"').in_(["real", "integer"])
+    value = column[key].as_float()
+    return case((number, case((value >= 0, value), else_=None)), else_=None)
 
 
 def _bounded(value: str | None, allowed: frozenset[str]) -> str:
@@ -145,15 +158,17 @@ class StoreCollector(Collector):
         yield restarts
 
     def _checkpoints(self, s: Session) -> Iterator[Metric]:
-        q = select(Checkpoint.state, Checkpoint.size_bytes, Checkpoint.meta).join(Job, Checkpoint.job_id == Job.id)
+        """Counted in the database (a row per state, one for the save durations), not row by row."""
+        q = (
+            select(Checkpoint.state, func.count(), func.coalesce(func.sum(Checkpoint.size_bytes), 0))
+            .join(Job, Checkpoint.job_id == Job.id)
+            .group_by(Checkpoint.state)
+        )
         by_state: Counter[str] = Counter()
-        saves, written = [], 0
-        for state, size, meta in s.execute(self._jobs(q)):
-            by_state[_bounded(state, CheckpointState.values())] += 1
-            written += size or 0
-            save_s = (meta or {}).get("save_s")
-            if isinstance(save_s, (int, float)) and not isinstance(save_s, bool) and save_s >= 0:
-                saves.append(float(save_s))
+        written = 0
+        for state, n, size in s.execute(self._jobs(q)):
+            by_state[_bounded(state, CheckpointState.values())] += n
+            written += int(size or 0)
         states = GaugeMetricFamily("aerie_checkpoints", "Recorded checkpoints by state.", labels=["state"])
         for st in sorted(CheckpointState.values()):
             states.add_metric([st], by_state.get(st, 0))
@@ -161,11 +176,18 @@ class StoreCollector(Collector):
         yield CounterMetricFamily(
             "aerie_checkpoint_written_bytes", "Bytes of every recorded checkpoint (committed saves).", value=written
         )
-        yield _histogram(
+        save = _json_seconds(s, Checkpoint.meta, SAVE_S)
+        q = select(
+            func.count(save),
+            func.coalesce(func.sum(save), 0.0),
+            *(func.sum(case((save <= b, 1), else_=0)) for b in SAVE_BUCKETS),
+        ).join(Job, Checkpoint.job_id == Job.id)
+        count, total, *cumulative = s.execute(self._jobs(q.select_from(Checkpoint))).one()
+        yield HistogramMetricFamily(
             "aerie_checkpoint_save_seconds",
             "Duration of committed saves, begin to commit (includes asynchronous upload).",
-            saves,
-            SAVE_BUCKETS,
+            buckets=[*((str(b), int(c or 0)) for b, c in zip(SAVE_BUCKETS, cumulative)), ("+Inf", int(count or 0))],
+            sum_value=float(total or 0.0),
         )
         q = select(func.count()).select_from(Attempt).join(Job, Attempt.job_id == Job.id)
         restores = s.scalar(self._jobs(q.where(Attempt.resume_from.is_not(None)))) or 0
@@ -178,8 +200,8 @@ class StoreCollector(Collector):
         totals = {c.value: 0.0 for c in Category}
         ratios = []
         now = time.time()
-        for job in running:
-            led = ledger.compute(trace.read(s, job, now))
+        for t in trace.read_many(s, running, now):  # a few queries for all of them
+            led = ledger.compute(t)
             for cat, v in led["categories"].items():
                 totals[cat] += v
             if led["node_seconds"] > 0:

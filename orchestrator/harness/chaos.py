@@ -2,8 +2,9 @@
 
 One job of the tiny trainer (2 nodes x 2 processes, checkpoints to the loopback S3 server) with a
 schedule of faults: kill -9 of a rank, a SIGSTOP hang, a busy hang, a NaN loss (one per attempt,
-so every restart makes progress), then, in the last attempt, S3 made unreachable during a save
-(the server paused with SIGSTOP, then resumed) and kill -9 of the control plane with a restart.
+so every restart makes progress; restarted in place or relaunched), then, in the last attempt, S3
+made unreachable during a save (the server paused with SIGSTOP, then resumed) and kill -9 of the
+control plane with a restart.
 A reference run of the same config without faults gives the losses every attempt must reproduce.
 """
 
@@ -82,11 +83,9 @@ def run_chaos(cp: ControlPlane, work: Path, bucket_prefix: str = "s3://aerie/cha
         faults=TRAINER_FAULTS,
         checkpoint_uri=bucket_prefix,
         max_restarts=len(TRAINER_FAULTS),
-        # Relaunches only, for now: with in-place restarts one clean-clone run found an in-place
-        # successor's redone steps (> 0) with no redone seconds in the goodput ledger; until the
-        # ledger's trace of in-place attempts is fixed, in-place recovery has its own end-to-end
-        # test (tests/e2e/test_in_place_restart.py).
-        in_place_restarts=0,
+        # Both restart modes: the rank kill and the NaN leave healthy nodes (in place, from the
+        # newest memory checkpoint); each hang blames its node (relaunched without it).
+        in_place_restarts=len(TRAINER_FAULTS),
         # The sigstop and the busy hang each blame the node that hosted the faulty rank, and a
         # blamed node is excluded: two spare slots keep the 2-node job placeable to the end.
         backend_options={"node_slots": 4},

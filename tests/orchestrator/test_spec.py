@@ -187,3 +187,16 @@ def test_memory_checkpoint_interval_is_auto_a_count_or_off():
     for bad in (-1, "often", 2.5):
         with pytest.raises(ValidationError):
             CheckpointConfig(memory_every_steps=bad)
+
+
+def test_s3_checkpoint_interval_is_a_count_or_auto():
+    """checkpoint.every_steps (issue #24): 100 by default, a positive step count, or `auto` (the
+    trainer adopts the Young–Daly interval it measures)."""
+    from orchestrator.spec import CheckpointConfig
+
+    assert CheckpointConfig().every_steps == 100
+    assert CheckpointConfig(every_steps=25).every_steps == 25
+    assert CheckpointConfig(every_steps="auto").every_steps == "auto"
+    for bad in (0, -1, "often", 2.5):
+        with pytest.raises(ValidationError):
+            CheckpointConfig(every_steps=bad)

@@ -440,3 +440,32 @@ def test_memory_tier_snapshots_and_resume_parity_world_size_2(tmp_path, data_cac
                     assert a[step][key] == b[step][key], (rank, step, key)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_every_steps_auto_adopts_the_young_daly_interval_it_measures(tmp_path, data_cache):
+    """Two ranks, file checkpoints, `AERIE_CHECKPOINT_EVERY=auto` with a 3 s MTBF: the first save
+    at `checkpoint.auto_first_steps`, then saves at the interval the run derived from its own stall
+    and step time (its `checkpoint_interval` events), the same steps on both ranks (a save is
+    collective), and the final save."""
+    from trainer.checkpoint.interval import interval_steps
+
+    config = write_config(tmp_path, data_cache, steps=40)
+    env = {
+        "AERIE_CHECKPOINT_URI": f"file://{tmp_path}/ckpt",
+        "AERIE_CHECKPOINT_EVERY": "auto",
+        "AERIE_CHECKPOINT_MTBF_S": "3",
+    }
+    rc, metrics = run_trainer(tmp_path, config, 2, name="auto", env=env, sets=("checkpoint.auto_first_steps=5",))
+    assert rc == 0
+    records = read_metrics(metrics, 0)
+    saves = [r["step"] for r in records if r["event"] == "checkpoint_begin"]
+    adopted = [r for r in records if r["event"] == "checkpoint_interval"]
+    assert saves[0] == 5 and saves[-1] == 40 and adopted, (saves, adopted)
+    assert [r["step"] for r in read_metrics(metrics, 1) if r["event"] == "checkpoint_begin"] == saves
+    for event in adopted:  # each interval rank 0 proposed is Young–Daly on what it measured
+        basis = (event["stall_s"], event["step_s"], event["mtbf_s"])
+        assert event["every_steps"] >= interval_steps(*basis, save_s=event["save_s"] or 0.0, hi=40), event
+        assert event["mtbf_s"] == 3.0 and event["stall_s"] > 0
+    for before, after in itertools.pairwise(saves[:-1]):
+        every = [e["every_steps"] for e in adopted if e["step"] <= after]  # agreed before the save
+        assert after - before == (every[-1] if every else 5), (saves, adopted)

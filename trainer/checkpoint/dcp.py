@@ -267,6 +267,9 @@ class Checkpointer:
         self._pending: _Pending | None = None
         self._code_version = code_version() if self.rank == 0 else ""
         self.last_committed: str | None = None
+        # This rank's last save: the loop's stall, and its whole duration once done (`every_steps: auto`).
+        self.last_stall_s: float | None = None
+        self.last_save_s: float | None = None
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
@@ -310,7 +313,7 @@ class Checkpointer:
         # The training loop resumes now; the upload (if any) runs beside the next steps. The agent
         # times the two parts as separate sections: a stall suspends step-hang detection, an
         # upload does not.
-        pending.stall_s = time.time() - pending.started
+        pending.stall_s = self.last_stall_s = time.time() - pending.started
         self.metrics.event(MetricEvent.CHECKPOINT_STAGED, step, **{keys.URI: uri, keys.STALL_S: pending.stall_s})
         future.add_done_callback(lambda f: self._finish(pending, f.exception()))
 
@@ -327,6 +330,7 @@ class Checkpointer:
                 )
                 return
             pending.ok = True
+            self.last_save_s = seconds
             self.metrics.event(MetricEvent.CHECKPOINT_END, pending.step, ok=True, **timing)
             if self.rank == 0:
                 self._commit(pending)

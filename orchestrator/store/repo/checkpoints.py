@@ -9,6 +9,7 @@ from sqlalchemy import CursorResult, exists, select, update
 from sqlalchemy.orm import Session, aliased
 
 from aerie_contracts import DetailType
+from aerie_contracts import metrics as metric_keys
 from aerie_contracts.checkpoints import CheckpointTier, tier_of_uri
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.states import ATTEMPT_ACTIVE, CheckpointState
@@ -67,6 +68,14 @@ def _tier(uri: str, tier: str | None) -> CheckpointTier:
     return named
 
 
+# The seconds a `checkpoint_committed` line carries (aerie_contracts.metrics).
+TIMING_KEYS = (metric_keys.SAVE_S, metric_keys.STALL_S, metric_keys.UPLOAD_S)
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e9
+
+
 def _ranks(meta: dict[str, Any]) -> set[int]:
     ranks = meta.get("ranks")
     if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
@@ -95,7 +104,13 @@ def record_checkpoint(
         return _record_memory(s, attempt, step, uri, meta)
     exists = s.scalars(select(Checkpoint).where(Checkpoint.job_id == attempt.job_id, Checkpoint.uri == uri)).first()
     if exists:
-        return None  # already known: reported twice, by two ranks or on a re-sent line
+        # Already known: reported twice, by two ranks or on a re-sent line. The trainer's own commit
+        # (routes/checkpoints.py) comes first and without timings; the agent's report of the same
+        # commit line brings them (the goodput ledger, the advice and /metrics read `save_s`).
+        timing = {k: meta[k] for k in TIMING_KEYS if k not in (exists.meta or {}) and _seconds(meta.get(k))}
+        if timing and exists.attempt_id == attempt.id:
+            exists.meta = {**(exists.meta or {}), **timing}  # a new dict: the JSON column sees the change
+        return None
     if not hold_current_attempt(s, attempt):
         raise Superseded(f"attempt {attempt.id} is no longer its job's current attempt: {uri} is not recorded")
     stalled = select(Verdict.id).where(

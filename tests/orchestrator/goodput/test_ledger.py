@@ -94,10 +94,9 @@ def test_a_known_history_gives_known_totals(db):
 def test_advice_comes_with_the_ledger(db):
     with db.session() as s:
         led = ledger_for(s, _history(s))
-    adv = led["advice"]
-    assert adv["mtbf_source"] == "setting" and adv["save_stall_s"] == pytest.approx(
-        1.5
-    )  # median of 3 s (step 10) and 0 s (step 20)
+    [adv] = led["advice"]  # the S3 tier's: the job has no memory tier
+    assert adv["tier"] == "s3" and adv["mtbf_source"] == "setting"
+    assert adv["save_stall_s"] == pytest.approx(1.5)  # median of 3 s (step 10) and 0 s (step 20)
     assert adv["current_every_steps"] == 10 and adv["step_s"] == pytest.approx(1)
     assert adv["advised_interval_s"] == pytest.approx((2 * 1.5 * adv["mtbf_s"]) ** 0.5)
 
@@ -196,16 +195,34 @@ def test_the_agent_keeps_its_ranks_slowest_restore():
 
     from agent.supervisor import Supervisor
 
-    sup = SimpleNamespace(restore_s=None)
+    sup = SimpleNamespace(restore_s=None, restored_step=None)
     for rec in [
-        {"event": "restored", "restore_s": 3.0},
-        {"event": "restored", "restore_s": 5.0},
+        {"event": "restored", "step": 40, "restore_s": 3.0},
+        {"event": "restored", "step": 48, "restore_s": 5.0},
         {"event": "restored", "restore_s": "x"},
-        {"event": None, "restore_s": 9.0},
+        {"event": None, "restore_s": 9.0, "step": 1},
         {"event": "restored", "restore_s": True},
     ]:
         Supervisor._note_restore(sup, rec)  # type: ignore[arg-type]
     assert sup.restore_s == 5.0
+    assert sup.restored_step == 40  # a rank that fell back to an older checkpoint: the ranks resumed there
+
+
+def test_the_agent_keeps_the_slowest_rank_of_each_recent_snapshot():
+    from types import SimpleNamespace
+
+    from agent import supervisor
+    from agent.supervisor import Supervisor
+
+    sup = SimpleNamespace(snapshot_s={})
+    for step in range(1, 41):
+        for rank, cost in enumerate((0.01, 0.03 if step % 2 else 0.02)):
+            rec = {"event": "checkpoint_memory", "step": step, "rank": rank, "snapshot_s": cost}
+            Supervisor._note_snapshot(sup, rec)  # type: ignore[arg-type]
+    Supervisor._note_snapshot(sup, {"event": "checkpoint_memory", "step": 41, "snapshot_s": "x"})  # type: ignore[arg-type]
+    Supervisor._note_snapshot(sup, {"event": None, "step": 42, "snapshot_s": 9.0})  # type: ignore[arg-type]
+    assert sorted(sup.snapshot_s) == list(range(41 - supervisor.SNAPSHOTS_KEPT, 41))
+    assert set(sup.snapshot_s.values()) == {0.02, 0.03}
 
 
 def test_pre_flight_is_carved_from_start_up_and_a_failed_one_is_all_pre_flight_then_restart():

@@ -80,6 +80,6 @@ def test_the_cli_prints_a_table_and_a_summary(api, monkeypatch, capsys):
     assert out.exit_code == 0, out.output
     assert "productive steps" in out.output and "checkpoint stall" in out.output
     assert re.search(r"goodput 66\.7% of 30\.0s node-time \(2 nodes × 15\.0s\)", out.output), out.output
-    assert "Young–Daly" in out.output
+    assert "Young–Daly" in out.output and "S3 tier (checkpoint.every_steps)" in out.output
     described = CliRunner().invoke(cli.app, ["describe", job_id], env={"COLUMNS": "200"})
     assert described.exit_code == 0 and "goodput 66.7%" in described.output and "advice" in described.output

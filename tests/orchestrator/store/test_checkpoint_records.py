@@ -160,3 +160,18 @@ def test_a_memory_checkpoint_is_good_once_the_nodes_reports_cover_every_rank(db)
         repo.record_checkpoint(s, repo.get_attempt(s, attempt_id), 14, uri.replace("12", "14"), {}, tier="s3")
     with pytest.raises(ValueError, match="ranks"), db.session() as s:
         repo.record_checkpoint(s, repo.get_attempt(s, attempt_id), 14, memory_uri(job_id, 14, 1), {"world_size": 2})
+
+
+def test_the_agents_report_of_a_commit_adds_its_timings(db):
+    """The trainer's own commit records the checkpoint without timings; the agent's report of the
+    same `checkpoint_committed` line, which follows, brings them (for the goodput ledger)."""
+    attempt_id = _running_attempt(db)
+    uri = "s3://b/j/step_00000010/attempt_0001"
+    with db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        assert repo.record_checkpoint(s, attempt, 10, uri, {"size_bytes": 5}) is not None
+        line = {"event": "checkpoint_committed", "step": 10, "uri": uri, "save_s": 2.5, "size_bytes": 5}
+        assert repo.record_checkpoint(s, attempt, 10, uri, line) is None  # known already
+        assert repo.record_checkpoint(s, attempt, 10, uri, {"save_s": 9.0}) is None  # a re-sent line
+        [ckpt] = repo.list_checkpoints(s, attempt.job)
+        assert ckpt.meta == {"size_bytes": 5, "save_s": 2.5}

@@ -1,0 +1,59 @@
+"""The agent's reporter sends what it queued for the attempt it queued it for: a batch of step
+points retried after an in-place restart (`retarget`) still goes to the attempt before, with that
+attempt's token (else the goodput ledger reads its steps as the successor's)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from agent.report import Reporter
+from tests.helpers.wait import wait_for
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list[tuple[str, str, dict]] = []
+    fail_first_metrics = True
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        type(self).seen.append((self.path, self.headers.get("Authorization", ""), body))
+        status = 200
+        if self.path.endswith("/metrics") and type(self).fail_first_metrics:
+            type(self).fail_first_metrics = False
+            time.sleep(0.2)  # the agent restarts in place meanwhile
+            status = 503
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_retried_batch_goes_to_the_attempt_it_was_queued_for():
+    _Recorder.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rep = Reporter(f"http://127.0.0.1:{server.server_port}", "tok-1", "job-a1", "algo-1")
+        rep.metrics([{"step": 29, "t": 1.0}])
+        rep.checkpoint({"step": 28, "uri": "mem://j/step_00000028/attempt_0001"})
+        wait_for(what="the first try", check=lambda: _Recorder.seen, timeout_s=10, every_s=0.01)
+        rep.retarget("job-a2", "tok-2")  # in place: attempt 2 from now on
+        rep.metrics([{"step": 30, "t": 2.0}])
+        rep.heartbeat({"t": 2.0})
+        wait_for(what="every post", check=lambda: len(_Recorder.seen) >= 5, timeout_s=10, every_s=0.01)
+    finally:
+        server.shutdown()
+    sent = [(path.rsplit("/", 1)[-1], path.split("/")[3], auth, body) for path, auth, body in _Recorder.seen]
+    metrics = [(attempt, auth, body["records"][0]["step"]) for what, attempt, auth, body in sent if what == "metrics"]
+    assert metrics.count(("job-a1", "Bearer tok-1", 29)) == 2  # the first try and its retry
+    assert ("job-a2", "Bearer tok-2", 30) in metrics and len(metrics) == 3
+    [ckpt] = [(attempt, auth) for what, attempt, auth, _ in sent if what == "checkpoints"]
+    assert ckpt == ("job-a1", "Bearer tok-1")
+    [beat] = [(attempt, auth) for what, attempt, auth, _ in sent if what == "heartbeat"]
+    assert beat == ("job-a2", "Bearer tok-2")
