@@ -128,6 +128,11 @@ class TrainConfig(_Section):
     # "bf16": bf16 autocast on either (on CPUs with AMX or AVX-512-BF16, the matmuls use them);
     # "fp32": no autocast anywhere.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # Deterministic kernels (`torch.use_deterministic_algorithms`, cuBLAS's fixed workspace): on a
+    # GPU, a resumed run's steps then match the uninterrupted run's bit for bit (the embedding's
+    # backward and some reductions otherwise add in a varying order), at some speed. The CPU
+    # kernels used here are deterministic already.
+    deterministic: bool = False
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval_every: int = 0  # steps between evaluations; 0: never
     eval_iters: int = 4  # micro-batches per evaluation

@@ -76,6 +76,13 @@ def init_distributed(timeout_s: float = COLLECTIVE_TIMEOUT_S) -> World:
     return World(rank, world_size, local_rank, local_world_size, device, timeout_s)
 
 
+def use_deterministic_kernels() -> None:
+    """Deterministic kernels for this process (`TrainConfig.deterministic`); before any CUDA work:
+    cuBLAS reads its workspace setting when its first handle is made."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
 def destroy_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -175,6 +175,8 @@ class StopRequest:
 def train(cfg: TrainConfig) -> int:
     stop = StopRequest()
     stop.install()
+    if cfg.deterministic:
+        parallel.use_deterministic_kernels()
     world = parallel.init_distributed()
     if world.is_main:
         log.info("process group: %d ranks, collective timeout %g s", world.world_size, world.collective_timeout_s)
