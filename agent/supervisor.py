@@ -178,6 +178,7 @@ class Supervisor:
         if self.tb_progress is not None:
             env.setdefault("TENSORBOARD_LOGGING_DIR", str(self.tb_progress.directory))
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
+        env.pop(E.MEMORY_CHECKPOINT_KEY, None)  # the agents' secret: the ranks (user code) never need it
         return env
 
     def _watch_group(self) -> None:
@@ -277,6 +278,8 @@ class Supervisor:
                 E.MEMORY_RESUME_NODES: json.dumps(successor["memory_nodes"]) if successor.get("memory_nodes") else "",
             }
         )
+        if successor.get("memckpt_key"):
+            os.environ[E.MEMORY_CHECKPOINT_KEY] = str(successor["memckpt_key"])  # the memory tier's, next group
         self.cfg = dataclasses.replace(cfg, attempt=attempt, token=token)
         port = successor.get("master_port")
         if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:

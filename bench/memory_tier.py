@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
+from aerie_contracts import env as E
 from aerie_contracts import memckpt
 from agent.memckpt import replicate
 from agent.memckpt.store import SnapshotStore
@@ -72,17 +74,21 @@ def main() -> None:
         auto.observe_snapshot(1, snapshot_s, step_s)
         every = auto.every() or 1
 
+        key = replicate.new_key()
         peer = subprocess.Popen(
             [sys.executable, "-m", "agent.memckpt", "--root", str(root / "b")],
             cwd=Path(__file__).resolve().parents[1],
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, E.MEMORY_CHECKPOINT_KEY: key},
         )
         try:
             line = peer.stdout.readline() if peer.stdout else ""
             host, port = line.split()[1].rsplit(":", 1)
             t0 = time.perf_counter()
-            replicate.send_snapshot((host, int(port)), snap.path(args.snapshots), job="bench", node="a")
+            replicate.send_snapshot(
+                (host, int(port)), snap.path(args.snapshots), job="bench", node="a", key=bytes.fromhex(key)
+            )
             replicate_s = time.perf_counter() - t0
             store_b = SnapshotStore("bench", root / "b")
             assert store_b.find(0, args.snapshots, replica_of="a") is not None
