@@ -11,6 +11,8 @@ attempt's replication key. The agent then, for as long as it lives (across in-pl
   a thread of its own (training never waits on it), and reports each memory checkpoint whose two
   copies are complete (`/checkpoints`, tier `memory`): the control plane records it good once the
   nodes' reports cover every rank;
+- claims its job's area with a lease (`lease.py`), and at its start sweeps the areas of other
+  jobs under its root that nobody will use again (their owner gone, the lease stale);
 - removes its area when the job has ended on this node.
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 from aerie_contracts import env as E
 from aerie_contracts import memckpt
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
+from agent.memckpt import lease
 from agent.memckpt.replicate import ReplicaServer, parse_key, peer_of
 from agent.memckpt.restore import S3, resolve
 from agent.memckpt.ring import Replicator, report_body
@@ -84,6 +87,7 @@ class NodeMemoryTier:
         self.store = SnapshotStore(job, root)
         self.peer_node = peer_of(hosts, host)
         self.server: ReplicaServer | None = None
+        self.lease: lease.Lease | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -105,6 +109,8 @@ class NodeMemoryTier:
         return cls(job=job, host=host, hosts=list(hosts), peers=parse_peers(peers), root=root, key=parse_key(key))
 
     def start(self) -> NodeMemoryTier:
+        lease.sweep(self.root, keep=self.job)  # what failed or killed agents of other jobs left
+        self.lease = lease.Lease(memckpt.area_dir(self.root, self.job), job=self.job, host=self.host).start()
         addr, port = self.peers[self.host]
         self.server = ReplicaServer(self.root, addr, port, key=self.key).start()
         log.info(
@@ -247,6 +253,9 @@ class NodeMemoryTier:
         if self.server is not None:
             self.server.close()
             self.server = None
+        if self.lease is not None:
+            self.lease.stop()  # kept (an owner that is gone): a later sweep may take the area
+            self.lease = None
         if job_over:
             shutil.rmtree(memckpt.area_dir(self.root, self.job), ignore_errors=True)
             try:

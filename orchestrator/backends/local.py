@@ -27,6 +27,7 @@ from aerie_contracts import memckpt
 from aerie_contracts.restarts import memory_tier_off, not_in_place
 from aerie_contracts.states import AttemptState
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
+from agent.memckpt import lease as memory_lease
 from orchestrator.backends import local_fence, netns, placement
 from orchestrator.backends.base import (
     Backend,
@@ -93,6 +94,8 @@ class LocalBackend(Backend):
             netns.create(request.attempt_id, hosts)
         # In-memory checkpoints (issue #22): each agent serves its replication endpoint on a port of its own.
         memory_on = memory_tier_off(spec.model_dump(), self.name) is None
+        # Areas in this host's /dev/shm that failed or killed agents of other jobs left behind.
+        memory_lease.sweep_nodes(memckpt.root_dir(), keep=request.job_id)
         peers = {h: f"127.0.0.1:{_free_port()}" for h in hosts} if memory_on else {}
         if memory_on:
             # The attempt's replication key: its agents prove every request with it (the handle
