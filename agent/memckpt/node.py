@@ -11,8 +11,8 @@ attempt's replication key. The agent then, for as long as it lives (across in-pl
   a thread of its own (training never waits on it), and reports each memory checkpoint whose two
   copies are complete (`/checkpoints`, tier `memory`): the control plane records it good once the
   nodes' reports cover every rank;
-- claims its job's area with a lease (`lease.py`), and at its start sweeps the areas of other
-  jobs under its root that nobody will use again (their owner gone, the lease stale);
+- claims its job's area with a lease (aerie_contracts/memckpt_lease.py), and at its start sweeps
+  the areas of other jobs under its root that nobody will use again (owner gone, lease stale);
 - removes its area when the job has ended on this node.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 from aerie_contracts import env as E
 from aerie_contracts import memckpt
+from aerie_contracts import memckpt_lease as lease
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
-from agent.memckpt import lease
 from agent.memckpt.replicate import ReplicaServer, parse_key, peer_of
 from agent.memckpt.restore import S3, resolve
 from agent.memckpt.ring import Replicator, report_body

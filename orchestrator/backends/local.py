@@ -24,10 +24,10 @@ import psutil
 
 from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
+from aerie_contracts import memckpt_lease as memory_lease
 from aerie_contracts.restarts import memory_tier_off, not_in_place
 from aerie_contracts.states import AttemptState
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
-from agent.memckpt import lease as memory_lease
 from orchestrator.backends import local_fence, netns, placement
 from orchestrator.backends.base import (
     Backend,

@@ -1,4 +1,4 @@
-"""No job's snapshots stay in /dev/shm (agent/memckpt/lease.py): an area is claimed by its agent's
+"""No job's snapshots stay in /dev/shm (aerie_contracts/memckpt_lease.py): an area is claimed by its agent's
 lease; a later agent (or a local launch) removes the areas of other jobs whose owner is gone and
 whose lease is stale, never its own job's, a live owner's or a just-stopped one's (a relaunch takes
 it back). Real processes, killed with SIGKILL."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from aerie_contracts import env as E
 from aerie_contracts import memckpt
-from agent.memckpt import lease
+from aerie_contracts import memckpt_lease as lease
 from agent.memckpt.node import NodeMemoryTier
 from tests.agent.memckpt.test_node import _port
 from tests.agent.memckpt.test_replicate import KEY_HEX, REPO, payload
@@ -23,7 +23,7 @@ from tests.agent.memckpt.test_replicate import KEY_HEX, REPO, payload
 HOLDER = r"""
 import sys, time
 from pathlib import Path
-from agent.memckpt import lease
+from aerie_contracts import memckpt_lease as lease
 lease.Lease(Path(sys.argv[1]), job=sys.argv[2], host="algo-1", refresh_s=0.1).start()
 print("leased", flush=True)
 time.sleep(120)

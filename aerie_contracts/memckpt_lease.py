@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from aerie_contracts import memckpt
 
 log = logging.getLogger("aerie.agent.memckpt")
@@ -33,10 +31,24 @@ STALE_S = 120.0
 
 
 def _process_start(pid: int) -> float | None:
+    """When process `pid` started (Linux: clock ticks since boot, /proc/<pid>/stat field 22), None
+    if there is no such process. Standard library only: the local backend sweeps too."""
     try:
-        return psutil.Process(pid).create_time()
-    except (psutil.Error, OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return None
+    except OSError:
+        stat = ""
+    if stat:
+        # The command name (field 2) is in parentheses and may hold spaces: count after its end.
+        return float(stat[stat.rindex(")") + 2 :].split()[19])
+    try:
+        os.kill(pid, 0)  # no /proc: whether it exists at all is all there is to know
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return 0.0
 
 
 def write(area: Path, *, job: str, host: str) -> Path:
@@ -57,7 +69,7 @@ def owner_alive(info: dict[str, Any]) -> bool:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     actual = _process_start(pid)
-    return actual is not None and isinstance(start, (int, float)) and abs(actual - start) < 0.01
+    return actual is not None and isinstance(start, (int, float)) and actual == start
 
 
 def _newest_change(area: Path) -> float:
