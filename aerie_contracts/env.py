@@ -160,6 +160,14 @@ MEMORY_CHECKPOINT_PEERS = _var(
     "backend",
     "agent",
 )
+MEMORY_CHECKPOINT_KEY = _var(
+    "AERIE_MEMORY_CHECKPOINT_KEY",
+    "the attempt's replication secret (hex): every replication request and answer between the "
+    "attempt's agents carries an HMAC made with it, and a stream without one is refused; a new one "
+    "per attempt (an in-place successor's comes with GET .../next); never passed to the ranks",
+    "backend (local: in the attempt's handle), agent (an in-place switch)",
+    "agent",
+)
 MEMORY_RESUME_NODES = _var(
     "AERIE_MEMORY_RESUME_NODES",
     "with a memory resume point: JSON {node: {ranks, replica_node}}, which node wrote each rank's snapshot "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import struct
 import zlib
 from dataclasses import asdict, dataclass
@@ -41,6 +42,29 @@ _PREFIX = struct.Struct("<8sIII")
 _NAME_RE = re.compile(r"^rank_(\d{5,})\.step_(\d{8,})\.snap$")
 _SAFE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 CHUNK = 1 << 20  # bytes per read when checksumming or streaming
+
+
+# The attempt's replication key (agent/memckpt/replicate.py): where a backend's handle keeps it for
+# the control plane, which hands an in-place successor's to each agent (GET .../next).
+HANDLE_KEY = "memckpt_key"
+KEY_BYTES = 32
+
+
+def new_key() -> str:
+    """A fresh replication key, hex: one per attempt, the same on each of its nodes."""
+    return secrets.token_hex(KEY_BYTES)
+
+
+def parse_key(value: str) -> bytes:
+    """A replication key (hex, at least 16 bytes) -> its bytes; ValueError otherwise (whose message
+    never repeats the value: it is a secret)."""
+    try:
+        key = bytes.fromhex(value.strip())
+    except ValueError:
+        raise ValueError("the replication key is not hex") from None
+    if len(key) < 16:
+        raise ValueError(f"the replication key holds {len(key)} bytes, at least 16 are needed")
+    return key
 
 
 class SnapshotError(Exception):

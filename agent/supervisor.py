@@ -51,6 +51,7 @@ log = logging.getLogger("aerie.agent")
 
 TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
 VERDICT_GRACE_S = 1.0  # after a verdict: the ranks are hung or diverged, nothing to save; a restart waits on it
+JOB_END_WAIT_S = 5.0  # at exit: how long a node waits for the control plane to say whether the job ended
 # Rank 0's training steps forwarded to the control plane (POST .../metrics), batched.
 METRIC_KEYS = ("t", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
 METRICS_EVERY_S = 2.0
@@ -127,13 +128,22 @@ class Supervisor:
             if self.memory is not None:
                 self.memory.close(job_over=code == 0 or self._job_ended())
 
-    def _job_ended(self) -> bool:
+    def _job_ended(self, wait_s: float = JOB_END_WAIT_S, poll_s: float = 0.5) -> bool:
         """Whether the job is over (its memory area can go), as the control plane says: a stop
         request is also how a relaunch tears this node down, and the next attempt may restore
-        from what this node holds."""
-        if not self._job_over and self.reporter.enabled:
-            answer = self.reporter.next_attempt() or {}
-            self._job_over = answer.get("action") == NextAction.EXIT and str(answer.get("why", "")).startswith("job ")
+        from what this node holds. While the control plane has not decided yet (the last attempt
+        failed a moment ago), asked again for up to `wait_s`: a failed job's area must not stay
+        in /dev/shm (what is left anyway, lease.sweep takes later)."""
+        deadline = time.time() + wait_s
+        while not self._job_over and self.reporter.enabled:
+            answer = self.reporter.next_attempt()
+            if answer is None:
+                break  # unreachable: the sweep will do
+            action, why = answer.get("action"), str(answer.get("why", ""))
+            self._job_over = action == NextAction.EXIT and why.startswith("job ")
+            if action != NextAction.WAIT or time.time() >= deadline:
+                break
+            time.sleep(poll_s)
         return self._job_over
 
     def _start_memory_tier(self) -> None:
@@ -190,6 +200,7 @@ class Supervisor:
         if self.tb_progress is not None:
             env.setdefault("TENSORBOARD_LOGGING_DIR", str(self.tb_progress.directory))
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner
+        env.pop(E.MEMORY_CHECKPOINT_KEY, None)  # the agents' secret: the ranks (user code) never need it
         return env
 
     def _watch_group(self) -> None:
@@ -289,6 +300,8 @@ class Supervisor:
                 E.MEMORY_RESUME_NODES: json.dumps(successor["memory_nodes"]) if successor.get("memory_nodes") else "",
             }
         )
+        if successor.get("memckpt_key"):
+            os.environ[E.MEMORY_CHECKPOINT_KEY] = str(successor["memckpt_key"])  # the memory tier's, next group
         self.cfg = dataclasses.replace(cfg, attempt=attempt, token=token)
         port = successor.get("master_port")
         if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:

@@ -6,7 +6,8 @@ Triggered by "Aerie Attempt State Change" events with state Failed (and by SageM
   2. the user's fault (`user.error`, an exit code the spec marks non-retryable, a `loss.nan` that
      recurs at the same step after a resume: `lambdas/nan_replay.py`) -> job Failed;
   3. retry budget (`retry.max_restarts`) spent -> job Failed with the last failure's reason;
-  4. otherwise -> attempt N+1, resuming from `last_good` of the job's checkpoint prefix and
+  4. otherwise -> attempt N+1, resuming from `last_good` across the tiers (the newest good
+     checkpoint that survives the restart mode: a memory one with S3's as its fallback, or S3's) and
      excluding every node blamed `retry.exclude_after_blames` times (blames not yet cleared),
      started in place (the same nodes, only the worker groups restarted) or relaunched, with the
      reason, in its `cause` (`lambdas/restart_mode.py`).
@@ -25,7 +26,7 @@ import urllib.parse
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from aerie_contracts.checkpoints import CheckpointTier, step_of_uri
+from aerie_contracts.checkpoints import MEMORY_GONE_LOST, CheckpointTier, expired_memory, step_of_uri
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind, policy
 from aerie_contracts.restarts import (
@@ -35,6 +36,7 @@ from aerie_contracts.restarts import (
     CAUSE_RESUME_FALLBACK,
     MEMORY_OUTLIVES_RELAUNCH,
     RestartMode,
+    mode_of,
 )
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, CheckpointState
 from lambdas import nan_replay, restart_mode
@@ -107,20 +109,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             },
         )
 
-    resume_from = last_good_checkpoint(spec, job["id"], api)
     exclude = excluded_hosts(job, recorded, spec)
     mode, mode_why = restart_mode.decide(job, failed, reason, exclude)
-    # Where the nodes' shared memory survives (warm nodes, or a local relaunch), the newest good
-    # memory checkpoint is newer than S3's (taken far more often) and restoring it reads nothing
-    # from S3: a replaced node fetches its ranks' replicas from the nodes that hold them. S3's
-    # stays the fallback should any rank's copy be gone or fail its checksum.
-    fallback: dict[str, Any] = {}
-    if mode == RestartMode.IN_PLACE or job.get("backend") in MEMORY_OUTLIVES_RELAUNCH:
-        memory = last_good_memory_checkpoint(api, job["id"])
-        # At the same step too: the memory copy restores without a single S3 request.
-        if memory is not None and (step_of_uri(memory[0]) or 0) >= (step_of_uri(resume_from or "") or 0):
-            fallback = {CAUSE_RESUME_FALLBACK: resume_from, CAUSE_MEMORY_NODES: memory[1]}
-            resume_from = memory[0]
+    resume_from, fallback = last_good(spec, job, api, failed=number, mode=mode)
     body = {
         "number": number + 1,
         "resume_from": resume_from,
@@ -200,13 +191,67 @@ def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Api | None = No
     return good[-1].uri if good else None
 
 
-def last_good_memory_checkpoint(api: Api, job_id: str) -> tuple[str, dict[str, Any]] | None:
+def last_good(
+    spec: dict[str, Any], job: dict[str, Any], api: Api, *, failed: int, mode: RestartMode
+) -> tuple[str | None, dict[str, Any]]:
+    """The resume point of attempt `failed` + 1 across the tiers, and the cause's memory fields:
+    the newest good checkpoint that survives the restart `mode`. S3's always does. A memory
+    checkpoint does only where the memory that holds it is still there: the nodes stay (in place)
+    or keep their memory across a relaunch (`MEMORY_OUTLIVES_RELAUNCH`), and it was written by an
+    attempt whose successors up to this one all kept it (`memory_survivors`). It is newer than
+    S3's (taken far more often), and restoring it reads nothing from S3 (a replaced node fetches
+    its ranks' replicas from the nodes that hold them); S3's stays the fallback should any rank's
+    copy be gone or fail its checksum. A relaunch that loses the memory marks its records gone."""
+    durable = last_good_checkpoint(spec, job["id"], api)
+    survivors = memory_survivors(job, failed, mode)
+    if not survivors:
+        lost = [a["id"] for a in job.get("attempt_list", []) if a.get("id")]
+        _mark_memory_gone(api, job["id"], lost, MEMORY_GONE_LOST)
+        return durable, {}
+    memory = last_good_memory_checkpoint(api, job["id"], survivors)
+    # At the same step too: the memory copy restores without a single S3 request.
+    if memory is None or (step_of_uri(memory[0]) or 0) < (step_of_uri(durable or "") or 0):
+        return durable, {}
+    return memory[0], {CAUSE_RESUME_FALLBACK: durable, CAUSE_MEMORY_NODES: memory[1]}
+
+
+def memory_survivors(job: dict[str, Any], failed: int, mode: RestartMode) -> set[str]:
+    """The attempts whose memory checkpoints attempt `failed` + 1 may restore (`mode`: its
+    restart's): the failed one, if its nodes' memory survives the restart, and each earlier one
+    whose successor kept it in turn (started in place, or on a backend whose relaunch keeps it)."""
+    outlives = job.get("backend") in MEMORY_OUTLIVES_RELAUNCH
+    by_number = {int(a["number"]): a for a in job.get("attempt_list", [])}
+    survivors: set[str] = set()
+    kept = mode == RestartMode.IN_PLACE or outlives
+    number = failed
+    while kept and number in by_number:
+        survivors.add(str(by_number[number].get("id")))
+        kept = outlives or mode_of(by_number[number].get("cause")) == RestartMode.IN_PLACE
+        number -= 1
+    return survivors
+
+
+def _mark_memory_gone(api: Api, job_id: str, attempts: list[str], reason: str) -> None:
+    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
+    gone = expired_memory(rows, lost_attempts=set(attempts))
+    if gone:
+        body = {"uris": sorted(gone), "state": CheckpointState.DELETED.value, "reason": reason}
+        api.call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints/state", body)
+
+
+def last_good_memory_checkpoint(
+    api: Api, job_id: str, attempts: set[str] | None = None
+) -> tuple[str, dict[str, Any]] | None:
     """The job's newest memory checkpoint that the control plane recorded good (both copies of
-    every rank's snapshot complete), with which node wrote which ranks and holds whose replica; or
-    None."""
+    every rank's snapshot complete), written by one of `attempts` (None: any), with which node
+    wrote which ranks and holds whose replica; or None."""
     rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
     good = [
-        r for r in rows if r.get("tier") == CheckpointTier.MEMORY.value and r.get("state") == CheckpointState.GOOD.value
+        r
+        for r in rows
+        if r.get("tier") == CheckpointTier.MEMORY.value
+        and r.get("state") == CheckpointState.GOOD.value
+        and (attempts is None or r.get("attempt_id") in attempts)
     ]
     if not good:
         return None

@@ -1,17 +1,28 @@
 """On "checkpoint committed": keep `keep_last` (and every `keep_every`-th step), delete the rest.
 
-Never deletes the newest good checkpoint nor one any attempt of the job resumed from (the
+Never deletes the newest good checkpoint nor one any attempt of the job resumed from or falls
+back to (an attempt resuming from a memory checkpoint names its S3 fallback in its cause) (the
 manifest module enforces the first; the protect list the second), so a GC racing a restart can't
 pull the floor from under it. "Good" is as the control plane recorded it (a superseded attempt's
 commit is not, and goes once older than the newest good one); the checkpoints it deleted are
 reported back, so their records say `deleted`.
+
+The memory tier has no objects to delete: its records that no restart can use any more
+(`aerie_contracts.checkpoints.expired_memory`: older than the newest good S3 checkpoint, replaced
+by a newer memory one, incomplete of an ended attempt) are marked `deleted` too. The store does
+so itself as they expire; this is the safety net, and never counts a memory checkpoint as a
+good one for S3's policy.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 from aerie_contracts import DetailType
+from aerie_contracts.checkpoints import expired_memory
+from aerie_contracts.restarts import CAUSE_RESUME_FALLBACK
+from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, CheckpointState
 from lambdas.api import Api
 
 
@@ -21,13 +32,19 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     api = Api.from_context(context)
     job = api.job(event["detail"]["job_id"])
     ckpt = job["spec"].get("checkpoint") or {}
+    expired = expire_memory(api, job)
     if not ckpt.get("s3_uri"):
-        return {"deleted": []}
+        return {"deleted": [], "expired_memory": expired}
     from lambdas.chain_restart import recorded_checkpoints
     from trainer.checkpoint.gc import prune
 
     prefix = ckpt["s3_uri"].rstrip("/") + "/" + job["id"]
     protect = [a["resume_from"] for a in job["attempt_list"] if a.get("resume_from")]
+    protect += [
+        (a.get("cause") or {})[CAUSE_RESUME_FALLBACK]
+        for a in job["attempt_list"]
+        if (a.get("cause") or {}).get(CAUSE_RESUME_FALLBACK)
+    ]
     deleted = prune(
         prefix,
         keep_last=int(ckpt.get("keep_last", 3)),
@@ -39,4 +56,20 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         body = {"uris": list(deleted), "state": "deleted", "reason": "deleted by checkpoint GC"}
         for i in range(0, len(deleted), 1000):
             api.call("POST", f"/v1/jobs/{job['id']}/checkpoints/state", {**body, "uris": body["uris"][i : i + 1000]})
-    return {"deleted": list(deleted)}
+    return {"deleted": list(deleted), "expired_memory": expired}
+
+
+def expire_memory(api: Api, job: dict[str, Any]) -> list[str]:
+    """Mark the job's memory checkpoints that no restart can use any more `deleted`, each with its
+    reason; returns their URIs."""
+    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints?limit=10000") or []
+    ended = {a["id"] for a in job["attempt_list"] if a.get("state") in ATTEMPT_TERMINAL}
+    gone = expired_memory(rows, job_over=job.get("state") in JOB_TERMINAL, ended_attempts=ended)
+    by_reason: dict[str, list[str]] = {}
+    for uri, why in gone.items():
+        by_reason.setdefault(why, []).append(uri)
+    for why, uris in by_reason.items():
+        for i in range(0, len(uris), 1000):
+            body = {"uris": uris[i : i + 1000], "state": CheckpointState.DELETED.value, "reason": why}
+            api.call("POST", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints/state", body)
+    return sorted(gone)

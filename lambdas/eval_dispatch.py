@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from aerie_contracts import DetailType
 from aerie_contracts import env as aerie_env
+from aerie_contracts.checkpoints import CheckpointTier
 from lambdas import slack_blocks
 from lambdas.api import Api
 from lambdas.cron import parse_cron
@@ -113,8 +114,10 @@ def not_selected(ev: dict[str, Any], job: dict[str, Any], api: Api, uri: str) ->
     every, schedule = ev.get("every_n_checkpoints"), str(ev.get("schedule") or "")
     if not every and not schedule:
         return None
+    # Durable (S3) checkpoints only: a memory checkpoint is never sampled nor counted.
+    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints")
     checkpoints = sorted(
-        (c for c in api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints") if c["state"] == "good"),
+        (c for c in rows if c["state"] == "good" and c.get("tier", CheckpointTier.S3) == CheckpointTier.S3),
         key=lambda c: c["step"],
     )
     mine = next((c for c in checkpoints if c["uri"] == uri), None)

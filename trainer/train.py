@@ -375,17 +375,12 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
             memsnap.observe_step(step_s)
             if math.isfinite(loss_value) and memsnap.due(step):
                 extra = {"step": step, "consumed_samples": consumed, "tokens": tokens}
-                header = memsnap.snapshot(step, model, optimizer, scheduler, extra, group=memgroup)
-                metrics.event(
-                    MetricEvent.CHECKPOINT_MEMORY,
-                    step,
-                    **{
-                        keys.SNAPSHOT_PATH: str(memsnap.path(step)),
-                        keys.SIZE_BYTES: header.size,
-                        keys.SNAPSHOT_S: memsnap.last_cost_s,
-                    },
-                )
+                memsnap.snapshot(step, model, optimizer, scheduler, extra, group=memgroup)
+            _report_snapshots(metrics, memsnap.finished())  # written in the background meanwhile
 
+    if memsnap is not None:
+        # The snapshot being written, if any (a rank that exits mid-write leaves it torn: unused).
+        _report_snapshots(metrics, memsnap.close(timeout=STOP_GRACE_S))
     if stopping:
         # A save in flight was staged before the signal: let it finish and commit, within a grace
         # period (an unfinished one is never mistaken for good: it has no manifest).
@@ -396,6 +391,21 @@ def _train(cfg: TrainConfig, world: parallel.World, metrics: MetricsWriter, stop
     metrics.event(MetricEvent.TRAIN_END, cfg.steps)
     checkpointer.wait()
     return 0
+
+
+def _report_snapshots(metrics, written) -> None:
+    """`checkpoint_memory` for each snapshot complete in shared memory (the step loop's wait for it
+    as `snapshot_s`)."""
+    for done in written:
+        metrics.event(
+            MetricEvent.CHECKPOINT_MEMORY,
+            done.step,
+            **{
+                keys.SNAPSHOT_PATH: str(done.path),
+                keys.SIZE_BYTES: done.header.size,
+                keys.SNAPSHOT_S: done.blocking_s,
+            },
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

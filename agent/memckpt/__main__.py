@@ -1,13 +1,16 @@
 """`python -m agent.memckpt --root DIR [--host H] [--port P]`: a standalone replication endpoint
-(prints `listening HOST:PORT`); the agent itself will run `ReplicaServer` in its own process."""
+(prints `listening HOST:PORT`), accepting requests proven with `$AERIE_MEMORY_CHECKPOINT_KEY`
+(hex; required); the agent itself runs `ReplicaServer` in its own process."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 
-from agent.memckpt.replicate import ReplicaServer
+from aerie_contracts import env as E
+from agent.memckpt.replicate import ReplicaServer, parse_key
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,7 +19,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    server = ReplicaServer(args.root, args.host, args.port).start()
+    if not os.environ.get(E.MEMORY_CHECKPOINT_KEY):
+        parser.error(f"{E.MEMORY_CHECKPOINT_KEY} is not set (the replication key, hex)")
+    key = parse_key(os.environ[E.MEMORY_CHECKPOINT_KEY])
+    server = ReplicaServer(args.root, args.host, args.port, key=key).start()
     host, port = server.address
     print(f"listening {host}:{port}", flush=True)
     stop = threading.Event()

@@ -1,15 +1,18 @@
 """The in-memory checkpoint tier on one node, as its agent runs it (issue #22).
 
-The backend turns it on with three variables (orchestrator/backends/nodeenv.memory_env): the
-interval the ranks snapshot at, the node's shared-memory area, and the ring's endpoints. The agent
-then, for as long as it lives (across in-place worker groups):
+The backend turns it on with four variables (orchestrator/backends/nodeenv.memory_env): the
+interval the ranks snapshot at, the node's shared-memory area, the ring's endpoints and the
+attempt's replication key. The agent then, for as long as it lives (across in-place worker groups):
 
 - serves its endpoint (`ReplicaServer`): its ring predecessor's replicas land here, and a replaced
-  node fetches them back;
+  node fetches them back; only requests proven with the current attempt's key are served (an
+  in-place switch brings the next attempt's key: `begin_from_env`);
 - during each worker group, replicates its ranks' newest common snapshot to its ring successor, in
   a thread of its own (training never waits on it), and reports each memory checkpoint whose two
   copies are complete (`/checkpoints`, tier `memory`): the control plane records it good once the
   nodes' reports cover every rank;
+- claims its job's area with a lease (aerie_contracts/memckpt_lease.py), and at its start sweeps
+  the areas of other jobs under its root that nobody will use again (owner gone, lease stale);
 - removes its area when the job has ended on this node.
 """
 
@@ -26,8 +29,9 @@ from typing import Any
 
 from aerie_contracts import env as E
 from aerie_contracts import memckpt
+from aerie_contracts import memckpt_lease as lease
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
-from agent.memckpt.replicate import ReplicaServer, peer_of
+from agent.memckpt.replicate import ReplicaServer, parse_key, peer_of
 from agent.memckpt.restore import S3, resolve
 from agent.memckpt.ring import Replicator, report_body
 from agent.memckpt.store import SnapshotStore
@@ -72,20 +76,25 @@ def _json_object(text: str) -> dict[str, Any] | None:
 class NodeMemoryTier:
     """One agent's part of the memory tier: its endpoint, and one replication thread per group."""
 
-    def __init__(self, *, job: str, host: str, hosts: list[str], peers: dict[str, tuple[str, int]], root: str):
+    def __init__(
+        self, *, job: str, host: str, hosts: list[str], peers: dict[str, tuple[str, int]], root: str, key: bytes
+    ):
         missing = [h for h in hosts if h not in peers]
         if missing:
             raise ValueError(f"{E.MEMORY_CHECKPOINT_PEERS} names no endpoint for {', '.join(missing)}")
         self.job, self.host, self.hosts, self.peers, self.root = job, host, hosts, peers, root
+        self.key = key
         self.store = SnapshotStore(job, root)
         self.peer_node = peer_of(hosts, host)
         self.server: ReplicaServer | None = None
+        self.lease: lease.Lease | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, host: str, hosts: list[str]) -> NodeMemoryTier | None:
-        """The tier when the backend turned it on (all three variables set, interval not 0)."""
+        """The tier when the backend turned it on (every variable set, interval not 0); without a
+        replication key it does not start (ValueError): an endpoint must never serve unproven peers."""
         every = environ.get(E.MEMORY_CHECKPOINT_EVERY, "")
         peers, root, job = (
             environ.get(E.MEMORY_CHECKPOINT_PEERS),
@@ -94,11 +103,16 @@ class NodeMemoryTier:
         )
         if every in ("", "0") or not peers or not root or not job:
             return None
-        return cls(job=job, host=host, hosts=list(hosts), peers=parse_peers(peers), root=root)
+        key = environ.get(E.MEMORY_CHECKPOINT_KEY, "")
+        if not key:
+            raise ValueError(f"{E.MEMORY_CHECKPOINT_KEY} is not set: no replication without the attempt's key")
+        return cls(job=job, host=host, hosts=list(hosts), peers=parse_peers(peers), root=root, key=parse_key(key))
 
     def start(self) -> NodeMemoryTier:
+        lease.sweep(self.root, keep=self.job)  # what failed or killed agents of other jobs left
+        self.lease = lease.Lease(memckpt.area_dir(self.root, self.job), job=self.job, host=self.host).start()
         addr, port = self.peers[self.host]
-        self.server = ReplicaServer(self.root, addr, port).start()
+        self.server = ReplicaServer(self.root, addr, port, key=self.key).start()
         log.info(
             "memory checkpoints: %s serves replicas on %s:%d, replicates to %s", self.host, addr, port, self.peer_node
         )
@@ -106,8 +120,19 @@ class NodeMemoryTier:
 
     # --- one worker group -----------------------------------------------------------------
 
+    def set_key(self, key: bytes) -> None:
+        """The attempt this node now serves: its key for what this node sends, and the only one its
+        endpoint accepts (a peer still on the last attempt is refused until it switches too)."""
+        self.key = key
+        if self.server is not None:
+            self.server.set_key(key)
+
     def begin_from_env(self, reporter: Any, environ: Mapping[str, str], *, node_rank: int, procs: int) -> None:
-        """`begin_group` for the group the agent starts next, as its environment describes it."""
+        """`begin_group` for the group the agent starts next, as its environment describes it
+        (with, after an in-place switch, the new attempt's key)."""
+        key = environ.get(E.MEMORY_CHECKPOINT_KEY, "")
+        if key:
+            self.set_key(parse_key(key))
         number = environ.get(E.ATTEMPT_NUMBER, "")
         resume = environ.get(E.RESUME_FROM, "")
         first = node_rank * procs
@@ -144,6 +169,7 @@ class NodeMemoryTier:
             ranks=ranks,
             peer=self.peers[self.peer_node] if self.peer_node else None,
             peer_node=self.peer_node,
+            key=self.key,
         )
         replicator.replicated = resumed_step
         self._stop = threading.Event()
@@ -192,8 +218,11 @@ class NodeMemoryTier:
                 address = self.peers[self.host]  # this node holds it: its own server hands it over
             deadline = time.time() + FETCH_WAIT_S
             while True:
-                source = resolve(self.store, rank=rank, step=step, written_by=writer, holder=address, s3_uri=None)
-                # The holder's agent may not serve yet (a relaunch starts every agent at once).
+                source = resolve(
+                    self.store, rank=rank, step=step, written_by=writer, holder=address, s3_uri=None, key=self.key
+                )
+                # The holder's agent may not serve yet (a relaunch starts every agent at once), or
+                # still serve the last attempt (an in-place switch: it refuses this one's key).
                 refused = any("refused" in why.lower() for why in source.skipped)
                 if source.tier != S3 or not refused or time.time() > deadline:
                     break
@@ -224,6 +253,9 @@ class NodeMemoryTier:
         if self.server is not None:
             self.server.close()
             self.server = None
+        if self.lease is not None:
+            self.lease.stop()  # kept (an owner that is gone): a later sweep may take the area
+            self.lease = None
         if job_over:
             shutil.rmtree(memckpt.area_dir(self.root, self.job), ignore_errors=True)
             try:

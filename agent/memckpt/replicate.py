@@ -13,13 +13,29 @@ JSON line back.
 - `{"op": "get", "job", "node", "rank", "step", "tier"}` (`tier`: `replica` — the copy this
   server holds of `node`'s snapshot — or `local`, its own) -> `{"ok": true, "size"}` + the file's
   bytes, or `{"ok": false, "error"}`. The fetching side verifies before it uses them.
+
+Authentication (scoped to the attempt): each connection opens with the server's line
+`{"challenge"}` (16 random bytes, hex); the client's request carries `nonce` (its own 16 random
+bytes) and `proof` = HMAC-SHA256(key, "request" + challenge + the request's canonical JSON
+without `proof`); every answer the server sends after a valid request carries `proof` =
+HMAC-SHA256(key, "answer" + nonce + the answer's canonical JSON). The key is the attempt's
+replication secret (`AERIE_MEMORY_CHECKPOINT_KEY`, from the control plane, new each attempt). A
+request without the right proof is refused (`{"ok": false, "error": "refused: ..."}`) and logged
+with its peer's address, never with the key or the proof; a client refuses an answer without the
+right proof. A `put` request names the snapshot header's `crc32` and the receiver checks the
+header it receives against it, so the proof covers the stream's header (and through its CRC-32,
+the payload against accident; not against a man in the middle who rewrites the payload and keeps
+its CRC: links between the nodes are the cluster's own).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import socket
 import socketserver
 import threading
@@ -38,6 +54,32 @@ TIMEOUT_S = 30.0
 
 class ReplicationError(Exception):
     """The peer refused the transfer, or the connection failed."""
+
+
+class Unauthenticated(ReplicationError):
+    """A request or an answer without the attempt's proof."""
+
+
+REFUSED = "refused: no valid proof of this attempt's replication key"
+
+
+parse_key, new_key = memckpt.parse_key, memckpt.new_key
+
+
+def _canonical(obj: dict[str, Any]) -> bytes:
+    return json.dumps({k: v for k, v in obj.items() if k != "proof"}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _proof(key: bytes, label: bytes, nonce: str, obj: dict[str, Any]) -> str:
+    return hmac.new(key, label + b"\n" + nonce.encode() + b"\n" + _canonical(obj), hashlib.sha256).hexdigest()
+
+
+def _proven(key: bytes, label: bytes, nonce: str, obj: dict[str, Any]) -> bool:
+    proof = obj.get("proof")
+    return isinstance(proof, str) and hmac.compare_digest(proof, _proof(key, label, nonce, obj))
+
+
+_REQUEST, _ANSWER = b"aerie-memckpt/request", b"aerie-memckpt/answer"
 
 
 def peer_of(nodes: list[str], node: str) -> str | None:
@@ -76,11 +118,14 @@ def _read_exact(stream, n: int) -> bytes:
     return data
 
 
-def _receive_file(stream, size: int, final: Path) -> memckpt.Header:
-    """`size` bytes of a snapshot file into `final` (via a partial; header last), CRC checked."""
+def _receive_file(stream, size: int, final: Path, *, crc32: int) -> memckpt.Header:
+    """`size` bytes of a snapshot file into `final` (via a partial; header last), CRC checked,
+    and the header's CRC-32 the `crc32` that the peer's proven line named."""
     if size < memckpt.HEADER_SIZE:
         raise ReplicationError(f"a snapshot of {size} bytes has no header")
     header = memckpt.Header.decode(_read_exact(stream, memckpt.HEADER_SIZE))
+    if header.crc32 != crc32:
+        raise ReplicationError(f"the header's CRC-32 {header.crc32:08x} is not the proven {crc32:08x}")
     if header.size != size - memckpt.HEADER_SIZE:
         raise ReplicationError(f"header says {header.size} payload bytes, the sender {size - memckpt.HEADER_SIZE}")
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -120,21 +165,45 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         self.connection.settimeout(TIMEOUT_S)
+        self._key: bytes | None = None
+        self._nonce = ""
         try:
+            challenge = secrets.token_hex(16)
+            _send_line(self.connection, {"challenge": challenge})
             request = _read_line(self.rfile)
+            self._key = self.server.key_for(challenge, request)
+            if self._key is None:
+                log.warning(
+                    "refused a replication request (op %r, job %r, node %r) from %s:%s: no valid proof of this "
+                    "attempt's key",
+                    str(request.get("op"))[:20],
+                    str(request.get("job"))[:200],
+                    str(request.get("node"))[:200],
+                    *self.client_address[:2],
+                )
+                self.server.refused += 1
+                _send_line(self.connection, {"ok": False, "error": REFUSED})
+                return
+            self._nonce = str(request.get("nonce", ""))
             op = request.get("op")
             if op == "put":
                 self._put(request)
             elif op == "get":
                 self._get(request)
             else:
-                _send_line(self.connection, {"ok": False, "error": f"unknown op {op!r}"})
+                self._answer({"ok": False, "error": f"unknown op {op!r}"})
         except Exception as exc:  # a bad request or a broken transfer: tell the peer if it listens
-            log.warning("replication request failed: %s", exc)
+            log.warning("replication request from %s:%s failed: %s", *self.client_address[:2], exc)
             try:
-                _send_line(self.connection, {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
+                self._answer({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
             except OSError:
                 pass
+
+    def _answer(self, obj: dict[str, Any]) -> None:
+        """An answer line, proven with the key the request proved (none to an unproven request)."""
+        if self._key is not None:
+            obj = {**obj, "proof": _proof(self._key, _ANSWER, self._nonce, obj)}
+        _send_line(self.connection, obj)
 
     def _store(self, request: dict[str, Any]) -> SnapshotStore:
         return SnapshotStore(str(request.get("job", "")), self.server.root)
@@ -147,14 +216,14 @@ class _Handler(socketserver.StreamRequestHandler):
             raise ReplicationError(f"not a snapshot name: {request.get('name')!r}")
         rank, step = parsed
         final = store.dir(replica_of=node) / memckpt.file_name(step, rank)
-        header = _receive_file(self.rfile, int(request["size"]), final)
+        header = _receive_file(self.rfile, int(request["size"]), final, crc32=int(request["crc32"]))
         if (header.job, header.rank, header.step) != (store.job, rank, step):
             final.unlink(missing_ok=True)
             raise ReplicationError(f"header names {header}, the request {store.job} rank {rank} step {step}")
         # Only the newest complete replica per rank is worth memory.
         for entry in store.complete(replica_of=node).get(rank, [])[1:]:
             entry.path.unlink(missing_ok=True)
-        _send_line(self.connection, {"ok": True, "step": step, "rank": rank})
+        self._answer({"ok": True, "step": step, "rank": rank})
 
     def _get(self, request: dict[str, Any]) -> None:
         store = self._store(request)
@@ -163,11 +232,18 @@ class _Handler(socketserver.StreamRequestHandler):
         replica_of = node if tier == "replica" else None
         path = store.find(int(request["rank"]), int(request["step"]), replica_of=replica_of)
         if path is None:
-            _send_line(self.connection, {"ok": False, "error": "no such snapshot"})
+            self._answer({"ok": False, "error": "no such snapshot"})
             return
         with open(path, "rb") as f:  # one open file: a concurrent prune cannot cut it short
             size = os.fstat(f.fileno()).st_size
-            _send_line(self.connection, {"ok": True, "size": size})
+            try:
+                crc = memckpt.Header.decode(f.read(memckpt.HEADER_SIZE)).crc32
+            except memckpt.SnapshotError as exc:
+                self._answer({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+                return
+            f.seek(0)
+            # The proof covers the size and the header's CRC-32, which the fetcher checks.
+            self._answer({"ok": True, "size": size, "crc32": crc})
             self.connection.sendfile(f)
 
 
@@ -178,10 +254,23 @@ class ReplicaServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] | None = None, host: str = "127.0.0.1", port: int = 0, *, key: bytes
+    ) -> None:
         self.root = memckpt.root_dir(root)
+        self.key = key
+        self.refused = 0  # requests refused for want of a proof (tests, logs)
         super().__init__((host, port), _Handler)
         self._thread: threading.Thread | None = None
+
+    def set_key(self, key: bytes) -> None:
+        """Serve another attempt (an in-place switch): the last one's key is no longer accepted."""
+        self.key = key
+
+    def key_for(self, challenge: str, request: dict[str, Any]) -> bytes | None:
+        """The key `request` proved it holds for this connection's `challenge`, else None."""
+        key = self.key
+        return key if _proven(key, _REQUEST, challenge, request) else None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -201,33 +290,65 @@ class ReplicaServer(socketserver.ThreadingTCPServer):
 # --- client -----------------------------------------------------------------------------------------
 
 
-def send_snapshot(address: tuple[str, int], path: Path, *, job: str, node: str) -> memckpt.Header:
+def _request(sock: socket.socket, stream, key: bytes, request: dict[str, Any]) -> str:
+    """Answer the server's challenge: send `request` proven with `key`; returns the nonce its
+    answers are proven with."""
+    greeting = _read_line(stream)
+    challenge = greeting.get("challenge")
+    if not isinstance(challenge, str):
+        raise ReplicationError("the peer sent no challenge (not a replication endpoint of this version)")
+    request = {**request, "nonce": secrets.token_hex(16)}
+    _send_line(sock, {**request, "proof": _proof(key, _REQUEST, challenge, request)})
+    return str(request["nonce"])
+
+
+def _answer_of(stream, key: bytes, nonce: str, what: str) -> dict[str, Any]:
+    """The server's answer line; a success must be proven with the attempt's key."""
+    reply = _read_line(stream)
+    if not reply.get("ok"):
+        raise ReplicationError(f"{what} from the peer: {reply.get('error')}")
+    if not _proven(key, _ANSWER, nonce, reply):
+        raise Unauthenticated(f"the peer's answer to {what} is not proven with this attempt's key")
+    return reply
+
+
+def send_snapshot(address: tuple[str, int], path: Path, *, job: str, node: str, key: bytes) -> memckpt.Header:
     """Replicate one complete local snapshot to the peer at `address`; returns its header once the
     peer stored it complete. Verifies the local copy first: a corrupt one is never replicated."""
     header = memckpt.verify(path)
     with socket.create_connection(address, timeout=TIMEOUT_S) as sock:
+        stream = sock.makefile("rb")
         size = memckpt.HEADER_SIZE + header.size
-        _send_line(sock, {"op": "put", "job": job, "node": node, "name": path.name, "size": size})
-        with open(path, "rb") as f:
-            sock.sendfile(f, 0, size)
-        reply = _read_line(sock.makefile("rb"))
-    if not reply.get("ok"):
-        raise ReplicationError(f"peer refused {path.name}: {reply.get('error')}")
+        request = {"op": "put", "job": job, "node": node, "name": path.name, "size": size, "crc32": header.crc32}
+        nonce = _request(sock, stream, key, request)
+        try:
+            with open(path, "rb") as f:
+                sock.sendfile(f, 0, size)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the peer stopped reading (a refusal): its answer says why, if it still can
+        _answer_of(stream, key, nonce, path.name)
     return header
 
 
 def fetch_snapshot(
-    address: tuple[str, int], dest: Path, *, job: str, node: str, rank: int, step: int, tier: str = "replica"
+    address: tuple[str, int],
+    dest: Path,
+    *,
+    job: str,
+    node: str,
+    rank: int,
+    step: int,
+    key: bytes,
+    tier: str = "replica",
 ) -> memckpt.Header:
     """Fetch `node`'s snapshot of (rank, step) from the agent at `address` into `dest` (via a
     partial, header last) and verify it; raises `SnapshotError` or `ReplicationError`."""
     with socket.create_connection(address, timeout=TIMEOUT_S) as sock:
-        _send_line(sock, {"op": "get", "job": job, "node": node, "rank": rank, "step": step, "tier": tier})
         stream = sock.makefile("rb")
-        reply = _read_line(stream)
-        if not reply.get("ok"):
-            raise ReplicationError(f"peer has no {tier} of rank {rank} step {step}: {reply.get('error')}")
-        header = _receive_file(stream, int(reply["size"]), dest)
+        request = {"op": "get", "job": job, "node": node, "rank": rank, "step": step, "tier": tier}
+        nonce = _request(sock, stream, key, request)
+        reply = _answer_of(stream, key, nonce, f"{tier} of rank {rank} step {step}")
+        header = _receive_file(stream, int(reply["size"]), dest, crc32=int(reply["crc32"]))
     if (header.job, header.rank, header.step) != (job, rank, step):
         dest.unlink(missing_ok=True)
         raise memckpt.SnapshotError(f"fetched snapshot names {header}, wanted {job} rank {rank} step {step}")

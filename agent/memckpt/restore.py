@@ -37,10 +37,11 @@ def resolve(
     written_by: str,
     holder: tuple[str, int] | None,
     s3_uri: str | None,
+    key: bytes,
 ) -> Source:
     """The source of `rank`'s state at `step`. `written_by`: the node whose ranks wrote the
     snapshot (the replica is filed under its name); `holder`: the address of that node's ring
-    successor; `s3_uri`: the fallback."""
+    successor; `s3_uri`: the fallback; `key`: the attempt's replication key."""
     skipped: list[str] = []
     local = store.dir() / memckpt.file_name(step, rank)
     try:
@@ -53,7 +54,7 @@ def resolve(
     if holder is not None:
         try:
             local.unlink(missing_ok=True)  # a bad local copy is replaced by the fetched one
-            fetch_snapshot(holder, local, job=store.job, node=written_by, rank=rank, step=step)
+            fetch_snapshot(holder, local, job=store.job, node=written_by, rank=rank, step=step, key=key)
             return Source(REPLICA, path=local, skipped=skipped)
         except (memckpt.SnapshotError, ReplicationError, OSError) as exc:
             skipped.append(f"replica at {holder[0]}:{holder[1]}: {exc}")

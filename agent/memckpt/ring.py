@@ -1,8 +1,8 @@
 """One node's part in the ring: replicate its ranks' newest common snapshot to its peer, and say
 when a memory checkpoint is good on this node (both copies complete for every local rank).
 
-Not yet started by the agent's supervisor (the in-place restart work wires it); `tick` is what its
-loop would call after each `checkpoint_memory` line or on a timer.
+The agent's tier (node.NodeMemoryTier) calls `tick` on a timer, in a thread of its own; `key` is
+the attempt's replication key (replicate.py).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ class Replicator:
         ranks: list[int],
         peer: tuple[str, int] | None,
         peer_node: str | None = None,
+        key: bytes,
     ) -> None:
         if not ranks:
             raise ValueError("a node with no ranks has nothing to replicate")
         self.store, self.node, self.ranks = store, node, sorted(ranks)
-        self.peer, self.peer_node = peer, peer_node
+        self.peer, self.peer_node, self.key = peer, peer_node, key
         self.replicated: int | None = None
 
     def tick(self) -> Replicated | None:
@@ -56,7 +57,7 @@ class Replicator:
             if path is None:
                 return None  # pruned meanwhile by the rank: a newer step is coming
             try:
-                size += send_snapshot(self.peer, path, job=self.store.job, node=self.node).size
+                size += send_snapshot(self.peer, path, job=self.store.job, node=self.node, key=self.key).size
             except (ReplicationError, OSError, ValueError) as exc:
                 log.warning("replicating rank %d step %d to %s failed: %s", rank, step, self.peer, exc)
                 return None

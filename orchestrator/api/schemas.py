@@ -144,7 +144,7 @@ class PreflightOut(BaseModel):
 class NextOut(BaseModel):
     """What an agent whose worker group ended does next (aerie_contracts.restarts.NextAction).
     With `restart`: the in-place attempt it now serves, that attempt's agent token (scoped to it,
-    minted for this node), where its ranks resume from and its rendezvous port."""
+    minted for this node), where its ranks resume from, its rendezvous port and its replication key."""
 
     action: str
     why: str = ""
@@ -156,6 +156,8 @@ class NextOut(BaseModel):
     resume_fallback: str | None = None
     memory_nodes: dict[str, Any] | None = None  # who wrote which ranks' snapshots, who holds the replicas
     master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
+    # The in-place attempt's replication key (aerie_contracts.memckpt.HANDLE_KEY; None: no memory tier).
+    memckpt_key: str | None = None
 
 
 class VerdictIn(BaseModel):

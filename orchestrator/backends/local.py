@@ -23,6 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psutil
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts import memckpt
+from aerie_contracts import memckpt_lease as memory_lease
 from aerie_contracts.restarts import memory_tier_off, not_in_place
 from aerie_contracts.states import AttemptState
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
@@ -77,7 +79,9 @@ class LocalBackend(Backend):
             # must not spawn the nodes a second time when it re-adopts this attempt.
             fd = os.open(root / "launched", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError:
-            return handle
+            # Re-adopted: the handle as launched (its replication key included), when it got that far.
+            stored = read_json(root / "handle.json")
+            return stored if isinstance(stored, dict) and stored.get("hosts") == hosts else handle
         with os.fdopen(fd, "w") as marker:
             marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
 
@@ -90,7 +94,13 @@ class LocalBackend(Backend):
             netns.create(request.attempt_id, hosts)
         # In-memory checkpoints (issue #22): each agent serves its replication endpoint on a port of its own.
         memory_on = memory_tier_off(spec.model_dump(), self.name) is None
+        # Areas in this host's /dev/shm that failed or killed agents of other jobs left behind.
+        memory_lease.sweep_nodes(memckpt.root_dir(), keep=request.job_id)
         peers = {h: f"127.0.0.1:{_free_port()}" for h in hosts} if memory_on else {}
+        if memory_on:
+            # The attempt's replication key: its agents prove every request with it (the handle
+            # keeps it for the control plane alone; the API never shows a handle).
+            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
         for host in hosts:
             contract = NodeContract(
                 ml_root=root / host,
@@ -110,7 +120,7 @@ class LocalBackend(Backend):
                 # The agents outlive their worker groups: a failed attempt may be restarted in place.
                 env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
             if peers:
-                env.update(memory_env(spec, host, peers))
+                env.update(memory_env(spec, host, peers, handle[memckpt.HANDLE_KEY]))
             argv = [sys.executable, "-m", "agent.entrypoint"]
             if container_paths:
                 # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
@@ -157,6 +167,10 @@ class LocalBackend(Backend):
             "in_place": True,
             "master_port": _free_port(),
         }
+        if memckpt.HANDLE_KEY in handle:
+            # A key of this attempt's own (GET .../next hands it to each agent as it switches): the
+            # last attempt's stops being accepted by a node once it switched.
+            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
         write_json(path, handle)
         return handle
 

@@ -88,17 +88,19 @@ def checkpoint_marker_env(spec: Any) -> dict[str, str]:
     return {aerie_env.CHECKPOINT_MARKER: ck.marker, aerie_env.CHECKPOINT_LOCAL_PATH: ck.local_path or ""}
 
 
-def memory_env(spec: Any, host: str, peers: Mapping[str, str]) -> dict[str, str]:
+def memory_env(spec: Any, host: str, peers: Mapping[str, str], key: str) -> dict[str, str]:
     """The in-memory checkpoint tier's settings for one node (issue #22): the interval, the node's
     own shared-memory area (under the control plane's AERIE_MEMORY_CHECKPOINT_DIR, default
     /dev/shm/aerie-memckpt: every local node shares the host's /dev/shm, so each has a folder of its
-    own), and the ring's replication endpoints."""
+    own), the ring's replication endpoints and the attempt's replication key (the same on every node
+    of the attempt, a new one for each attempt: `agent.memckpt.replicate.new_key`)."""
     from aerie_contracts import memckpt
 
     return {
         aerie_env.MEMORY_CHECKPOINT_EVERY: str(spec.checkpoint.memory_every_steps if spec.checkpoint else "auto"),
         aerie_env.MEMORY_CHECKPOINT_DIR: str(memckpt.root_dir() / memckpt.safe_name(host, "host")),
         aerie_env.MEMORY_CHECKPOINT_PEERS: ",".join(f"{h}={addr}" for h, addr in peers.items()),
+        aerie_env.MEMORY_CHECKPOINT_KEY: key,
     }
 
 

@@ -29,7 +29,7 @@ from aerie_contracts import memckpt
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
 from orchestrator.backends import local_fence
 from orchestrator.harness.jobs import attempt_step_records, trainer_spec
-from tests.helpers.attempt_files import attempt_of, good_memory, restored_events, s3_requests_since
+from tests.helpers.attempt_files import attempt_of, good_memory, good_s3, restored_events, s3_requests_since
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -82,10 +82,12 @@ def test_a_lost_node_is_replaced_from_its_peers_replica_and_from_s3_when_both_co
     for rank in (0, 1):
         assert f"rank {rank}: restoring from the local copy" in kept_node, kept_node[-3000:]
 
-    # 2. algo-3 lost with both copies of its ranks: every rank takes S3's checkpoint instead.
+    # 2. algo-3 lost with both copies of its ranks: every rank takes S3's checkpoint instead (the
+    # one of step 20, once committed: its upload may still run a few steps after it was taken).
     wait_for(
         what="attempt 2's memory checkpoint of step 24", check=lambda: good_memory(cp, job_id, 24, 2), timeout_s=180
     )
+    wait_for(what="an S3 checkpoint of step 20", check=lambda: good_s3(cp, job_id, 20), timeout_s=120)
     local_fence.kill_node(root2 / "algo-3")
     shutil.rmtree(area / "algo-3")
     shutil.rmtree(memckpt.replica_dir(area / "algo-1", job_id, "algo-3"))

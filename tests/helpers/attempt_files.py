@@ -52,10 +52,22 @@ def attempt_of(cp: ControlPlane, job: str, n: int) -> dict | None:
 
 
 def good_memory(cp: ControlPlane, job_id: str, step: int, number: int) -> bool:
-    """Whether the memory checkpoint of `step` written by attempt `number` is recorded good."""
-    want = memory_uri(job_id, step, number)
+    """Whether a memory checkpoint of `step` or newer written by attempt `number` is recorded good
+    (an older one is `deleted` as soon as a newer one is good: the agents keep only the newest)."""
     rows = cp.get(f"/v1/jobs/{job_id}/checkpoints")
-    return any(r["uri"] == want and r["state"] == "good" and r["tier"] == CheckpointTier.MEMORY for r in rows)
+    return any(
+        r["tier"] == CheckpointTier.MEMORY
+        and r["state"] == "good"
+        and r["step"] >= step
+        and r["uri"] == memory_uri(job_id, r["step"], number)
+        for r in rows
+    )
+
+
+def good_s3(cp: ControlPlane, job_id: str, step: int) -> bool:
+    """Whether an S3 checkpoint of `step` or newer is recorded good."""
+    rows = cp.get(f"/v1/jobs/{job_id}/checkpoints")
+    return any(r["tier"] == CheckpointTier.S3 and r["state"] == "good" and r["step"] >= step for r in rows)
 
 
 def running_pids(agents: dict[str, Path], ranks_per_node: int) -> tuple[dict[str, set[int]], dict[str, set[int]]]:

@@ -62,3 +62,45 @@ def test_keeps_the_last_and_every_resume_point_and_is_idempotent(s3_bucket, api)
         (50, "a2"): "good",
     }
     assert checkpoint_gc.handler(event, ctx)["deleted"] == []  # redelivered: nothing more to do
+
+
+def test_memory_checkpoints_are_never_durable_and_a_memory_resume_keeps_its_fallback(s3_bucket, api):
+    """Attempt 2 resumed from a memory checkpoint with S3's step 20 as its fallback: GC keeps 20
+    however many newer S3 checkpoints come (the fallback is a resume point too), counts no memory
+    checkpoint as a good one of S3's, and marks the memory records left over `deleted` with why."""
+    from aerie_contracts.checkpoints import memory_uri
+    from aerie_contracts.restarts import CAUSE_RESUME_FALLBACK
+    from orchestrator.store.models import Checkpoint
+
+    base = f"s3://{s3_bucket}/ckpt"
+    with api.db.session() as s:
+        job = gc_job(s, "gc-mem", base, keep_last=1)
+        prefix = f"{base}/{job.id}"
+        a1 = repo.create_attempt(s, job, 1)
+        repo.set_attempt_state(s, a1, "Running")
+        for step in (10, 20):
+            _checkpoint(checkpoint_uri(prefix, step, 1), step, 1)
+            repo.record_checkpoint(s, a1, step, checkpoint_uri(prefix, step, 1), {"size_bytes": 1})
+        repo.set_attempt_state(s, a1, "Failed", {"kind": "silent.hang"})
+        a2 = repo.create_attempt(s, job, 2, resume_from=memory_uri(job.id, 24, 1))
+        a2.cause = {"mode": "in_place", CAUSE_RESUME_FALLBACK: checkpoint_uri(prefix, 20, 1)}
+        repo.set_attempt_state(s, a2, "Running")
+        for step in (30, 40):
+            _checkpoint(checkpoint_uri(prefix, step, 2), step, 2)
+            repo.record_checkpoint(s, a2, step, checkpoint_uri(prefix, step, 2), {"size_bytes": 1})
+        # A memory checkpoint newer than every S3 one: good, but not one of S3's keep_last.
+        meta = {"ranks": [0], "world_size": 1, "node": "algo-1", "size_bytes": 1}
+        repo.record_checkpoint(s, a2, 44, memory_uri(job.id, 44, 2), meta, tier="memory")
+        # A memory record the store never expired (recorded before it knew how): GC's safety net.
+        s.add(Checkpoint(job_id=job.id, attempt_id=a1.id, step=5, uri=memory_uri(job.id, 5, 1), tier="memory"))
+        job_id = job.id
+
+    event = json.loads(FIXTURE.read_text().replace("JOB_ID", job_id).replace("URI", checkpoint_uri(prefix, 40, 2)))
+    result = checkpoint_gc.handler(event, api.context("checkpoint_gc"))
+    assert sorted(result["deleted"]) == [checkpoint_uri(prefix, 10, 1), checkpoint_uri(prefix, 30, 2)]
+    assert [(c.step, c.attempt) for c in list_checkpoints(prefix)] == [(20, 1), (40, 2)]
+    assert result["expired_memory"] == [memory_uri(job_id, 5, 1)]
+    with api.db.session() as s:
+        rows = {c.step: (c.state, c.reason) for c in repo.list_checkpoints(s, repo.get_job(s, "default", job_id))}
+    assert rows[5] == ("deleted", "older than the durable (S3) checkpoint of step 40")
+    assert rows[44] == ("good", None)

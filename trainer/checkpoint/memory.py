@@ -9,16 +9,25 @@ newest complete snapshot per rank and replicates it to one peer node.
 
 Sharded state (FSDP2 DTensors) is saved as each rank's local shard and restored into the same
 layout (same world and parallelism, which is what an in-place restart or a replaced node has).
+
+Asynchronous by default: the step loop waits only while the state's tensors are copied into
+staging buffers (host memory, reused from one snapshot to the next; pinned, with one device sync,
+on a GPU); a background thread serializes the copy into the snapshot file (CRC as it goes, header
+last). One write at a time: a snapshot due while the last one is still being written first waits
+for it (the buffers are in use). The copies are exact, so a resume from either is bitwise the same.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
 import pickle
+import threading
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from aerie_contracts import env, memckpt
 from trainer.checkpoint import dcp
 
+log = logging.getLogger("aerie.trainer.memory")
 # The issue's budget: snapshots may cost at most this share of the training time.
 AUTO_BUDGET = 0.01
 KEEP_OWN = 2  # this rank's newest snapshots left in shared memory (the agent may be copying the older)
@@ -158,6 +168,78 @@ def _into(template: Any, saved: Any) -> Any:
     return saved
 
 
+class Staging:
+    """Host copies of a state's tensors, reused from one snapshot to the next: the state handed to
+    the background writer, which training may change meanwhile. Containers are rebuilt (an
+    optimizer's param groups change under a scheduler), tensors copied bit for bit into buffers
+    kept by position (reallocated when a shape or dtype changes), and tensors that share memory
+    (tied weights) share one buffer, as `torch.save` would have kept them."""
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+        self._next = 0
+        self._memo: dict[tuple, torch.Tensor] = {}
+        self._device = False
+
+    def copy(self, state: Any) -> Any:
+        self._next, self._memo, self._device = 0, {}, False
+        staged = self._walk(_local(state))
+        if self._device:
+            torch.cuda.synchronize()  # the non-blocking device-to-host copies are done
+        self._memo = {}
+        return staged
+
+    def _buffer(self, like: torch.Tensor) -> torch.Tensor:
+        i = self._next
+        self._next += 1
+        if i < len(self._buffers):
+            buf = self._buffers[i]
+            if buf.shape == like.shape and buf.dtype == like.dtype:
+                return buf
+        buf = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=like.is_cuda)
+        if i < len(self._buffers):
+            self._buffers[i] = buf
+        else:
+            self._buffers.append(buf)
+        return buf
+
+    def _walk(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            key = (
+                obj.untyped_storage().data_ptr(),
+                obj.storage_offset(),
+                tuple(obj.shape),
+                tuple(obj.stride()),
+                obj.dtype,
+                str(obj.device),
+            )
+            if key in self._memo:
+                return self._memo[key]
+            buf = self._buffer(obj)
+            buf.copy_(obj.detach(), non_blocking=obj.is_cuda)
+            self._device = self._device or obj.is_cuda
+            self._memo[key] = buf
+            return buf
+        if isinstance(obj, dict):
+            return {k: self._walk(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self._walk(v) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(self._walk(v) for v in obj)
+        return obj
+
+
+@dataclass(frozen=True)
+class Written:
+    """A snapshot complete in shared memory: what the step loop reports (`checkpoint_memory`)."""
+
+    step: int
+    path: Path
+    header: memckpt.Header
+    blocking_s: float  # the step loop's wait: staging (and any wait for the previous write)
+    write_s: float  # serializing and writing it (in the background when asynchronous)
+
+
 def write_snapshot(
     path: str | os.PathLike[str], state: dict[str, Any], *, job: str, attempt: int, step: int, rank: int
 ) -> memckpt.Header:
@@ -216,7 +298,9 @@ class MemorySnapshotter:
 
     `every` is a step count, None for `auto` (see `AutoInterval`) or 0 (off). The training loop
     calls `observe_step(seconds)` after each step and `maybe_snapshot(...)` after it; both are cheap
-    when nothing is due.
+    when nothing is due. `finished()` hands over the snapshots completed since it was last called
+    (what the loop reports), `close()` waits for the one being written. `async_=False` writes in
+    the step loop, as before staging existed (the bench's comparison).
     """
 
     def __init__(
@@ -228,13 +312,20 @@ class MemorySnapshotter:
         every: int | None,
         root: str | os.PathLike[str] | None = None,
         auto: AutoInterval | None = None,
+        async_: bool = True,
     ) -> None:
         self.job, self.attempt, self.rank = job, attempt, rank
         self.every = every
         self.auto = (auto or AutoInterval()) if every is None else None
         self.dir = memckpt.local_dir(root, job)
+        self.async_ = async_
         self.last: memckpt.Header | None = None
-        self.last_cost_s: float | None = None
+        self.last_cost_s: float | None = None  # the step loop's wait for the last snapshot
+        self.last_write_s: float = 0.0  # the last completed write's own time
+        self._staging = Staging()
+        self._writer: threading.Thread | None = None
+        self._done: list[Written] = []
+        self._lock = threading.Lock()
 
     @classmethod
     def from_env(cls, *, job: str, attempt: int, rank: int) -> MemorySnapshotter | None:
@@ -255,23 +346,77 @@ class MemorySnapshotter:
 
     def snapshot(
         self, step: int, model, optimizer, scheduler, extra_state: dict[str, Any], *, group=None
-    ) -> memckpt.Header:
-        """Write this rank's snapshot of `step`. With `auto` and a process group (a CPU one: gloo),
-        the ranks agree on the cost and step time (MAX) so they keep snapshotting the same steps."""
+    ) -> memckpt.Header | None:
+        """Snapshot this rank's state of `step`: staged now, written in the background (returns
+        None; `finished()` reports it), or written now with `async_=False` (returns its header).
+        With `auto` and a process group (a CPU one: gloo), the ranks agree on the cost and step
+        time (MAX) so they keep snapshotting the same steps. That cost is the step loop's wait
+        plus the last write's own time: on a CPU the writer competes with training for the cores,
+        so `auto` stays within its budget even then."""
         started = time.perf_counter()
+        self.wait()  # one write at a time: its buffers are about to be reused
         state = dcp.state_to_save(model, optimizer, scheduler, extra_state)
-        header = write_snapshot(self.path(step), state, job=self.job, attempt=self.attempt, step=step, rank=self.rank)
-        self.last_cost_s = time.perf_counter() - started
+        header = None
+        if self.async_:
+            staged = self._staging.copy(state)
+            blocking_s = time.perf_counter() - started
+            self._writer = threading.Thread(
+                target=self._write, args=(step, staged, blocking_s), name="memckpt-writer", daemon=True
+            )
+            self._writer.start()
+        else:
+            written = self._write(step, state, None, started=started)
+            header = written.header if written is not None else None
+            blocking_s = time.perf_counter() - started
+        self.last_cost_s = blocking_s
         if self.auto is not None:
-            measured = torch.tensor([self.last_cost_s, self.auto.local_step_s()], dtype=torch.float64)
+            cost = blocking_s + (self.last_write_s if self.async_ else 0.0)
+            measured = torch.tensor([cost, self.auto.local_step_s()], dtype=torch.float64)
             if group is not None:
                 import torch.distributed as dist
 
                 dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=group)
             self.auto.observe_snapshot(step, float(measured[0]), float(measured[1]))
-        self.last = header
-        self._prune()
         return header
+
+    def _write(
+        self, step: int, state: dict[str, Any], blocking_s: float | None, *, started: float | None = None
+    ) -> Written | None:
+        t0 = time.perf_counter() if started is None else started
+        try:
+            header = write_snapshot(
+                self.path(step), state, job=self.job, attempt=self.attempt, step=step, rank=self.rank
+            )
+            self._prune()
+        except Exception:  # a snapshot missed costs a fast restart, never the training
+            log.exception("memory snapshot of step %d (rank %d) failed", step, self.rank)
+            self.path(step).unlink(missing_ok=True)
+            return None
+        write_s = time.perf_counter() - t0
+        written = Written(step, self.path(step), header, write_s if blocking_s is None else blocking_s, write_s)
+        with self._lock:
+            self.last, self.last_write_s = header, write_s
+            self._done.append(written)
+        return written
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the snapshot being written is complete (or `timeout` passed)."""
+        writer = self._writer
+        if writer is not None:
+            writer.join(timeout)
+            if not writer.is_alive():
+                self._writer = None
+
+    def finished(self) -> list[Written]:
+        """The snapshots completed since the last call, oldest first."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def close(self, timeout: float | None = None) -> list[Written]:
+        """Wait for the snapshot being written; returns what `finished` would."""
+        self.wait(timeout)
+        return self.finished()
 
     def maybe_snapshot(self, step: int, model, optimizer, scheduler, extra_state: dict[str, Any], *, group=None):
         if not self.due(step):

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, HTTPException, Request, status
 
+from aerie_contracts import memckpt
 from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK, NextAction, RestartMode, mode_of
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState
 from orchestrator.api.deps import AgentDep, AttemptDep, SessionDep
@@ -141,4 +142,5 @@ def next_attempt(s: SessionDep, attempt: AttemptDep, host: str) -> NextOut:
         resume_fallback=(latest.cause or {}).get(CAUSE_RESUME_FALLBACK),
         memory_nodes=(latest.cause or {}).get(CAUSE_MEMORY_NODES),
         master_port=latest.handle.get("master_port"),
+        memckpt_key=latest.handle.get(memckpt.HANDLE_KEY),
     )

@@ -7,6 +7,7 @@ resource; callers use `repo.<function>` through this package.
 
 from orchestrator.store.repo.checkpoints import (
     Superseded,
+    expire_memory_checkpoints,
     hold_current_attempt,
     list_checkpoints,
     record_checkpoint,
@@ -95,6 +96,7 @@ __all__ = [
     "eval_sample_id",
     "eval_samples_of",
     "eventbridge",
+    "expire_memory_checkpoints",
     "find_token",
     "find_token_by_access_key",
     "find_web_session",

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, exists, select, update
+from sqlalchemy import CursorResult, exists, func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from aerie_contracts import DetailType
 from aerie_contracts import metrics as metric_keys
-from aerie_contracts.checkpoints import CheckpointTier, tier_of_uri
+from aerie_contracts.checkpoints import CheckpointTier, expired_memory, tier_of_uri
 from aerie_contracts.failures import FailureKind
-from aerie_contracts.states import ATTEMPT_ACTIVE, CheckpointState
+from aerie_contracts.states import ATTEMPT_ACTIVE, ATTEMPT_TERMINAL, CheckpointState
 from orchestrator.store.models import (
     Attempt,
     Checkpoint,
@@ -134,6 +134,8 @@ def record_checkpoint(
     )
     s.add(ckpt)
     emit(s, attempt.job, DetailType.CHECKPOINT_COMMITTED, {"attempt_id": attempt.id, "step": step, "uri": uri})
+    s.flush()
+    expire_memory_checkpoints(s, attempt.job)  # memory checkpoints older than this one are of no use now
     return ckpt
 
 
@@ -169,6 +171,8 @@ def _record_memory(s: Session, attempt: Attempt, step: int, uri: str, meta: dict
     if held >= set(range(world)):
         row.state, row.state_at = CheckpointState.GOOD, now()
         # No `checkpoint committed` event: its handlers (evaluation, GC) read S3 checkpoints.
+        s.flush()
+        expire_memory_checkpoints(s, attempt.job)  # the agents dropped the older snapshots
         return row
     return None
 
@@ -179,10 +183,43 @@ def list_checkpoints(s: Session, job: Job) -> Sequence[Checkpoint]:
     ).all()
 
 
-# Where a recorded checkpoint may go: `bad` is final but for GC, `deleted` is final.
+def expire_memory_checkpoints(
+    s: Session, job: Job, *, job_over: bool = False, lost_attempts: Sequence[str] = ()
+) -> list[Checkpoint]:
+    """Mark `deleted` (with the reason) the job's memory checkpoints no restart can use any more
+    (`aerie_contracts.checkpoints.expired_memory`); returns the rows changed."""
+    # Only the memory rows still live (few: the expired ones are `deleted`) and the newest good S3
+    # step are read: this runs each time a memory checkpoint becomes good.
+    live = [CheckpointState.GOOD.value, CheckpointState.INCOMPLETE.value]
+    memory = CheckpointTier.MEMORY.value
+    rows = s.scalars(
+        select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.tier == memory, Checkpoint.state.in_(live))
+    ).all()
+    if not rows:
+        return []
+    durable = s.scalar(
+        select(func.max(Checkpoint.step)).where(
+            Checkpoint.job_id == job.id, Checkpoint.tier != memory, Checkpoint.state == CheckpointState.GOOD.value
+        )
+    )
+    known = [{"uri": r.uri, "step": r.step, "state": r.state, "tier": r.tier, "attempt_id": r.attempt_id} for r in rows]
+    if durable is not None:
+        known.append({"uri": "", "step": durable, "state": CheckpointState.GOOD.value, "tier": CheckpointTier.S3.value})
+    ended = {a.id for a in job.attempts if a.state in ATTEMPT_TERMINAL}
+    gone = expired_memory(known, job_over=job_over, ended_attempts=ended, lost_attempts=lost_attempts)
+    changed = []
+    for row in rows:
+        if row.uri in gone:
+            row.state, row.reason, row.state_at = CheckpointState.DELETED.value, gone[row.uri], now()
+            changed.append(row)
+    return changed
+
+
+# Where a recorded checkpoint may go: `bad` is final but for GC, `deleted` is final. (A memory
+# checkpoint still `incomplete` may go too: its attempt ended, or the job did.)
 _CHECKPOINT_NEXT = {
     CheckpointState.BAD: {CheckpointState.GOOD},
-    CheckpointState.DELETED: {CheckpointState.GOOD, CheckpointState.BAD},
+    CheckpointState.DELETED: {CheckpointState.GOOD, CheckpointState.BAD, CheckpointState.INCOMPLETE},
 }
 
 

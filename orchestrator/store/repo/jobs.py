@@ -16,6 +16,7 @@ from orchestrator.store.models import (
     Job,
     now,
 )
+from orchestrator.store.repo.checkpoints import expire_memory_checkpoints
 from orchestrator.store.repo.outbox import emit
 
 
@@ -100,6 +101,7 @@ def set_job_state(s: Session, job: Job, state: str, reason: dict[str, Any] | Non
         job.reason = reason
     if state in JOB_TERMINAL:
         job.ended_at = now()
+        expire_memory_checkpoints(s, job, job_over=True)  # its agents remove their memory areas
     detail: dict[str, Any] = {"state": state}
     if reason is not None:
         detail["reason"] = reason

@@ -14,7 +14,7 @@ from aerie_contracts import env as E
 from aerie_contracts import memckpt
 from aerie_contracts.checkpoints import memory_uri
 from agent.memckpt.node import NodeMemoryTier, parse_peers
-from tests.agent.memckpt.test_replicate import JOB, payload, write
+from tests.agent.memckpt.test_replicate import JOB, KEY_HEX, payload, write
 from tests.helpers.wait import wait_for
 
 
@@ -38,6 +38,7 @@ def _env(tmp: Path, host: str, peers: str) -> dict[str, str]:
         E.MEMORY_CHECKPOINT_DIR: str(tmp / host),
         E.MEMORY_CHECKPOINT_PEERS: peers,
         E.JOB: JOB,
+        E.MEMORY_CHECKPOINT_KEY: KEY_HEX,
     }
 
 
@@ -102,3 +103,36 @@ def test_a_group_is_replicated_reported_then_staged_on_a_replacement_node(tmp_pa
         for tier in tiers.values():
             tier.close(job_over=True)
     assert not memckpt.area_dir(tmp_path / "algo-1", JOB).exists()
+
+
+def test_an_in_place_switch_brings_the_next_attempts_key(tmp_path):
+    """The endpoint accepts only the attempt the node serves: after `begin_from_env` with attempt
+    N+1's key, a peer still on N is refused, and one on N+1 is served."""
+    from agent.memckpt import replicate
+    from tests.agent.memckpt.test_replicate import KEY
+
+    hosts = ["algo-1", "algo-2"]
+    peers = ",".join(f"{h}=127.0.0.1:{_port()}" for h in hosts)
+    tier = NodeMemoryTier.from_env(_env(tmp_path, "algo-1", peers), host="algo-1", hosts=hosts)
+    assert tier is not None
+    tier.start()
+    try:
+        path = write(tmp_path / "algo-2", 4, 2, payload(3000, 2))
+        address = tier.peers["algo-1"]
+        replicate.send_snapshot(address, path, job=JOB, node="algo-2", key=KEY)
+        following = "c3" * 32
+        env = {**_env(tmp_path, "algo-1", peers), E.MEMORY_CHECKPOINT_KEY: following, E.ATTEMPT_NUMBER: "2"}
+        tier.begin_from_env(Reports(), env, node_rank=0, procs=2)
+        with pytest.raises(replicate.ReplicationError):
+            replicate.send_snapshot(address, path, job=JOB, node="algo-2", key=KEY)
+        replicate.send_snapshot(address, path, job=JOB, node="algo-2", key=bytes.fromhex(following))
+        assert tier.key == bytes.fromhex(following)
+    finally:
+        tier.close(job_over=True)
+
+
+def test_no_tier_without_a_key(tmp_path):
+    env = _env(tmp_path, "algo-1", "algo-1=127.0.0.1:1,algo-2=127.0.0.1:2")
+    del env[E.MEMORY_CHECKPOINT_KEY]
+    with pytest.raises(ValueError, match="AERIE_MEMORY_CHECKPOINT_KEY"):
+        NodeMemoryTier.from_env(env, host="algo-1", hosts=["algo-1", "algo-2"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts import env as E
 from aerie_contracts import memckpt
 from aerie_contracts.checkpoints import memory_uri, step_of_uri
 from agent.memckpt import replicate, restore, ring
@@ -22,6 +23,8 @@ from tests.helpers.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 JOB = "job-mem"
+KEY_HEX = "5e" * 32  # the attempt's replication key
+KEY = bytes.fromhex(KEY_HEX)
 
 
 def write(root: Path, step: int, rank: int, payload: bytes, *, header_too: bool = True) -> Path:
@@ -40,22 +43,27 @@ def write(root: Path, step: int, rank: int, payload: bytes, *, header_too: bool 
 class Server:
     """`python -m agent.memckpt` in its own process, on a free port."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, key_hex: str = KEY_HEX) -> None:
         self.root = root
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent.memckpt", "--root", str(root)],
             cwd=REPO,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, E.MEMORY_CHECKPOINT_KEY: key_hex},
         )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         assert line.startswith("listening "), line
         host, port = line.split()[1].rsplit(":", 1)
         self.address = (host, int(port))
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+    def stop(self) -> str:
+        """Stop it; returns what it logged."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        _, err = self.proc.communicate(timeout=10)
+        return err or ""
 
 
 @pytest.fixture
@@ -87,7 +95,7 @@ def test_replicate_then_restore_local_then_replica_then_s3(nodes):
         write(a.root, 20, rank, blob)
     write(a.root, 30, 0, payload(500, 7))  # rank 1 has not written step 30 yet: not a checkpoint
     store_a = SnapshotStore(JOB, a.root)
-    replicator = ring.Replicator(store_a, node="a", ranks=[0, 1], peer=b.address, peer_node="b")
+    replicator = ring.Replicator(store_a, node="a", ranks=[0, 1], peer=b.address, peer_node="b", key=KEY)
     done = replicator.tick()
     assert done is not None and done.step == 20 and done.ranks == [0, 1]
     assert replicator.tick() is None  # nothing newer
@@ -102,12 +110,12 @@ def test_replicate_then_restore_local_then_replica_then_s3(nodes):
 
     # Same node: the local copy.
     s3 = "s3://bucket/ck/job-mem/step_00000010/attempt_0001"
-    source = restore.resolve(store_a, rank=0, step=20, written_by="a", holder=b.address, s3_uri=s3)
+    source = restore.resolve(store_a, rank=0, step=20, written_by="a", holder=b.address, s3_uri=s3, key=KEY)
     assert (source.tier, source.skipped) == ("local", [])
 
     # A replaced node (an empty area): the replica, fetched from b over TCP, verified.
     fresh = SnapshotStore(JOB, a.root.parent / "a2")
-    source = restore.resolve(fresh, rank=1, step=20, written_by="a", holder=b.address, s3_uri=s3)
+    source = restore.resolve(fresh, rank=1, step=20, written_by="a", holder=b.address, s3_uri=s3, key=KEY)
     assert source.tier == "replica" and source.path is not None
     assert source.path.read_bytes()[memckpt.HEADER_SIZE :] == blobs[1]
 
@@ -117,14 +125,14 @@ def test_replicate_then_restore_local_then_replica_then_s3(nodes):
     data = bytearray(replica.read_bytes())
     data[memckpt.HEADER_SIZE + 5000] ^= 0x40
     replica.write_bytes(bytes(data))
-    source = restore.resolve(fresh, rank=0, step=20, written_by="a", holder=b.address, s3_uri=s3)
+    source = restore.resolve(fresh, rank=0, step=20, written_by="a", holder=b.address, s3_uri=s3, key=KEY)
     assert (source.tier, source.uri) == ("s3", s3)
     assert "no such snapshot" in source.skipped[0] and "CRC" in source.skipped[1]
     assert fresh.find(0, 20) is None  # nothing half-fetched left behind
 
     # Both copies gone (the holder is down too): S3.
     b.stop()
-    source = restore.resolve(fresh, rank=0, step=20, written_by="a", holder=b.address, s3_uri=s3)
+    source = restore.resolve(fresh, rank=0, step=20, written_by="a", holder=b.address, s3_uri=s3, key=KEY)
     assert source.tier == "s3"
 
 
@@ -133,11 +141,11 @@ def test_corrupt_local_copy_falls_back_to_the_replica(nodes):
     blob = payload(70_000, 3)
     path = write(a.root, 5, 0, blob)
     store_a = SnapshotStore(JOB, a.root)
-    assert ring.Replicator(store_a, node="a", ranks=[0], peer=b.address).tick() is not None
+    assert ring.Replicator(store_a, node="a", ranks=[0], peer=b.address, key=KEY).tick() is not None
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
-    source = restore.resolve(store_a, rank=0, step=5, written_by="a", holder=b.address, s3_uri=None)
+    source = restore.resolve(store_a, rank=0, step=5, written_by="a", holder=b.address, s3_uri=None, key=KEY)
     assert source.tier == "replica" and "CRC" in source.skipped[0]
     assert memckpt.verify(path).step == 5 and path.read_bytes()[memckpt.HEADER_SIZE :] == blob
 
@@ -148,20 +156,24 @@ def test_torn_local_snapshot_is_never_replicated_or_restored(nodes):
     write(a.root, 8, 0, payload(2000, 2), header_too=False)  # the rank died before the header
     store_a = SnapshotStore(JOB, a.root)
     assert store_a.newest(0) is not None and store_a.newest(0).header.step == 7  # type: ignore[union-attr]
-    done = ring.Replicator(store_a, node="a", ranks=[0], peer=b.address).tick()
+    done = ring.Replicator(store_a, node="a", ranks=[0], peer=b.address, key=KEY).tick()
     assert done is not None and done.step == 7
-    source = restore.resolve(store_a, rank=0, step=8, written_by="a", holder=b.address, s3_uri="s3://x/step_00000007")
+    s3 = "s3://x/step_00000007"
+    source = restore.resolve(store_a, rank=0, step=8, written_by="a", holder=b.address, s3_uri=s3, key=KEY)
     assert source.tier == "s3" and "no header" in source.skipped[0]
 
 
 # A sender that streams half a snapshot, then waits to be killed (kill -9 mid-replication).
 HALF_SENDER = r"""
-import json, socket, sys, time
-host, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+import socket, sys, time, zlib
+from agent.memckpt import replicate
+host, port, path, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4])
 data = open(path, "rb").read()
+crc = zlib.crc32(data[4096:])
 sock = socket.create_connection((host, port))
-line = {"op": "put", "job": "job-mem", "node": "a", "name": path.rsplit("/", 1)[1], "size": len(data)}
-sock.sendall(json.dumps(line).encode() + b"\n" + data[: len(data) // 2])
+line = {"op": "put", "job": "job-mem", "node": "a", "name": path.rsplit("/", 1)[1], "size": len(data), "crc32": crc}
+replicate._request(sock, sock.makefile("rb"), key, line)
+sock.sendall(data[: len(data) // 2])
 print("sent", flush=True)
 time.sleep(60)
 """
@@ -171,7 +183,8 @@ def test_replication_killed_mid_copy_leaves_no_replica(nodes):
     a, b = nodes["a"], nodes["b"]
     path = write(a.root, 12, 0, payload(4 * memckpt.CHUNK, 5))
     sender = subprocess.Popen(
-        [sys.executable, "-c", HALF_SENDER, b.address[0], str(b.address[1]), str(path)],
+        [sys.executable, "-c", HALF_SENDER, b.address[0], str(b.address[1]), str(path), KEY_HEX],
+        cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -184,5 +197,5 @@ def test_replication_killed_mid_copy_leaves_no_replica(nodes):
     store_b = SnapshotStore(JOB, b.root)
     assert store_b.newest(0, replica_of="a") is None
     fresh = SnapshotStore(JOB, a.root.parent / "a2")
-    source = restore.resolve(fresh, rank=0, step=12, written_by="a", holder=b.address, s3_uri="s3://x")
+    source = restore.resolve(fresh, rank=0, step=12, written_by="a", holder=b.address, s3_uri="s3://x", key=KEY)
     assert source.tier == "s3" and "no such snapshot" in source.skipped[1]

@@ -3,6 +3,7 @@ does next, and the fencing of the hand-over (the in-process app on a real SQLite
 
 from __future__ import annotations
 
+from aerie_contracts import memckpt
 from aerie_contracts.restarts import CAUSE_MODE
 from orchestrator.store import repo
 
@@ -39,11 +40,21 @@ def test_an_agent_waits_then_gets_its_in_place_successor_with_a_token_for_it_alo
     assert ask().json()["action"] == "wait"  # decided, not launched yet
     with app.state.db.session() as s:
         attempt = repo.get_attempt(s, a2)
-        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"], "attempt_id": a2, "master_port": 4242}
+        attempt.handle = {
+            "root": "/nowhere",
+            "hosts": ["algo-1", "algo-2"],
+            "attempt_id": a2,
+            "master_port": 4242,
+            memckpt.HANDLE_KEY: "ab" * 32,
+        }
         repo.set_attempt_state(s, attempt, "Running")
     answer = ask().json()
     assert answer["action"] == "restart" and answer["attempt_id"] == a2 and answer["attempt_number"] == 2
     assert answer["resume_from"] == "s3://b/ckpt/step_10" and answer["master_port"] == 4242
+    assert answer["memckpt_key"] == "ab" * 32  # the memory tier's replication key of attempt 2
+    # ...which no reader of the job sees (the API never shows a handle).
+    shown = client.get(f"/v1/jobs/{job_id}", headers=_auth(_admin))
+    assert shown.status_code == 200 and a2 in shown.text and "ab" * 32 not in shown.text
     new = answer["token"]
     # Fencing: the new token speaks for attempt 2 only, the old one for attempt 1 only.
     assert (

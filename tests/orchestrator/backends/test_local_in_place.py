@@ -42,3 +42,21 @@ def test_an_in_place_attempt_reuses_the_agents_and_reads_only_its_own_outcome(tm
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_an_in_place_attempt_gets_a_replication_key_of_its_own(tmp_path):
+    """The memory tier's replication key is the attempt's: an in-place successor's handle (which
+    GET .../next hands to its agents) holds a new one; idempotent like the port."""
+    from aerie_contracts import memckpt
+
+    root = tmp_path / "jobs" / "warm-1" / "attempt-1"
+    root.mkdir(parents=True)
+    backend = LocalBackend(tmp_path / "jobs")
+    previous = {"root": str(root), "hosts": ["algo-1"], memckpt.HANDLE_KEY: memckpt.new_key()}
+    handle = backend.launch(_request(previous))
+    key = handle[memckpt.HANDLE_KEY]
+    assert key != previous[memckpt.HANDLE_KEY] and len(memckpt.parse_key(key)) == memckpt.KEY_BYTES
+    assert backend.launch(_request(previous))[memckpt.HANDLE_KEY] == key
+    # No memory tier, no key.
+    (tmp_path / "other").mkdir()
+    assert memckpt.HANDLE_KEY not in backend.launch(_request({"root": str(tmp_path / "other"), "hosts": ["algo-1"]}))

@@ -175,3 +175,49 @@ def test_the_agents_report_of_a_commit_adds_its_timings(db):
         assert repo.record_checkpoint(s, attempt, 10, uri, {"save_s": 9.0}) is None  # a re-sent line
         [ckpt] = repo.list_checkpoints(s, attempt.job)
         assert ckpt.meta == {"size_bytes": 5, "save_s": 2.5}
+
+
+def test_memory_checkpoints_expire_as_newer_ones_become_good_and_with_the_job(db):
+    """The store marks a memory checkpoint `deleted` with its reason once no restart can use it: a
+    newer memory checkpoint became good (the agents dropped the older snapshots), a newer S3
+    checkpoint was committed, its attempt ended while it was incomplete, or the job ended."""
+    from aerie_contracts.checkpoints import memory_uri
+
+    attempt_id = _running_attempt(db)
+
+    def report(step: int, ranks: list[int], attempt: str = attempt_id) -> None:
+        with db.session() as s:
+            a = repo.get_attempt(s, attempt)
+            meta = {"ranks": ranks, "world_size": 2, "node": "a", "size_bytes": 1}
+            repo.record_checkpoint(s, a, step, memory_uri(a.job_id, step, a.number), meta, tier="memory")
+
+    def states() -> dict[tuple[str, int], tuple[str, str | None]]:
+        with db.session() as s:
+            job = repo.get_attempt(s, attempt_id).job
+            return {(c.tier, c.step): (c.state, c.reason) for c in repo.list_checkpoints(s, job)}
+
+    report(4, [0, 1])
+    report(8, [0])  # incomplete: step 4 stays the newest good
+    assert states()[("memory", 4)] == ("good", None)
+    report(8, [1])
+    assert states()[("memory", 4)] == ("deleted", "replaced by the memory checkpoint of step 8")
+    report(12, [0])  # incomplete when its attempt ends
+    with db.session() as s:
+        a1 = repo.get_attempt(s, attempt_id)
+        repo.record_checkpoint(s, a1, 10, "s3://b/j/step_00000010/attempt_0001", {})
+    assert states()[("memory", 8)] == ("deleted", "older than the durable (S3) checkpoint of step 10")
+    assert states()[("memory", 12)] == ("incomplete", None)
+    with db.session() as s:
+        a1 = repo.get_attempt(s, attempt_id)
+        repo.set_attempt_state(s, a1, "Failed", {"kind": "silent.hang"})
+        a2 = repo.create_attempt(s, a1.job, 2)
+        repo.set_attempt_state(s, a2, "Running")
+        a2_id = a2.id
+    report(16, [0, 1], a2_id)
+    assert states()[("memory", 12)][0] == "deleted"
+    assert states()[("memory", 16)] == ("good", None)  # the newest: what an in-place restart takes
+    with db.session() as s:
+        job = repo.get_attempt(s, attempt_id).job
+        repo.set_job_state(s, job, "Failed", {"kind": "silent.hang"})
+    assert states()[("memory", 16)] == ("deleted", "the job ended: its nodes removed their shared-memory areas")
+    assert states()[("s3", 10)] == ("good", None)  # the durable tier is GC's, never the job's end's

@@ -3,6 +3,8 @@ corrupt one is refused; the `auto` interval keeps the measured cost within its b
 
 from __future__ import annotations
 
+import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -33,10 +35,12 @@ train(model, opt, sched, 3)
 expected, expected_sched = full(model, opt), sched.state_dict()
 snap = memory.MemorySnapshotter(job="job-a", attempt=1, rank=world.rank, every=3, root=root)
 assert snap.due(3) and not snap.due(4)
-header = snap.maybe_snapshot(3, model, opt, sched, EXTRA)
+assert snap.maybe_snapshot(3, model, opt, sched, EXTRA) is None  # staged; written in the background
 before = draws()
-train(model, opt, sched, 2)  # training goes on: must not leak into the snapshot
+train(model, opt, sched, 2)  # training goes on (the write may too): must not leak into the snapshot
 expected_after = full(model, opt)[0]
+(written,) = snap.close()
+header = written.header
 
 model2, opt2, sched2 = make(world, parallelism, 1)
 train(model2, opt2, sched2, 1)
@@ -84,8 +88,16 @@ def test_plain_model_round_trip_in_process(shm_root):
         opt.step(), sched.step(), opt.zero_grad()
     snap = memory.MemorySnapshotter(job="j", attempt=2, rank=0, every=1, root=shm_root)
     snap.snapshot(3, model, opt, sched, {"step": 3, "consumed_samples": 12})
-    expected = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sched.state_dict())
+    expected = (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        copy.deepcopy(opt.state_dict()),
+        sched.state_dict(),
+    )
     draws = torch.rand(5)
+    torch.manual_seed(7)
+    model(torch.randn(4, 32)).sum().backward()  # the step loop goes on while the snapshot is written
+    opt.step(), sched.step(), opt.zero_grad()
+    assert [w.step for w in snap.close()] == [3]
 
     torch.manual_seed(1)
     model2 = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8))
@@ -140,6 +152,7 @@ def test_a_rank_keeps_only_its_newest_snapshots(tmp_path):
     snap = memory.MemorySnapshotter(job="j", attempt=1, rank=3, every=1, root=tmp_path)
     for step in range(1, 6):
         snap.snapshot(step, model, opt, None, {"step": step})
+    assert [w.step for w in snap.close()] == [1, 2, 3, 4, 5]
     names = sorted(p.name for p in snap.dir.iterdir())
     assert names == [memckpt.file_name(4, 3), memckpt.file_name(5, 3)]
 
@@ -179,11 +192,53 @@ def test_auto_mode_ranks_agree_through_the_group(shm_root):
         assert snap.auto is not None and not snap.due(1)
         snap.observe_step(1.0)
         snap.observe_step(1.0)
-        header = snap.maybe_snapshot(2, model, opt, None, {"step": 2}, group=dist.group.WORLD)
-        assert header is not None and header.step == 2
-        assert snap.auto.step_s == 1.0 and snap.auto.every() == 1  # a tiny state, 1 s steps
+        assert snap.maybe_snapshot(2, model, opt, None, {"step": 2}, group=dist.group.WORLD) is None
+        (written,) = snap.close()
+        assert written.header.step == 2
+        # The agreed values: a tiny state's cost against 1 s steps.
+        assert snap.auto.step_s == 1.0 and snap.auto.snapshot_s is not None
+        assert snap.auto.every() == max(1, math.ceil(snap.auto.snapshot_s / 0.01))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_background_write_is_the_same_snapshot_as_a_blocking_one(tmp_path):
+    """Staged and written in the background, or written in the step loop: the same state bit for
+    bit (tied weights stay one tensor), so a resume from either is the same."""
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(50, 16)
+    head = torch.nn.Linear(16, 50, bias=False)
+    head.weight = embed.weight  # tied, as a language model's
+    model = torch.nn.Sequential(embed, torch.nn.Linear(16, 16), head)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randint(0, 50, (4, 8))).sum().backward()
+    opt.step()
+    written = {}
+    for mode in (True, False):
+        snap = memory.MemorySnapshotter(job="j", attempt=1, rank=0, every=1, root=tmp_path / str(mode), async_=mode)
+        torch.manual_seed(3)
+        header = snap.snapshot(4, model, opt, None, {"step": 4})
+        assert (header is None) == mode
+        (written[mode],) = snap.close()
+    (_, background), (_, blocking) = (memory.read_snapshot(written[m].path) for m in (True, False))
+
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+        return a == b
+
+    assert same(background, blocking)
+    model_state = background["model"]
+    assert model_state["0.weight"].data_ptr() == model_state["2.weight"].data_ptr()  # still tied
+    staging = memory.Staging()
+    staged = staging.copy({"a": embed.weight, "b": head.weight, "groups": [{"lr": 0.1}]})
+    assert staged["a"] is staged["b"] and staged["a"].data_ptr() != embed.weight.data_ptr()
+    again = staging.copy({"a": embed.weight, "b": head.weight, "groups": [{"lr": 0.1}]})
+    assert again["a"] is staged["a"]  # the buffers are reused from one snapshot to the next
 
 
 @pytest.mark.parametrize("value,every", [("", 0), ("0", 0), ("25", 25), ("auto", None), (" AUTO ", None)])
