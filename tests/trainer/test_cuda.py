@@ -14,6 +14,7 @@ A world of one on `cuda:0`, precision `auto` (bf16 autocast on a GPU), the stdli
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,8 @@ JOB = "gpu-job"
 
 
 def _run(workdir: Path, config: Path, name: str, extra: dict[str, str]) -> dict[int, dict]:
-    run_env = trainer_env(workdir / name, PYTHONPATH=str(REPO), **{env.JOB: JOB, **extra})
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    run_env = trainer_env(workdir / name, PYTHONPATH=path, **{env.JOB: JOB, **extra})
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--config", str(config)],
         cwd=workdir,
