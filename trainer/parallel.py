@@ -9,6 +9,7 @@ fp32 unless the config asks for `precision: bf16`; fp32 is what makes resume par
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import socket
 from collections.abc import Iterator
@@ -134,7 +135,11 @@ def parallelize(
         # No buffer broadcast: the only buffers (RoPE tables) are computed identically on every
         # rank and never change, and the broadcast would be a blocking collective at the start of
         # every micro-batch's forward (a wait that trainer.step_clock could not attribute).
-        return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
+        # (`forward_sync_buffers` since PyTorch 2.13; a container's older PyTorch calls it
+        # `broadcast_buffers`: a bring-your-own image need not match the pinned version.)
+        no_sync = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        buffers = {"forward_sync_buffers": False} if no_sync else {"broadcast_buffers": False}
+        return DistributedDataParallel(model, device_ids=ids, **buffers)
     raise ValueError(f"unknown parallelism {parallelism!r}")
 
 
