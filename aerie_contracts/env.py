@@ -98,7 +98,7 @@ RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty
 IN_PLACE_WAIT_S = _var(
     "AERIE_IN_PLACE_WAIT_S",
     "after its worker group ends, how long the agent waits for an in-place successor attempt (0 or unset: it exits)",
-    "local backend",
+    "local and slurm backends",
     "agent",
 )
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
