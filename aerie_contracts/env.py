@@ -76,6 +76,10 @@ MASTER_PORT = _var(
     "backend",
     "agent (agent.identity)",
 )
+# On Slurm, without AERIE_MASTER_PORT: 20000 + SLURM_JOB_ID % 20000, so concurrent jobs on one host
+# (the emulated cluster) do not collide and every node of a job agrees on it; the slurm backend
+# moves an in-place attempt's port within the same range.
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000
 HEALTH = _var("AERIE_HEALTH", "JSON of the spec's health section (aerie_contracts.health)", "backend", "agent")
 SECTIONS = _var(
     "AERIE_SECTIONS",

@@ -38,7 +38,6 @@ from aerie_contracts import FailureKind
 from aerie_contracts import env as aerie_env
 from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
-from agent.identity import SLURM_PORT_BASE, SLURM_PORT_SPAN
 from orchestrator.backends import base
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
 from orchestrator.backends.nodeenv import attempt_env, channels, in_place_env, inherited_env
@@ -355,9 +354,10 @@ def in_place_port(root: Path, slurm_job_id: int, restarts: int) -> int:
     a new worker group never joins a store the last group's torchrun still serves."""
     launch = read_json(root / "launch.json") or {}
     base = (launch.get("master_port") if isinstance(launch, dict) else None) or (
-        SLURM_PORT_BASE + slurm_job_id % SLURM_PORT_SPAN
+        aerie_env.SLURM_PORT_BASE + slurm_job_id % aerie_env.SLURM_PORT_SPAN
     )
-    return SLURM_PORT_BASE + (int(base) - SLURM_PORT_BASE + restarts * IN_PLACE_PORT_STRIDE) % SLURM_PORT_SPAN
+    low, span = aerie_env.SLURM_PORT_BASE, aerie_env.SLURM_PORT_SPAN
+    return low + (int(base) - low + restarts * IN_PLACE_PORT_STRIDE) % span
 
 
 def _safe(value: str, what: str) -> str:
