@@ -1,9 +1,10 @@
 """Issue #22 acceptance 4, on the real one-host Slurm cluster: a rank's crash is recovered in place
 inside the job's one allocation. Two nodes x one rank of the stepper; rank 1 exits at step 4 in
-attempt 1 -> chaining restarts in place: no new `sbatch` (both attempts' handles name one Slurm job),
-the same agent processes (they waited in the allocation), a new worker group, and the job completes
-with the Slurm job itself. The fallback to a relaunch (a blamed node: a new `sbatch --exclude`) is
-test_slurm_jobs.py's `test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude`.
+attempt 1 -> chaining restarts in place: no new `sbatch` (both attempts' handles name one Slurm
+job), the same agent processes (they waited in the allocation), a new worker group, and the job
+completes with the Slurm job itself; a stop during the in-place attempt cancels that allocation.
+The fallback to a relaunch (a blamed node: a new `sbatch --exclude`) is test_slurm_jobs.py's
+`test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psutil
 import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
@@ -29,12 +31,13 @@ def cp(tmp_path, slurm_cluster):
         yield plane
 
 
-def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path):
+def _submit(cp, tmp_path: Path, name: str, steps: int) -> None:
+    """Two nodes x one rank of the stepper, whose rank 1 exits at step 4 of attempt 1."""
     spec = write_spec(
-        tmp_path / "slurm-warm.json",
-        name="slurm-warm",
+        tmp_path / f"{name}.json",
+        name=name,
         entrypoint=["python", "tests/helpers/stepper.py"],
-        args=["--steps", "10", "--step-s", "0.3"],
+        args=["--steps", str(steps), "--step-s", "0.3"],
         backend="slurm",
         resources={"instance_count": 2, "procs_per_node": 1},
         retry={"max_restarts": 2},
@@ -42,6 +45,10 @@ def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path
         env={"AERIE_FAULTS": json.dumps([{"kind": "exit", "step": 4, "rank": 1, "attempt": 1}])},
     )
     cp.cli("submit", str(spec), check=True)
+
+
+def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path):
+    _submit(cp, tmp_path, "slurm-warm", steps=10)
     job_id = wait_for(what="the job", check=lambda: cp.job("slurm-warm")["id"], timeout_s=60)
     root = cp.home / "jobs" / job_id / "attempt-1"
     agents = {h: root / h / "agent" for h in HOSTS}
@@ -78,3 +85,38 @@ def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path
     assert attempt_of(cp, "slurm-warm", 3) is None
     assert isinstance(handle_2["master_port"], int)
     assert Path(handle_2["root"]) == root
+
+
+def test_a_stop_during_an_in_place_attempt_cancels_the_allocation(cp, tmp_path):
+    """`aerie stop` of attempt 2 (in place) ends the one Slurm job and every process of the job."""
+    _submit(cp, tmp_path, "slurm-warm-stop", steps=600)
+
+    def training_in_place() -> dict | None:
+        a = attempt_of(cp, "slurm-warm-stop", 2)
+        steps = [(n.get("summary") or {}).get("last_step") or 0 for n in (a or {}).get("nodes", [])]
+        return a if a and a["state"] == "Running" and len(steps) == 2 and min(steps) > 0 else None
+
+    second = wait_for(what="attempt 2 training in place", check=training_in_place, timeout_s=180, every_s=0.3)
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    job_id = cp.job("slurm-warm-stop")["id"]
+    slurm_id = int(json.loads((cp.home / "jobs" / job_id / "attempt-1" / "handle.json").read_text())["slurm_job_id"])
+    cp.cli("stop", "slurm-warm-stop", check=True)
+    job = cp.wait_state("slurm-warm-stop", {"Stopped", "Failed", "Completed"}, timeout_s=60)
+    assert job["state"] == "Stopped" and job["attempt_list"][1]["state"] == "Stopped", json.dumps(job)[:3000]
+    wait_for(
+        what="the Slurm job cancelled and its processes gone",
+        check=lambda: (slurm_job_state(slurm_id) or {}).get("state") == "CANCELLED" and not _job_processes(job_id),
+        timeout_s=30,
+        every_s=0.5,
+    )
+
+
+def _job_processes(job_id: str) -> list[int]:
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if (p.info.get("environ") or {}).get("AERIE_JOB") == job_id:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found
