@@ -76,6 +76,10 @@ MASTER_PORT = _var(
     "backend",
     "agent (agent.identity)",
 )
+# On Slurm, without AERIE_MASTER_PORT: 20000 + SLURM_JOB_ID % 20000, so concurrent jobs on one host
+# (the emulated cluster) do not collide and every node of a job agrees on it; the slurm backend
+# moves an in-place attempt's port within the same range.
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000
 HEALTH = _var("AERIE_HEALTH", "JSON of the spec's health section (aerie_contracts.health)", "backend", "agent")
 SECTIONS = _var(
     "AERIE_SECTIONS",
@@ -98,7 +102,7 @@ RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty
 IN_PLACE_WAIT_S = _var(
     "AERIE_IN_PLACE_WAIT_S",
     "after its worker group ends, how long the agent waits for an in-place successor attempt (0 or unset: it exits)",
-    "local backend",
+    "local and slurm backends",
     "agent",
 )
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")

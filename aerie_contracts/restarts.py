@@ -38,8 +38,13 @@ CAUSE_RESUME_FALLBACK = "resume_fallback"
 # ... and which node wrote each rank's snapshot and which holds its replica ({node: {ranks, replica_node}}).
 CAUSE_MEMORY_NODES = "memory_nodes"
 
-# Backends whose agents outlive a worker group; the others relaunch every attempt.
-IN_PLACE_BACKENDS = frozenset({"local"})
+# Backends whose agents outlive a worker group; the others relaunch every attempt. Slurm's agents
+# stay up inside the job's one allocation (`sbatch`): the next attempt is served by the same `srun`.
+IN_PLACE_BACKENDS = frozenset({"local", "slurm"})
+
+# Backends that give their nodes the in-memory checkpoint tier (its replication ring needs each
+# node's endpoint at launch: Slurm picks its nodes only once the job starts).
+MEMORY_TIER_BACKENDS = frozenset({"local"})
 
 # Backends whose relaunched attempt may still find the nodes' shared memory: the local backend's
 # nodes are folders of one host, so a relaunch finds every snapshot and replica that was not
@@ -95,6 +100,8 @@ def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
         return "checkpoint.memory_every_steps is 0"
     if backend not in IN_PLACE_BACKENDS:
         return f"the {backend} backend does not restart in place yet"
+    if backend not in MEMORY_TIER_BACKENDS:
+        return f"the {backend} backend has no in-memory checkpoint tier yet"
     if (spec.get("retry") or {}).get("max_restarts") == 0:
         return "retry.max_restarts is 0: no attempt would resume from them"
     if int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS)) <= 0:

@@ -39,9 +39,8 @@ RESOURCE_CONFIG = Path("input") / "config" / "resourceconfig.json"
 DEFAULT_HOST = "algo-1"
 DEFAULT_GROUP = "homogeneousCluster"  # SageMaker's group name when the job has no instance groups
 DEFAULT_MASTER_PORT = 29500
-# Slurm: the port is derived from the job id, so concurrent jobs on one host (the emulated cluster)
-# do not collide, and every node of a job agrees on it.
-SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000
+# Slurm: the port is derived from the job id (aerie_contracts.env.SLURM_PORT_BASE, _SPAN).
+SLURM_PORT_BASE, SLURM_PORT_SPAN = E.SLURM_PORT_BASE, E.SLURM_PORT_SPAN
 
 
 class IdentityError(ValueError):

@@ -25,7 +25,7 @@ import psutil
 from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
 from aerie_contracts import memckpt_lease as memory_lease
-from aerie_contracts.restarts import memory_tier_off, not_in_place
+from aerie_contracts.restarts import memory_tier_off
 from aerie_contracts.states import AttemptState
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
 from orchestrator.backends import local_fence, netns, placement
@@ -39,7 +39,7 @@ from orchestrator.backends.base import (
     read_log_chunk,
     summarize_nodes,
 )
-from orchestrator.backends.nodeenv import channels, memory_env, node_env
+from orchestrator.backends.nodeenv import channels, in_place_env, memory_env, node_env
 
 # A node whose agent has not written its pid this long after launch never started.
 START_TIMEOUT_S = 60.0
@@ -116,9 +116,8 @@ class LocalBackend(Backend):
             if spec.backend_options.get("model_artifacts_uri"):
                 env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
             env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
-            if spec.retry.max_restarts > 0 and spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
-                # The agents outlive their worker groups: a failed attempt may be restarted in place.
-                env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
+            # The agents outlive their worker groups: a failed attempt may be restarted in place.
+            env.update(in_place_env(spec, self.in_place_wait_s))
             if peers:
                 env.update(memory_env(spec, host, peers, handle[memckpt.HANDLE_KEY]))
             argv = [sys.executable, "-m", "agent.entrypoint"]

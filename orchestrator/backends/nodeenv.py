@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as aerie_env
-from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK
+from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK, not_in_place
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends.base import LaunchRequest
 
@@ -86,6 +86,16 @@ def checkpoint_marker_env(spec: Any) -> dict[str, str]:
     if ck is None or not getattr(ck, "marker", None):
         return {}
     return {aerie_env.CHECKPOINT_MARKER: ck.marker, aerie_env.CHECKPOINT_LOCAL_PATH: ck.local_path or ""}
+
+
+def in_place_env(spec: Any, wait_s: float) -> dict[str, str]:
+    """`AERIE_IN_PLACE_WAIT_S` for a job whose failed attempt may be restarted in place (on a
+    backend that keeps its agents: aerie_contracts.restarts): the agents outlive their worker
+    groups and wait this long for the successor. Nothing where it never could be."""
+    retry = spec.retry
+    if retry.max_restarts > 0 and retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
+        return {aerie_env.IN_PLACE_WAIT_S: str(wait_s)}
+    return {}
 
 
 def memory_env(spec: Any, host: str, peers: Mapping[str, str], key: str) -> dict[str, str]:

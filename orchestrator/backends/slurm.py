@@ -1,4 +1,4 @@
-"""The `slurm` backend: one `sbatch` per attempt, whose `srun` starts one agent per node.
+"""The `slurm` backend: one `sbatch` per launched attempt, whose `srun` starts one agent per node.
 
 Launch renders a batch script and a `launch.json` beside it under the attempt's directory (which
 must be on a filesystem the nodes share: the same machine on the emulated cluster). The script
@@ -11,6 +11,11 @@ combined with the nodes' own `agent/exit.json`,
 which say why a node ended (a verdict, a rank's exit code, a stop). Stop is `scancel`: Slurm sends
 SIGTERM to every process of the job, then SIGKILL after `KillWait`. The handle is plain JSON, so a
 restarted control plane re-adopts running jobs.
+
+An in-place attempt (issue #22) submits nothing: the failed attempt's agents are still up in its
+allocation and restart their worker groups for it. Its handle is the allocation's, with the
+attempt's id (only that attempt's node outcomes count, not the Slurm job's end) and a rendezvous
+port of its own; every stop still ends the whole allocation, and a relaunch is a new `sbatch`.
 
 Over 400 lines on purpose: one Backend implementation (launch, poll, stop, fence) and the
 validation of every value that reaches a batch script, which must stay next to the script it guards.
@@ -35,7 +40,7 @@ from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
 from orchestrator.backends import base
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
-from orchestrator.backends.nodeenv import attempt_env, channels, inherited_env
+from orchestrator.backends.nodeenv import attempt_env, channels, in_place_env, inherited_env
 from orchestrator.backends.placement import PlacementError
 
 # A value that may appear on an #SBATCH line: no spaces, quotes, newlines or shell syntax.
@@ -61,6 +66,9 @@ TERMINAL = {
 UNPLACEABLE = "Requested node configuration is not available"
 # A job Slurm has forgotten and `sacct` does not list: after this long, call it lost.
 FORGOTTEN_AFTER_S = 60.0
+# Each in-place attempt's rendezvous moves this far (modulo the span) from the allocation's port: a
+# prime far from 1, so that jobs with nearby ids (nearby derived ports) do not meet on one.
+IN_PLACE_PORT_STRIDE = 7919
 
 
 class SlurmError(RuntimeError):
@@ -94,6 +102,9 @@ class SlurmOptions:
 
 class SlurmBackend(Backend):
     name = "slurm"
+    # After a failed worker group, an agent waits this long for an in-place successor, then exits
+    # (and the allocation ends with it: `srun --kill-on-bad-exit`).
+    in_place_wait_s = 120.0
 
     def __init__(self, jobs_dir: Path, defaults: SlurmOptions | None = None, python: str | None = None):
         self.jobs_dir = Path(jobs_dir)
@@ -128,6 +139,8 @@ class SlurmBackend(Backend):
     # --- launch -----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
+        if request.in_place_of is not None:
+            return self._in_place(request)
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
         handle: dict[str, Any] = {
@@ -147,7 +160,7 @@ class SlurmBackend(Backend):
             options = SlurmOptions.resolve(spec, self.defaults)
             workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
             launch_path = root / "launch.json"
-            write_json(launch_path, launch_document(request, root, workdir, options))
+            write_json(launch_path, launch_document(request, root, workdir, options, self.in_place_wait_s))
             os.chmod(launch_path, 0o600)  # it holds the agent token
             script = root / "job.sbatch"
             script.write_text(render_script(request, options))
@@ -168,6 +181,33 @@ class SlurmBackend(Backend):
         write_json(root / "handle.json", handle)
         return handle
 
+    def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
+        """A warm attempt in the failed attempt's allocation: no `sbatch`. Its agents learn of it
+        from the control plane (GET .../next, which hands it only to the handle's hosts) and restart
+        their worker groups on a new rendezvous port. The handle is the allocation's, told to read
+        only this attempt's outcomes, beside the allocation's own (idempotent per attempt)."""
+        previous = request.in_place_of
+        assert previous is not None
+        root = Path(previous["root"])
+        path = root / f"handle-{request.attempt_number}.json"
+        existing = read_json(path)
+        if isinstance(existing, dict) and existing.get("attempt_id") == request.attempt_id:
+            return existing
+        hosts = _hosts(root) or list(previous.get("hosts") or [])
+        if not hosts or not previous.get("slurm_job_id"):
+            raise SlurmError(f"no running allocation to restart {request.attempt_id} in place (handle {previous})")
+        restarts = int(previous.get("in_place_restarts") or 0) + 1
+        handle = {
+            **previous,
+            "hosts": hosts,
+            "attempt_id": request.attempt_id,
+            "in_place": True,
+            "in_place_restarts": restarts,
+            "master_port": in_place_port(root, int(previous["slurm_job_id"]), restarts),
+        }
+        write_json(path, handle)
+        return handle
+
     # --- poll -------------------------------------------------------------------------------
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
@@ -185,7 +225,9 @@ class SlurmBackend(Backend):
             return PollResult(AttemptState.STARTING, queued, queued=True)
 
         ended = slurm_state not in RUNNING
-        nodes = [_node_status(root / h, h, ended, bool(stop), slurm_state) for h in hosts]
+        # An allocation serves several attempts in place: only this attempt's outcomes count.
+        attempt_id = handle.get("attempt_id")
+        nodes = [_node_status(root / h, h, ended, bool(stop), slurm_state, attempt_id) for h in hosts]
         if ended and not nodes:
             # The job ended before any node started (bad partition, node failure at boot, ...).
             if stop or slurm_state == "CANCELLED":
@@ -285,9 +327,15 @@ def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
     return "\n".join(lines)
 
 
-def launch_document(request: LaunchRequest, root: Path, workdir: Path, options: SlurmOptions) -> dict[str, Any]:
-    """launch.json: what `agent.slurm` needs to build each node's contract and environment."""
+def launch_document(
+    request: LaunchRequest, root: Path, workdir: Path, options: SlurmOptions, in_place_wait_s: float = 0.0
+) -> dict[str, Any]:
+    """launch.json: what `agent.slurm` needs to build each node's contract and environment (with
+    `in_place_wait_s`, agents that wait that long for an in-place successor after a failed group)."""
     spec = request.spec
+    attempt = attempt_env(request, workdir)
+    if in_place_wait_s > 0:
+        attempt.update(in_place_env(spec, in_place_wait_s))
     return {
         "root": str(root),
         "workdir": str(workdir),
@@ -295,8 +343,21 @@ def launch_document(request: LaunchRequest, root: Path, workdir: Path, options: 
         "channels": channels(spec),
         "network_interface": options.network_interface,
         "master_port": options.master_port,
-        "env": {"user": dict(spec.env), "extra": dict(request.extra_env), "attempt": attempt_env(request, workdir)},
+        "env": {"user": dict(spec.env), "extra": dict(request.extra_env), "attempt": attempt},
     }
+
+
+def in_place_port(root: Path, slurm_job_id: int, restarts: int) -> int:
+    """The rendezvous port of the allocation's `restarts`-th in-place attempt: the allocation's own
+    (`backend_options.slurm.master_port`, else derived from the job id as the nodes derive it:
+    agent.identity.master_port) moved by a stride within Slurm's port range. A port of its own, so
+    a new worker group never joins a store the last group's torchrun still serves."""
+    launch = read_json(root / "launch.json") or {}
+    base = (launch.get("master_port") if isinstance(launch, dict) else None) or (
+        aerie_env.SLURM_PORT_BASE + slurm_job_id % aerie_env.SLURM_PORT_SPAN
+    )
+    low, span = aerie_env.SLURM_PORT_BASE, aerie_env.SLURM_PORT_SPAN
+    return low + (int(base) - low + restarts * IN_PLACE_PORT_STRIDE) % span
 
 
 def _safe(value: str, what: str) -> str:
@@ -410,8 +471,10 @@ def _hosts(root: Path) -> list[str]:
     return sorted(p.parent.parent.name for p in root.glob("*/agent/agent.pid"))
 
 
-def _node_status(ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_state: str) -> NodeStatus:
-    ended = base.node_outcome(ml_root, host)
+def _node_status(
+    ml_root: Path, host: str, job_ended: bool, stop: bool, slurm_state: str, attempt_id: str | None = None
+) -> NodeStatus:
+    ended = base.node_outcome(ml_root, host, attempt_id)
     if ended is not None:
         return ended
     if not job_ended:

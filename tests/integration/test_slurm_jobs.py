@@ -182,8 +182,9 @@ def test_lost_node_is_excluded_from_the_next_attempt(cp, tmp_path):
 
 def test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude(cp, tmp_path):
     """One job, three attempts on the real cluster: attempt 1 diverges (loss.nan: no node blamed,
-    attempt 2 excludes nothing), attempt 2 hangs (silent.hang on its only node: blamed), attempt 3
-    runs with `#SBATCH --exclude=<that node>` on the other node and completes."""
+    attempt 2 excludes nothing and runs in place, inside attempt 1's allocation), attempt 2 hangs
+    (silent.hang on its only node: blamed), attempt 3 is relaunched (a new `sbatch`) with
+    `#SBATCH --exclude=<that node>` on the other node and completes."""
     faults = [{"kind": "nan", "step": 3, "attempt": 1}, {"kind": "busy_hang", "step": 3, "attempt": 2}]
     spec = write_spec(
         tmp_path / "slurm-blame.json",
@@ -204,8 +205,12 @@ def test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude(cp, tm
     hang_host = second["nodes"][0]["host"]
     assert [(b["attempt_id"], b["host"], b["rule"]) for b in job["blames"]] == [(second["id"], hang_host, "only_node")]
     assert second["exclude_nodes"] == [] and third["exclude_nodes"] == [hang_host]
+    assert [a["cause"]["mode"] for a in (second, third)] == ["in_place", "relaunch"]
     other = {"node1": "node2", "node2": "node1"}[hang_host]
     assert [n["host"] for n in third["nodes"]] == [other]
     root = cp.home / "jobs" / job["id"]
-    assert "--exclude" not in (root / "attempt-2" / "job.sbatch").read_text()
+    # Attempt 2 ran in attempt 1's allocation, which excluded nothing; attempt 3 is a new one.
+    assert "--exclude" not in (root / "attempt-1" / "job.sbatch").read_text()
+    assert not (root / "attempt-2").exists()
     assert f"#SBATCH --exclude={hang_host}\n" in (root / "attempt-3" / "job.sbatch").read_text()
+    assert _handle(cp, job, 3)["slurm_job_id"] != _handle(cp, job, 1)["slurm_job_id"]

@@ -37,9 +37,10 @@ def test_node_loss_an_excluded_node_and_other_backends_relaunch():
         assert mode == RestartMode.RELAUNCH and expect in why, (reason, why)
     # A node excluded that the failed attempt did not run on needs no new allocation.
     assert decide(job, failed, {"kind": "exit.nonzero"}, ["algo-9"])[0] == RestartMode.IN_PLACE
-    for backend in ("sagemaker", "slurm"):
-        mode, why = decide(_job(backend), failed, {"kind": "exit.nonzero"}, [])
-        assert mode == RestartMode.RELAUNCH and backend in why
+    mode, why = decide(_job("sagemaker"), failed, {"kind": "exit.nonzero"}, [])
+    assert mode == RestartMode.RELAUNCH and "sagemaker" in why
+    # Slurm's agents stay up in the job's allocation: its next attempt runs inside it.
+    assert decide(_job("slurm"), failed, {"kind": "exit.nonzero"}, [])[0] == RestartMode.IN_PLACE
     assert decide(job, {**failed, "nodes": []}, {"kind": "exit.nonzero"}, [])[0] == RestartMode.RELAUNCH
     netns = {**job, "spec": {"backend_options": {"netns": True}}}
     assert decide(netns, failed, {"kind": "exit.nonzero"}, [])[0] == RestartMode.RELAUNCH
@@ -69,3 +70,4 @@ def test_modes_read_back_and_the_controller_keeps_agents_only_where_it_may_resta
     assert not may_restart_in_place("local", {"kind": "node.lost"}, 2)
     assert not may_restart_in_place("local", {"kind": "exit.nonzero"}, 0)
     assert not may_restart_in_place("sagemaker", {"kind": "exit.nonzero"}, 2)
+    assert may_restart_in_place("slurm", {"kind": "exit.nonzero"}, 2)

@@ -139,9 +139,11 @@ def test_node_built_env_equals_the_local_backends(tmp_path, monkeypatch):
     contract = NodeContract(
         ml_root=tmp_path / "node2", hosts=("node1", "node2"), current_host="node2", hyperparameters={"lr": "3e-4"}
     )
-    document = launch_document(request, tmp_path, Path("/work"), SlurmOptions())
+    document = launch_document(request, tmp_path, Path("/work"), SlurmOptions(), in_place_wait_s=120.0)
     on_node = compose_env(os.environ, document["env"], contract.env(), "127.0.0.1", 21234)
-    assert on_node == node_env(request, contract, "127.0.0.1", 21234, Path("/work"))
+    # The local backend adds the in-place wait after node_env, as it does for every node.
+    local = node_env(request, contract, "127.0.0.1", 21234, Path("/work"))
+    assert on_node == {**local, "AERIE_IN_PLACE_WAIT_S": "120.0"}
     assert on_node["AERIE_RESUME_FROM"] == "s3://b/ck/slurm-job-abc123/step_00000100"
     assert on_node["SOME_TOOL_VAR"] == "kept" and "AERIE_HOME" not in on_node
     assert on_node["USER_VAR"] == "a b'c\"d"

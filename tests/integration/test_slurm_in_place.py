@@ -1,0 +1,122 @@
+"""Issue #22 acceptance 4, on the real one-host Slurm cluster: a rank's crash is recovered in place
+inside the job's one allocation. Two nodes x one rank of the stepper; rank 1 exits at step 4 in
+attempt 1 -> chaining restarts in place: no new `sbatch` (both attempts' handles name one Slurm
+job), the same agent processes (they waited in the allocation), a new worker group, and the job
+completes with the Slurm job itself; a stop during the in-place attempt cancels that allocation.
+The fallback to a relaunch (a blamed node: a new `sbatch --exclude`) is test_slurm_jobs.py's
+`test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from aerie_contracts.restarts import CAUSE_MODE, RestartMode
+from orchestrator.backends.slurm import _find_job_by_name, slurm_job_state
+from orchestrator.harness.control_plane import write_spec
+from tests.helpers.attempt_files import attempt_of, pids
+from tests.helpers.slurm_plane import slurm_control_plane
+from tests.helpers.wait import wait_for
+
+HOSTS = ("node1", "node2")
+
+
+@pytest.fixture
+def cp(tmp_path, slurm_cluster):
+    with slurm_control_plane(tmp_path / "home", slurm_cluster) as plane:
+        yield plane
+
+
+def _submit(cp, tmp_path: Path, name: str, steps: int) -> None:
+    """Two nodes x one rank of the stepper, whose rank 1 exits at step 4 of attempt 1."""
+    spec = write_spec(
+        tmp_path / f"{name}.json",
+        name=name,
+        entrypoint=["python", "tests/helpers/stepper.py"],
+        args=["--steps", str(steps), "--step-s", "0.3"],
+        backend="slurm",
+        resources={"instance_count": 2, "procs_per_node": 1},
+        retry={"max_restarts": 2},
+        health={"startup_grace_s": 1, "heartbeat_s": 1},
+        env={"AERIE_FAULTS": json.dumps([{"kind": "exit", "step": 4, "rank": 1, "attempt": 1}])},
+    )
+    cp.cli("submit", str(spec), check=True)
+
+
+def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path):
+    _submit(cp, tmp_path, "slurm-warm", steps=10)
+    job_id = wait_for(what="the job", check=lambda: cp.job("slurm-warm")["id"], timeout_s=60)
+    root = cp.home / "jobs" / job_id / "attempt-1"
+    agents = {h: root / h / "agent" for h in HOSTS}
+    # Attempt 1's agents, once both run (each Slurm task execs its agent: the pid is the task's).
+    agent_pids = wait_for(
+        what="attempt 1's agents",
+        check=lambda: (found := {h: pids(d, "agent.pid") for h, d in agents.items()}) and all(found.values()) and found,
+        timeout_s=120,
+        every_s=0.2,
+    )
+
+    job = cp.wait_state("slurm-warm", {"Completed", "Failed", "Stopped"}, timeout_s=240)
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    first, second = job["attempt_list"]
+    assert first["state"] == "Failed" and first["reason"]["kind"] == "exit.nonzero", first["reason"]
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    assert sorted(n["host"] for n in second["nodes"]) == list(HOSTS)
+
+    # One allocation: attempt 2's handle is attempt 1's Slurm job; nothing was submitted for it.
+    handle_1 = json.loads((root / "handle.json").read_text())
+    handle_2 = json.loads((root / "handle-2.json").read_text())
+    assert handle_2["slurm_job_id"] == handle_1["slurm_job_id"] and handle_2["attempt_id"] == second["id"]
+    assert not (cp.home / "jobs" / job_id / "attempt-2").exists()
+    assert _find_job_by_name(second["id"]) is None
+    assert (slurm_job_state(int(handle_1["slurm_job_id"])) or {}).get("state") in {"COMPLETED", "COMPLETING"}
+
+    # The same agents served both attempts (a new one would have written its own pid), each
+    # restarting only its worker group, on the in-place attempt's own rendezvous port.
+    assert {h: pids(d, "agent.pid") for h, d in agents.items()} == agent_pids
+    for host in HOSTS:
+        log = (root / host / "logs" / "node.log").read_text()
+        assert f"node {host} restarts its worker group in place for {second['id']}" in log, log[-3000:]
+        assert (root / host / "output" / "metrics.attempt-1").is_dir()
+    assert attempt_of(cp, "slurm-warm", 3) is None
+    assert isinstance(handle_2["master_port"], int)
+    assert Path(handle_2["root"]) == root
+
+
+def test_a_stop_during_an_in_place_attempt_cancels_the_allocation(cp, tmp_path):
+    """`aerie stop` of attempt 2 (in place) ends the one Slurm job and every process of the job."""
+    _submit(cp, tmp_path, "slurm-warm-stop", steps=600)
+
+    def training_in_place() -> dict | None:
+        a = attempt_of(cp, "slurm-warm-stop", 2)
+        steps = [(n.get("summary") or {}).get("last_step") or 0 for n in (a or {}).get("nodes", [])]
+        return a if a and a["state"] == "Running" and len(steps) == 2 and min(steps) > 0 else None
+
+    second = wait_for(what="attempt 2 training in place", check=training_in_place, timeout_s=180, every_s=0.3)
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    job_id = cp.job("slurm-warm-stop")["id"]
+    slurm_id = int(json.loads((cp.home / "jobs" / job_id / "attempt-1" / "handle.json").read_text())["slurm_job_id"])
+    cp.cli("stop", "slurm-warm-stop", check=True)
+    job = cp.wait_state("slurm-warm-stop", {"Stopped", "Failed", "Completed"}, timeout_s=60)
+    assert job["state"] == "Stopped" and job["attempt_list"][1]["state"] == "Stopped", json.dumps(job)[:3000]
+    wait_for(
+        what="the Slurm job cancelled and its processes gone",
+        check=lambda: (slurm_job_state(slurm_id) or {}).get("state") == "CANCELLED" and not _job_processes(job_id),
+        timeout_s=30,
+        every_s=0.5,
+    )
+
+
+def _job_processes(job_id: str) -> list[int]:
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if (p.info.get("environ") or {}).get("AERIE_JOB") == job_id:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found
