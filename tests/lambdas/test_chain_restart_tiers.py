@@ -43,7 +43,8 @@ def test_in_place_resumes_from_the_newest_good_memory_checkpoint(api):
 def test_a_relaunch_that_loses_the_memory_resumes_durably_and_marks_it_gone(api):
     """On a backend whose relaunch starts on fresh nodes, the memory checkpoint is not there any
     more: the resume point is S3's (here none: scratch), and the record says why it is gone."""
-    job_id = _job(api, {"backend": "slurm"}, failed={"kind": "exit.nonzero", "exit_code": 1, "host": "algo-2"})
+    # SageMaker: its restarts are relaunches (Slurm's now restart in place, in one allocation).
+    job_id = _job(api, {"backend": "sagemaker"}, failed={"kind": "exit.nonzero", "exit_code": 1, "host": "algo-2"})
     _with_nodes(api, job_id)
     _memory_checkpoint(api, job_id, 12)
     result = chain_restart.handler(_event(job_id, reason={"kind": "exit.nonzero", "exit_code": 1}), _ctx(api))
