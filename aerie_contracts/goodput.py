@@ -37,8 +37,9 @@ class Category(StrEnum):
     IDLE = "idle"  # paid, nothing explained it: unexplained stalls, waiting for a chain decision
 
 
-class RestartMode(StrEnum):
-    """How an attempt after the first started (the `mode` label of `aerie_restarts_total`)."""
+class RestartResume(StrEnum):
+    """What an attempt after the first resumed from (the `resume` label of `aerie_restarts_total`;
+    its `mode` label is `aerie_contracts.restarts.RestartMode`: in place or relaunched)."""
 
     CHECKPOINT = "checkpoint"  # resumed from a recorded checkpoint
     SCRATCH = "scratch"  # no checkpoint to resume from: started over

@@ -20,8 +20,9 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from aerie_contracts.failures import FailureKind
-from aerie_contracts.goodput import Category, RestartMode
+from aerie_contracts.goodput import Category, RestartResume
 from aerie_contracts.metrics import SAVE_S
+from aerie_contracts.restarts import RestartMode, mode_of
 from aerie_contracts.states import AttemptState, CheckpointState, JobState
 from orchestrator.goodput import advice, ledger, trace
 from orchestrator.store.db import Database
@@ -143,18 +144,19 @@ class StoreCollector(Collector):
         for kind in sorted(counts):
             verdicts.add_metric([kind], counts[kind])
         yield verdicts
-        restarts = CounterMetricFamily("aerie_restarts", "Attempts after a job's first, by mode.", labels=["mode"])
-        q = (
-            select(Attempt.resume_from.is_not(None), func.count())
-            .join(Job, Attempt.job_id == Job.id)
-            .where(Attempt.number > 1)
-            .group_by(Attempt.resume_from.is_not(None))
+        restarts = CounterMetricFamily(
+            "aerie_restarts",
+            "Attempts after a job's first, by mode (in place or relaunched) and what they resumed from.",
+            labels=["mode", "resume"],
         )
-        by_mode = {RestartMode.CHECKPOINT.value: 0, RestartMode.SCRATCH.value: 0}
-        for resumed, n in s.execute(self._jobs(q)):
-            by_mode[RestartMode.CHECKPOINT if resumed else RestartMode.SCRATCH] += n
-        for mode, n in sorted(by_mode.items()):
-            restarts.add_metric([mode], n)
+        # The mode is in each attempt's `cause` (JSON): read per restart, which are few next to
+        # jobs, heartbeats or points; every label pair is always present (a bounded set).
+        q = select(Attempt.resume_from.is_not(None), Attempt.cause).join(Job, Attempt.job_id == Job.id)
+        by_mode = Counter({(m.value, r.value): 0 for m in RestartMode for r in RestartResume})
+        for resumed, cause in s.execute(self._jobs(q.where(Attempt.number > 1))):
+            by_mode[(mode_of(cause).value, (RestartResume.CHECKPOINT if resumed else RestartResume.SCRATCH).value)] += 1
+        for labels, n in sorted(by_mode.items()):
+            restarts.add_metric(list(labels), n)
         yield restarts
 
     def _checkpoints(self, s: Session) -> Iterator[Metric]:

@@ -105,7 +105,9 @@ def test_metrics_parse_and_hold_what_the_store_holds(api):
         )
         unknown = s.query(Verdict).filter_by(kind="made.up.kind").count()
     assert _value(fams["aerie_verdicts"], "aerie_verdicts_total", kind="other") == unknown
-    assert _value(fams["aerie_restarts"], "aerie_restarts_total", mode="checkpoint") == 20
+    restarts = fams["aerie_restarts"]
+    assert _value(restarts, "aerie_restarts_total", mode="relaunch", resume="checkpoint") == 20
+    assert _value(restarts, "aerie_restarts_total", mode="in_place", resume="scratch") == 0
     assert _value(fams["aerie_checkpoint_written_bytes"], "aerie_checkpoint_written_bytes_total") == 20_000
     assert _value(fams["aerie_checkpoint_save_seconds"], "aerie_checkpoint_save_seconds_count") == 20
     assert _value(fams["aerie_checkpoint_save_seconds"], "aerie_checkpoint_save_seconds_sum") == pytest.approx(50)
