@@ -13,20 +13,25 @@ checkpoints. Policies:
       only) at the Young–Daly interval, parallel ranged restore;
   (c) Aerie in place: memory checkpoints (Young–Daly on the snapshot stall) replicated to a peer,
       hot spares for hardware faults, workers restarted in place for software faults, restore
-      from memory; S3 every 2 h asynchronously. Its restart costs are ASSUMED until the
-      recovery-in-seconds issue lands; the JSON says so.
+      from memory; S3 every 2 h asynchronously. Its in-place restart and the agent's detection
+      delays are MEASURED in this run (the recovery harness, orchestrator/harness/recovery.py: one
+      job of the tiny trainer on 2 local nodes x 2 ranks, a rank killed, stopped and spinning,
+      each restarted in place from a memory checkpoint); the spare's swap stays assumed (hot spares
+      are not measured yet), as does SageMaker's relaunch; the JSON says which.
 
 Measured in this run (unless --no-measure), each in a few seconds: restore throughput of the
 project's parallel ranged reader (aerie_s3, `--connections` GETs) and of one stream through the
 throttling proxy (infra/local/s3proxy.py) in front of the loopback S3 server, as an efficiency
 against the per-connection cap, scaled to S3's ~85 MB/s per connection; the snapshot stall of an
 asynchronous save as host memory copy throughput (what the step loop waits for; a GPU's
-device-to-host copy is faster, so this is conservative). Everything else is a stated parameter.
+device-to-host copy is faster, so this is conservative); and (about 90 s, `--no-recovery` skips
+it) the recovery harness's in-place restarts, as above. Everything else is a stated parameter.
 
 Prints ONE JSON line (every parameter with `value`, `unit`, `source`: measured | assumed |
 published | spec default | derived) and writes docs/img/goodput.png.
 
     .venv/bin/python bench/goodput_at_scale.py [--days 30] [--replications 20] [--seed 24] [--no-measure]
+                                               [--no-recovery]
 """
 
 from __future__ import annotations
@@ -154,10 +159,38 @@ def measure_snapshot(size_mb: int) -> float:
     return best
 
 
+def measure_recovery() -> dict:
+    """The in-place recovery of the tiny trainer's rank faults on this machine (the harness of
+    `bench/chaos.py --only recovery`, its `in place + memory` policy): per fault kind, the agent's
+    detection delay (last step -> verdict) and the restart (verdict -> the new ranks restoring)."""
+    from orchestrator.harness.control_plane import ControlPlane
+    from orchestrator.harness.recovery import run_policy
+
+    work = Path(tempfile.mkdtemp(prefix="aerie-goodput-recovery-"))
+    (work / "home").mkdir()
+    cp = ControlPlane(work / "home", s3=True).start()
+    try:
+        run = run_policy(cp, work, "in place + memory", bucket="s3://aerie/goodput-recovery")
+    finally:
+        cp.stop()
+        cp.cleanup_nodes()
+    faults = [f for f in run.faults if f.get("mode") == "in_place" and f.get("restart_s") is not None]
+    if run.job["state"] != "Completed" or not faults:
+        raise RuntimeError(f"the recovery run did not give in-place restarts: {run.job['state']}, {run.faults}")
+    hangs = [f["detect_s"] for f in faults if f.get("reason") == "silent.hang" and f.get("detect_s") is not None]
+    crashes = [f["detect_s"] for f in faults if f.get("reason") == "exit.nonzero" and f.get("detect_s") is not None]
+    return {
+        "in_place_restart_s": statistics.median(f["restart_s"] + f.get("restore_s", 0.0) for f in faults),
+        "hang_detect_s": max(hangs) if hangs else None,
+        "crash_detect_s": max(crashes) if crashes else None,
+        "faults": faults,
+    }
+
+
 # --- the model --------------------------------------------------------------------------------------
 
 
-def parameters(args, measured: dict | None, snapshot_Bps: float | None) -> dict:
+def parameters(args, measured: dict | None, snapshot_Bps: float | None, recovery: dict | None = None) -> dict:
     p: dict[str, dict] = {}
     p["gpus"] = param(GPUS, "GPUs", "assumed", "the seed's scale")
     p["nodes"] = param(NODES, "nodes", "assumed", "8 GPUs per node")
@@ -185,12 +218,26 @@ def parameters(args, measured: dict | None, snapshot_Bps: float | None) -> dict:
     p["snapshot_Bps"] = param(snap, "bytes/s", "measured" if snapshot_Bps else "assumed", "host memory copy")
     p["snapshot_stall_s"] = param(per_node / snap, "s", "derived", "the step loop's wait per async save")
     p["collective_timeout_s"] = param(1800.0, "s", "assumed", "the seed's baseline NCCL timeout")
-    p["crash_detect_s"] = param(5.0, "s", "spec default", "a dead rank is seen at the next 5 s heartbeat")
+    rec = recovery or {}
+    here = "tiny trainer, 2 local nodes x 2 ranks, this run (orchestrator/harness/recovery.py)"
+    if rec.get("crash_detect_s") is not None:
+        # A dead rank is seen when its process exits, not at a heartbeat; at least 1 s, to stay honest at scale.
+        p["crash_detect_s"] = param(max(1.0, rec["crash_detect_s"]), "s", "measured", "a killed rank: " + here)
+    else:
+        p["crash_detect_s"] = param(5.0, "s", "spec default", "a dead rank is seen at the next 5 s heartbeat")
     hs = HealthSettings()
-    p["hang_detect_s"] = param(hs.hang_floor_s, "s", "spec default", "health.hang_floor_s")
+    if rec.get("hang_detect_s") is not None:
+        p["hang_detect_s"] = param(rec["hang_detect_s"], "s", "measured", "a hang at the fast test floor: " + here)
+    else:
+        p["hang_detect_s"] = param(hs.hang_floor_s, "s", "spec default", "health.hang_floor_s")
     p["relaunch_s"] = param(args.relaunch_s, "s", "assumed", "SageMaker full relaunch: provision, image, rendezvous")
-    p["in_place_restart_s"] = param(30.0, "s", "assumed", "until the recovery-in-seconds issue lands")
-    p["spare_swap_s"] = param(90.0, "s", "assumed", "a pre-flighted hot spare joins; until recovery-in-seconds")
+    if rec.get("in_place_restart_s") is not None:
+        p["in_place_restart_s"] = param(
+            rec["in_place_restart_s"], "s", "measured", "verdict -> ranks restored, median of the faults: " + here
+        )
+    else:
+        p["in_place_restart_s"] = param(30.0, "s", "assumed", "not measured in this run (--no-recovery)")
+    p["spare_swap_s"] = param(90.0, "s", "assumed", "a pre-flighted hot spare joins: not measured yet")
     p["peer_replica_Bps"] = param(12.5e9, "bytes/s", "assumed", "100 Gb/s between nodes for the peer's memory copy")
     p["baseline_interval_s"] = param(7200.0, "s", "assumed", "the seed's S3 checkpoint every 2 h")
     return p
@@ -305,15 +352,20 @@ def main() -> None:
     ap.add_argument("--relaunch-s", type=float, default=600.0)
     ap.add_argument("--measure-mb", type=int, default=64)
     ap.add_argument("--no-measure", action="store_true", help="use the stated assumptions only (fast)")
+    ap.add_argument("--no-recovery", action="store_true", help="skip the in-place recovery run (about 90 s)")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "goodput.png"), help="'' to skip the plot")
     args = ap.parse_args()
-    measured, snapshot = None, None
+    measured, snapshot, recovery = None, None, None
     t0 = time.perf_counter()
     if not args.no_measure:
         measured = measure_restore(args.connections, args.measure_mb)
         snapshot = measure_snapshot(min(args.measure_mb, 256))
         log(f"measured in {time.perf_counter() - t0:.1f}s: {measured}, snapshot {snapshot / MB:.0f} MB/s")
-    p = parameters(args, measured, snapshot)
+        if not args.no_recovery:
+            log("measuring in-place recovery (the tiny trainer's rank faults, about 90 s)")
+            recovery = measure_recovery()
+            log(f"in-place recovery: {recovery['faults']}")
+    p = parameters(args, measured, snapshot, recovery)
     result = project(args, p)
     a, c = result["a_baseline"], result["c_aerie_in_place"]
     ratio = (1 - a["goodput"]) / max(1e-12, 1 - c["goodput"])
@@ -332,7 +384,7 @@ def main() -> None:
         "parameters": p,
         "measured": sorted(k for k, x in p.items() if x["source"] == "measured"),
         "assumed": sorted(k for k, x in p.items() if x["source"] == "assumed"),
-        "policy_c_uses_assumed_recovery": True,
+        "policy_c_uses_assumed_recovery": recovery is None,
         "seed": args.seed,
         "replications": args.replications,
         "plot": args.plot or None,
