@@ -1,5 +1,6 @@
 """What an attempt's nodes leave on disk, read by the whole-job tests: rank and agent pids, the
-ranks' `restored` events, and the requests the loopback S3 server logged since a mark."""
+ranks' `restored` events, the requests the loopback S3 server logged since a mark, and the job's
+processes still running."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 import time
 from pathlib import Path
 
+import psutil
+
+from aerie_contracts import env
 from aerie_contracts.checkpoints import CheckpointTier, memory_uri
 from aerie_contracts.metrics import MetricEvent
 from orchestrator.harness.control_plane import ControlPlane
@@ -80,3 +84,16 @@ def running_pids(agents: dict[str, Path], ranks_per_node: int) -> tuple[dict[str
     return {h: pids(d, "agent.pid") for h, d in agents.items()}, {
         h: pids(d, "ranks/rank-*.pid") for h, d in agents.items()
     }
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Pids of every process that carries the job's id in its environment (`AERIE_JOB`): its
+    agents, launchers and ranks, wherever the backend started them."""
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if (p.info.get("environ") or {}).get(env.JOB) == job_id:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found

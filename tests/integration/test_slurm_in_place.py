@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import psutil
 import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from orchestrator.backends.slurm import _find_job_by_name, slurm_job_state
 from orchestrator.harness.control_plane import write_spec
-from tests.helpers.attempt_files import attempt_of, pids
+from tests.helpers.attempt_files import attempt_of, job_processes, pids
 from tests.helpers.slurm_plane import slurm_control_plane
 from tests.helpers.wait import wait_for
 
@@ -105,18 +104,7 @@ def test_a_stop_during_an_in_place_attempt_cancels_the_allocation(cp, tmp_path):
     assert job["state"] == "Stopped" and job["attempt_list"][1]["state"] == "Stopped", json.dumps(job)[:3000]
     wait_for(
         what="the Slurm job cancelled and its processes gone",
-        check=lambda: (slurm_job_state(slurm_id) or {}).get("state") == "CANCELLED" and not _job_processes(job_id),
+        check=lambda: (slurm_job_state(slurm_id) or {}).get("state") == "CANCELLED" and not job_processes(job_id),
         timeout_s=30,
         every_s=0.5,
     )
-
-
-def _job_processes(job_id: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter(["environ"]):
-        try:
-            if (p.info.get("environ") or {}).get("AERIE_JOB") == job_id:
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found

@@ -13,10 +13,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, ControlPlane, event_story, write_spec
+from tests.helpers.attempt_files import job_processes
 from tests.helpers.contract_jobs import contract_spec
 from tests.helpers.slurm_plane import slurm_control_plane
 
@@ -61,17 +61,6 @@ def _handle(cp: ControlPlane, job: dict, attempt: int = 1) -> dict:
     return json.loads((cp.home / "jobs" / job["id"] / f"attempt-{attempt}" / "handle.json").read_text())
 
 
-def _job_processes(job_id: str) -> list[int]:
-    pids = []
-    for p in psutil.process_iter(["environ"]):
-        try:
-            if (p.info.get("environ") or {}).get("AERIE_JOB") == job_id:
-                pids.append(p.pid)
-        except psutil.Error:
-            pass
-    return pids
-
-
 def _slurm_state(slurm_job_id: int) -> str:
     from orchestrator.backends.slurm import slurm_job_state
 
@@ -102,14 +91,14 @@ def test_stop_cancels_the_slurm_job_and_its_processes(cp, tmp_path):
     cp.cli("submit", _spec(tmp_path, "slurm-stop", ["--steps", "600", "--sleep", "1"]), check=True)
     job = _wait_running(cp, "slurm-stop")
     time.sleep(3)  # let torchrun start the ranks
-    assert _job_processes(job["id"]), "the job's processes should be running"
+    assert job_processes(job["id"]), "the job's processes should be running"
     stopped_at = time.time()
     cp.cli("stop", "slurm-stop", check=True)
     job = cp.wait_state("slurm-stop", {"Stopped", "Failed", "Completed"}, timeout_s=60)
     assert job["state"] == "Stopped", job
-    while _job_processes(job["id"]) and time.time() - stopped_at < 30:
+    while job_processes(job["id"]) and time.time() - stopped_at < 30:
         time.sleep(0.5)
-    assert _job_processes(job["id"]) == [], "processes left 30 s after aerie stop"
+    assert job_processes(job["id"]) == [], "processes left 30 s after aerie stop"
     slurm_id = _handle(cp, job)["slurm_job_id"]
     while _slurm_state(slurm_id) != "CANCELLED" and time.time() - stopped_at < 30:
         time.sleep(0.5)  # COMPLETING while slurmstepd cleans up
@@ -149,9 +138,9 @@ def test_rank_killed_with_sigkill_fails_the_attempt_with_exit_nonzero(cp, tmp_pa
     assert reason["host"] == "node2" and reason["rank"] == 2 and reason["signal"] == 9, reason
     assert cp.wait_state("slurm-kill", {"Failed", "Completed", "Stopped"}, timeout_s=60)["state"] == "Failed"
     deadline = time.time() + 30
-    while _job_processes(job["id"]) and time.time() < deadline:
+    while job_processes(job["id"]) and time.time() < deadline:
         time.sleep(0.5)
-    assert _job_processes(job["id"]) == [], "the surviving node's processes outlived the failed attempt"
+    assert job_processes(job["id"]) == [], "the surviving node's processes outlived the failed attempt"
 
 
 def test_lost_node_is_excluded_from_the_next_attempt(cp, tmp_path):
