@@ -38,7 +38,7 @@ from aerie_contracts import env as E
 from aerie_contracts import memckpt
 from agent.memckpt import replicate
 from agent.memckpt.store import SnapshotStore
-from trainer.checkpoint import memory
+from trainer.checkpoint import interval, memory
 from trainer.models import build_model, get_preset
 
 
@@ -89,7 +89,7 @@ def main() -> None:
         snapshot_s = blocking["async"]
         snap = snaps["blocking"]
         header = memckpt.verify(snap.path(args.snapshots))
-        auto = memory.AutoInterval()
+        auto = interval.AutoInterval()
         auto.observe_snapshot(1, snapshot_s + statistics.median(write_s), step_s)  # what `auto` charges
         every = auto.every() or 1
         overhead = training_overhead(step, model, opt, root, args)

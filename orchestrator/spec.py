@@ -75,7 +75,7 @@ class CheckpointConfig(_Strict):
     every_steps: int | Literal["auto"] = Field(default=100)
     # The in-memory tier (issue #22): snapshots in the nodes' shared memory, replicated to a peer
     # node. `auto`: as often as the measured snapshot cost allows within 1 % of step time
-    # (trainer.checkpoint.memory.AutoInterval); a step count; 0: off. S3 stays the durable tier.
+    # (trainer.checkpoint.interval.AutoInterval); a step count; 0: off. S3 stays the durable tier.
     memory_every_steps: int | Literal["auto"] = Field(default="auto")
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1)

@@ -12,6 +12,10 @@ a checkpoint produces bitwise the same losses as an uninterrupted one (same worl
 Exit codes: 0 when `steps` are done; 143 (128 + SIGTERM) or 130 (SIGINT) when stopped by a
 signal: the step in progress finishes on every rank, an in-flight checkpoint save is allowed to
 finish and commit, nothing new is started.
+
+Over 400 lines on purpose: `_train` is the run read top to bottom, and the order of what it writes
+(steps, saves, snapshots, evals, `train_end`) is what the agent's detectors rely on; the parts that
+stand alone live beside it (trainer/resume.py, trainer/checkpoint/interval.py, trainer/step_clock.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""`checkpoint.every_steps: auto`: S3 saves at the Young–Daly interval the run measures for itself.
+"""How often to checkpoint, measured by the run itself: `checkpoint.every_steps: auto` (S3 saves at
+the Young–Daly interval) and `memory_every_steps: auto` (`AutoInterval`: in-memory snapshots as
+often as their measured cost allows, within `AUTO_BUDGET` of the step time).
 
 The first save is at step `first_after` (the config's `checkpoint.auto_first_steps`, default 100:
 the old fixed default); it measures the save's synchronous stall C (what the loop waited for:
@@ -122,3 +124,84 @@ class YoungDalyInterval:
         basis = self._basis
         d = basis["step_s"]
         return {"every_steps": self.every, "interval_s": self.every * d if d else None, **basis}
+
+
+# --- the memory tier: `memory_every_steps` -----------------------------------------------------
+# The issue's budget: snapshots may cost at most this share of the training time.
+AUTO_BUDGET = 0.01
+
+
+def parse_every(value: str | int | None) -> int | None:
+    """`AERIE_MEMORY_CHECKPOINT_EVERY`: a positive step count, `auto` (None here), or 0/empty (off: 0)."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"memory_every_steps {value}: 0 (off), a positive step count or 'auto'")
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if not text.isdigit():
+        raise ValueError(f"memory_every_steps {value!r}: 0 (off), a positive step count or 'auto'")
+    return int(text)
+
+
+class AutoInterval:
+    """`memory_every_steps: auto`: snapshot as often as the measured cost allows within `budget`.
+
+    With a snapshot costing `c` seconds (the rank is blocked for it) and a step taking `t`, taking
+    one every `k` steps costs `c / (k t)` of the time; the smallest `k` within the budget is
+    ceil(c / (budget t)). Both are smoothed (EMA) and the interval re-derived after each snapshot.
+    The first snapshot is taken at step `first_after`: it measures c.
+
+    Every rank must snapshot the same steps (a memory checkpoint needs all of them), so the
+    interval changes only at a snapshot, from values the ranks agreed on there
+    (`MemorySnapshotter.snapshot` all-reduces them); between snapshots, step times only accumulate.
+    """
+
+    def __init__(self, budget: float = AUTO_BUDGET, first_after: int = 2, smoothing: float = 0.3) -> None:
+        if not 0 < budget < 1:
+            raise ValueError(f"budget {budget}: a fraction in (0, 1)")
+        self.budget = budget
+        self.first_after = max(1, first_after)
+        self.smoothing = smoothing
+        self.step_s: float | None = None
+        self.snapshot_s: float | None = None
+        self.last_step: int | None = None
+        self._steps_s, self._steps = 0.0, 0  # this rank's step times since the last snapshot
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
+    def observe_step(self, seconds: float) -> None:
+        if seconds > 0 and math.isfinite(seconds):
+            self._steps_s += seconds
+            self._steps += 1
+
+    def local_step_s(self) -> float:
+        """The mean step time since the last snapshot, as this rank saw it (0: none yet)."""
+        return self._steps_s / self._steps if self._steps else 0.0
+
+    def observe_snapshot(self, step: int, seconds: float, step_s: float | None = None) -> None:
+        """A snapshot at `step` cost `seconds`; `step_s` the steps' mean time (the ranks' agreed
+        values; default this rank's own)."""
+        step_s = self.local_step_s() if step_s is None else step_s
+        self.last_step = step
+        if seconds >= 0 and math.isfinite(seconds):
+            self.snapshot_s = self._ema(self.snapshot_s, seconds)
+        if step_s > 0 and math.isfinite(step_s):
+            self.step_s = self._ema(self.step_s, step_s)
+        self._steps_s, self._steps = 0.0, 0
+
+    def every(self) -> int | None:
+        """The interval in steps, once both costs are known."""
+        if self.step_s is None or self.snapshot_s is None:
+            return None
+        return max(1, math.ceil(self.snapshot_s / (self.budget * self.step_s)))
+
+    def due(self, step: int) -> bool:
+        if self.last_step is None:
+            return step >= self.first_after
+        every = self.every()
+        return step - self.last_step >= (every if every is not None else self.first_after)

@@ -12,7 +12,7 @@ import torch
 
 from aerie_contracts import memckpt
 from tests.helpers.state_worker import run_two_ranks
-from trainer.checkpoint import memory
+from trainer.checkpoint import interval, memory
 
 # Run by torchrun on 2 ranks: train, snapshot into the shared-memory area, train on, load the
 # snapshot into a model built from another seed, and compare everything with the state at snapshot.
@@ -158,7 +158,7 @@ def test_a_rank_keeps_only_its_newest_snapshots(tmp_path):
 
 
 def test_auto_interval_keeps_the_cost_within_budget():
-    auto = memory.AutoInterval(budget=0.01, first_after=2)
+    auto = interval.AutoInterval(budget=0.01, first_after=2)
     assert not auto.due(1) and auto.due(2)  # the first snapshot measures the cost
     auto.observe_step(0.4)
     auto.observe_step(0.6)
@@ -170,7 +170,7 @@ def test_auto_interval_keeps_the_cost_within_budget():
     assert auto.due(42) and auto.every() == 40  # not before it: ranks change only together
     auto.observe_snapshot(42, 0.2, step_s=5.0)  # the values the ranks agreed on
     assert auto.every() == 11  # EMA: step 0.5 -> 1.85 s; 0.2 / (0.01 * 1.85) = 10.8
-    cheap = memory.AutoInterval(budget=0.01, first_after=1)
+    cheap = interval.AutoInterval(budget=0.01, first_after=1)
     cheap.observe_snapshot(1, 0.01, step_s=10.0)
     assert cheap.every() == 1
 
@@ -243,10 +243,10 @@ def test_a_background_write_is_the_same_snapshot_as_a_blocking_one(tmp_path):
 
 @pytest.mark.parametrize("value,every", [("", 0), ("0", 0), ("25", 25), ("auto", None), (" AUTO ", None)])
 def test_every_setting(value, every):
-    assert memory.parse_every(value) == every
+    assert interval.parse_every(value) == every
 
 
 @pytest.mark.parametrize("value", ["-1", "often", "1.5"])
 def test_every_setting_refuses_nonsense(value):
     with pytest.raises(ValueError):
-        memory.parse_every(value)
+        interval.parse_every(value)
