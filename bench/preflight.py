@@ -17,43 +17,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aerie_contracts import env as E
 from aerie_contracts.health import PreflightSettings
-from aerie_contracts.preflight import summary_line
-from agent.preflight import Node, run_checks
+from aerie_contracts.preflight import PreflightResult, summary_line
+from agent.preflight.local import run_nodes
 
 GOAL_S = 15.0
 SETTINGS = PreflightSettings(enabled=True, collective_mb=2, min_link_gbps=0.05)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def one_run(area: str) -> dict[str, dict]:
-    hosts, port, out = ("algo-1", "algo-2"), _port(), {}
-    env = {E.MEMORY_CHECKPOINT_DIR: area}
-
-    def node(host: str) -> None:
-        out[host] = run_checks(SETTINGS, Node(host, hosts, "127.0.0.1", port, "bench"), env)
-
-    threads = [threading.Thread(target=node, args=(h,)) for h in hosts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+def one_run(area: str) -> dict[str, PreflightResult]:
+    return run_nodes(SETTINGS, ("algo-1", "algo-2"), "bench", {E.MEMORY_CHECKPOINT_DIR: area})
 
 
 def main() -> None:

@@ -67,6 +67,14 @@ class Stopping(_Strict):
     max_runtime_s: int = Field(default=86400, ge=1, le=28 * 86400)
 
 
+# Each checkpoint interval's least step count (the memory tier can be off, the S3 tier cannot)
+# and what its error asks for.
+_INTERVALS = {
+    "every_steps": (1, "a positive step count or 'auto'"),
+    "memory_every_steps": (0, "0 (off), a positive step count or 'auto'"),
+}
+
+
 class CheckpointConfig(_Strict):
     s3_uri: str | None = Field(default=None, pattern=S3_OR_FILE_URI)
     # `auto`: the Young–Daly interval √(2·C·MTBF), which the trainer measures for itself (its first
@@ -90,18 +98,12 @@ class CheckpointConfig(_Strict):
     # uploads each finished one, commits Aerie's manifest and restores it on a resume.
     marker: str | None = Field(default=None, min_length=1, max_length=200)
 
-    @field_validator("every_steps")
+    @field_validator("every_steps", "memory_every_steps")
     @classmethod
-    def _interval(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError("every_steps: a positive step count or 'auto'")
-        return value
-
-    @field_validator("memory_every_steps")
-    @classmethod
-    def _memory_interval(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 0:
-            raise ValueError("memory_every_steps: 0 (off), a positive step count or 'auto'")
+    def _interval(cls, value: int | str, info: ValidationInfo) -> int | str:
+        least, wanted = _INTERVALS[str(info.field_name)]
+        if isinstance(value, int) and value < least:
+            raise ValueError(f"{info.field_name}: {wanted}")
         return value
 
     @field_validator("marker")

@@ -20,16 +20,11 @@ from typing import Any
 from aerie_contracts import FailureKind
 from aerie_contracts.states import JOB_TERMINAL, JobState
 from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import rank_losses, trainer_spec
+from orchestrator.harness.jobs import rank_faults, rank_losses, trainer_spec
 
 STEPS = 300
 EVERY = 20
-TRAINER_FAULTS = [
-    {"kind": "sigkill", "step": 30, "rank": 3, "attempt": 1},
-    {"kind": "sigstop", "step": 50, "rank": 1, "attempt": 2},
-    {"kind": "busy_hang", "step": 70, "rank": 2, "attempt": 3},
-    {"kind": "nan", "step": 90, "attempt": 4},
-]
+TRAINER_FAULTS = [*rank_faults(30, 50, 70), {"kind": "nan", "step": 90, "attempt": 4}]
 # FSDP2: its reduce-scatters sum in a fixed order from the first step on. DDP rebuilds its gradient
 # buckets after its first iteration, so at world size > 2 a resumed run's first step adds the
 # ranks' gradients in another order than the uninterrupted run did (last-bit differences).

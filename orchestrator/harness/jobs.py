@@ -19,6 +19,17 @@ FAST_HEALTH = {
     "first_step_timeout_s": 240,
 }
 
+# The rank faults the chaos and recovery runs inject, one per attempt in this order: (kind, rank).
+RANK_FAULTS = (("sigkill", 3), ("sigstop", 1), ("busy_hang", 2))
+
+
+def rank_faults(*steps: int) -> list[dict[str, Any]]:
+    """`RANK_FAULTS` at these steps, the n-th in attempt n (AERIE_FAULTS entries)."""
+    return [
+        {"kind": kind, "step": step, "rank": rank, "attempt": n}
+        for n, ((kind, rank), step) in enumerate(zip(RANK_FAULTS, steps, strict=True), 1)
+    ]
+
 
 def trainer_spec(
     path: Path,

@@ -30,18 +30,14 @@ from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.metrics import MetricEvent
 from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import attempt_step_records, trainer_spec
+from orchestrator.harness.jobs import attempt_step_records, rank_faults, trainer_spec
 
 STEPS = 300
 S3_EVERY = 20
 MEMORY_EVERY = 5
 # A hundred steps apart (about 5 s of the tiny model's training here): time for a group's warm
 # successor (agent.warm) to be ready, as it is in a real run, whose faults are hours apart.
-FAULTS = [
-    {"kind": "sigkill", "step": 57, "rank": 3, "attempt": 1},
-    {"kind": "sigstop", "step": 157, "rank": 1, "attempt": 2},
-    {"kind": "busy_hang", "step": 257, "rank": 2, "attempt": 3},
-]
+FAULTS = rank_faults(57, 157, 257)
 POLICIES: dict[str, dict[str, Any]] = {
     "relaunch + S3": {"in_place_restarts": 0, "memory_every_steps": 0},
     "in place + memory": {"in_place_restarts": len(FAULTS), "memory_every_steps": MEMORY_EVERY},

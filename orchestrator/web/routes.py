@@ -128,17 +128,17 @@ def jobs_page(
     partial: bool = False,
     who: Principal = Depends(viewer),
 ) -> HTMLResponse:
-    rows = views.job_rows(s, who.tenant, state, q, backend)
-    ctx = dict(
+    return _page(
+        request,
+        "_job_rows.html" if partial else "jobs.html",
         who=who,
-        rows=rows,
+        rows=views.job_rows(s, who.tenant, state, q, backend),
         state=state,
         q=q,
         backend=backend,
         states=STATES,
         backends=sorted(request.app.state.backends),
     )
-    return _page(request, "_job_rows.html" if partial else "jobs.html", **ctx)
 
 
 @router.get("/jobs/{job_ref}")

@@ -4,8 +4,6 @@ burn and the gloo collective between two "nodes" of this machine; then the node'
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -14,21 +12,16 @@ import pytest
 from aerie_contracts import env as E
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.health import HealthSettings, PreflightSettings
-from aerie_contracts.preflight import Check, Decision, Fault, parse_faults, summary_line
+from aerie_contracts.preflight import Check, Decision, Fault, PreflightResult, parse_faults, summary_line
 from agent.preflight import Node, run_checks
 from agent.preflight import host as host_checks
 from agent.preflight import store as store_check
 from agent.preflight.gpu import GpuHealth
+from agent.preflight.local import free_port, run_nodes
 from agent.preflight.node import RESULT_FILE, Gate
 from tests.helpers import nvml_standin
 
 FAST = PreflightSettings(enabled=True, burn_s=0.2, collective_mb=2, min_link_gbps=0.05, budget_s=60)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _by_check(result) -> dict:
@@ -133,7 +126,7 @@ def test_gpu_health_skips_without_nvml_and_flags_ecc_retired_pages_slowdown_and_
 
 def test_one_node_burns_the_cpu_and_skips_the_collective_and_a_slow_accelerator_fails(tmp_path):
     env = {E.MEMORY_CHECKPOINT_DIR: str(tmp_path)}
-    node = Node("algo-1", ("algo-1",), "127.0.0.1", _port(), "att-1")
+    node = Node("algo-1", ("algo-1",), "127.0.0.1", free_port(), "att-1")
     res = run_checks(FAST, node, env)
     checks = _by_check(res)
     assert res["passed"], summary_line(res)
@@ -148,19 +141,9 @@ def test_one_node_burns_the_cpu_and_skips_the_collective_and_a_slow_accelerator_
     assert "FAILED" in summary_line(slow) and "compute:" in summary_line(slow)
 
 
-def _two_nodes(tmp_path: Path, fault: str = "") -> dict[str, dict]:
-    hosts, port, out = ("algo-1", "algo-2"), _port(), {}
+def _two_nodes(tmp_path: Path, fault: str = "") -> dict[str, PreflightResult]:
     env = {E.MEMORY_CHECKPOINT_DIR: str(tmp_path), E.PREFLIGHT_FAULT: fault}
-
-    def one(host: str) -> None:
-        out[host] = run_checks(FAST, Node(host, hosts, "127.0.0.1", port, "att-1"), env)
-
-    threads = [threading.Thread(target=one, args=(h,)) for h in hosts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return out
+    return run_nodes(FAST, ("algo-1", "algo-2"), "att-1", env, timeout_s=120)
 
 
 def test_two_nodes_all_reduce_and_time_each_link(tmp_path):

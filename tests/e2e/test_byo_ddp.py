@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.byo_job import byo_spec, hang_restart_resume
+from tests.helpers.byo_job import ByoScript, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 
-STEPS, SAVE = 50, 10
+DDP = ByoScript("byo-ddp", "ddp_train.py", steps=50, save_steps=10, step_sleep=0.25)
 METRIC_DEFINITIONS = [
     {"Name": "step", "Regex": r"^step (\d+)/\d+ \|"},
     {"Name": "train:loss", "Regex": r"\| loss ([0-9.eE+-]+|nan|inf) \|"},
@@ -35,16 +35,8 @@ METRIC_DEFINITIONS = [
 
 
 def test_plain_ddp_script_hang_restart_resume(s3_plane, tmp_path):
-    spec = byo_spec(
-        "byo-ddp",
-        "ddp_train.py",
-        steps=STEPS,
-        save_steps=SAVE,
-        step_sleep=0.25,
-        metrics=METRIC_DEFINITIONS,
-        checkpoint={"s3_uri": "s3://aerie/byo-ddp", "marker": "ckpt-*/DONE"},
-    )
-    run = hang_restart_resume(s3_plane, spec, tmp_path, steps=STEPS, save_steps=SAVE)
+    checkpoint = {"s3_uri": "s3://aerie/byo-ddp", "marker": "ckpt-*/DONE"}
+    run = hang_restart_resume(s3_plane, DDP, tmp_path, metrics=METRIC_DEFINITIONS, checkpoint=checkpoint)
 
     first, second = ({r["step"]: r["loss"] for r in run.rank0_steps(s3_plane, n)} for n in (1, 2))
     step = run.resume_step + 1

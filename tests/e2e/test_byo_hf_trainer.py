@@ -17,21 +17,20 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.byo_job import byo_spec, hang_restart_resume
+from tests.helpers.byo_job import ByoScript, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")
 
-STEPS, SAVE = 30, 10
+HF = ByoScript("byo-hf", "hf_train.py", steps=30, save_steps=10, step_sleep=0.3)
 
 
 def test_unmodified_hf_trainer_hang_restart_resume(s3_plane, tmp_path):
-    spec = byo_spec(
-        "byo-hf",
-        "hf_train.py",
-        steps=STEPS,
-        save_steps=SAVE,
-        step_sleep=0.3,
+    # The shared checks include attempt 2 starting at the restored step (HF's own bar resumes there).
+    hang_restart_resume(
+        s3_plane,
+        HF,
+        tmp_path,
         # Hang after 20 s without a step: HF's periodic saves are invisible pauses between steps
         # (the tail after the last step, "N/N", is a wind-down with a limit of its own).
         health={"hang_floor_s": 20},
@@ -39,5 +38,3 @@ def test_unmodified_hf_trainer_hang_restart_resume(s3_plane, tmp_path):
         checkpoint={"s3_uri": "s3://aerie/byo", "marker": "hf-trainer"},
         env={"TOKENIZERS_PARALLELISM": "false"},
     )
-    # The shared checks include attempt 2 starting at the restored step (HF's own bar resumes there).
-    hang_restart_resume(s3_plane, spec, tmp_path, steps=STEPS, save_steps=SAVE)

@@ -26,16 +26,33 @@ from tests.helpers.wait import wait_for
 REPO = Path(__file__).resolve().parents[2]
 
 
-def byo_spec(
-    name: str, script: str, *, steps: int, save_steps: int, step_sleep: float, health: dict | None = None, **more: Any
-) -> dict[str, Any]:
-    """The spec of `examples/byo/<script>` on 2 nodes x 2 ranks of the local backend, one restart
-    allowed, the fast health thresholds (a hang after 12 s without a step, `health` overriding);
-    `more` adds the script's own keys (metrics, checkpoint, env)."""
+@dataclass(frozen=True)
+class ByoScript:
+    """A job of `examples/byo/<script>` and its schedule (the script's --max-steps, --save-steps and
+    --step-sleep)."""
+
+    name: str
+    script: str
+    steps: int
+    save_steps: int
+    step_sleep: float
+
+
+def byo_spec(run: ByoScript, health: dict | None = None, **more: Any) -> dict[str, Any]:
+    """The spec of `run` on 2 nodes x 2 ranks of the local backend, one restart allowed, the fast
+    health thresholds (a hang after 12 s without a step, `health` overriding); `more` adds the
+    script's own keys (metrics, checkpoint, env)."""
     return {
-        "name": name,
-        "entrypoint": ["python", f"examples/byo/{script}"],
-        "args": ["--max-steps", str(steps), "--save-steps", str(save_steps), "--step-sleep", str(step_sleep)],
+        "name": run.name,
+        "entrypoint": ["python", f"examples/byo/{run.script}"],
+        "args": [
+            "--max-steps",
+            str(run.steps),
+            "--save-steps",
+            str(run.save_steps),
+            "--step-sleep",
+            str(run.step_sleep),
+        ],
         "resources": {"instance_count": 2, "procs_per_node": 2},
         "retry": {"max_restarts": 1},
         "health": {**FAST_HEALTH, "startup_grace_s": 10, **(health or {})},
@@ -57,8 +74,10 @@ class ByoRun:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def hang_restart_resume(cp: ControlPlane, spec: dict[str, Any], work: Path, steps: int, save_steps: int) -> ByoRun:
-    name = spec["name"]
+def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_keys: Any) -> ByoRun:
+    """The rehearsal of `run`'s job (`byo_spec(run, **spec_keys)`), checked as the module says."""
+    spec = byo_spec(run, **spec_keys)
+    name, steps, save_steps = run.name, run.steps, run.save_steps
     (work / "spec.json").write_text(json.dumps(spec))
     cp.cli("submit", str(work / "spec.json"), check=True)
     job_id = wait_for(what="the job", check=lambda: cp.job(name)["id"], timeout_s=60)
@@ -98,7 +117,7 @@ def hang_restart_resume(cp: ControlPlane, spec: dict[str, Any], work: Path, step
     assert [r["step"] for r in series["resumes"]] == [resume_step]
     audit = [e["detail"] for e in cp.events(name) if e["detail-type"] == "Aerie Chaos Injected"]
     assert [(a["host"], a["rank"], a["fault"]) for a in audit] == [("algo-1", 1, "sigstop")]
-    run = ByoRun(job_id=job_id, attempts=attempts, resume_step=resume_step, series=series)
+    result = ByoRun(job_id=job_id, attempts=attempts, resume_step=resume_step, series=series)
     # Attempt 2 really resumed: its first step is the one after the restored checkpoint's.
-    assert min(r["step"] for r in run.rank0_steps(cp, 2)) == resume_step + 1
-    return run
+    assert min(r["step"] for r in result.rank0_steps(cp, 2)) == resume_step + 1
+    return result

@@ -19,25 +19,35 @@ def _checkpoint(uri: str, step: int, attempt: int) -> None:
     s3_checkpoint(uri, step, attempt, 100 + step, tokens=step * 1000)
 
 
+def _commit(s, attempt, prefix: str, number: int, steps, recorded_size=None) -> None:
+    """Attempt `number`'s checkpoints of `steps` in S3 and in the store (recorded as
+    `recorded_size` bytes, or as large as the S3 one)."""
+    for step in steps:
+        _checkpoint(checkpoint_uri(prefix, step, number), step, number)
+        size = 100 + step if recorded_size is None else recorded_size
+        repo.record_checkpoint(s, attempt, step, checkpoint_uri(prefix, step, number), {"size_bytes": size})
+
+
+def _first_attempt(s, bucket: str, name: str, keep_last: int):
+    """A GC'd job and its attempt 1, Running: (job, the job's checkpoint prefix, attempt 1)."""
+    base = f"s3://{bucket}/ckpt"
+    job = gc_job(s, name, base, keep_last=keep_last)
+    a1 = repo.create_attempt(s, job, 1)
+    repo.set_attempt_state(s, a1, "Running")
+    return job, f"{base}/{job.id}", a1
+
+
 def test_keeps_the_last_and_every_resume_point_and_is_idempotent(s3_bucket, api):
     """Attempt 1 committed 10-30 and was superseded; a zombie of it then committed 40 in S3 (never
     recorded); attempt 2 resumed from 10 and committed 40 and 50. keep_last=2 keeps attempt 2's
     two, 10 (a resume point); GC deletes 20 and 30 (their records say `deleted`) and the zombie's."""
-    base = f"s3://{s3_bucket}/ckpt"
     with api.db.session() as s:
-        job = gc_job(s, "gc-job", base, keep_last=2)
-        prefix = f"{base}/{job.id}"
-        a1 = repo.create_attempt(s, job, 1)
-        repo.set_attempt_state(s, a1, "Running")
-        for step in (10, 20, 30):
-            _checkpoint(checkpoint_uri(prefix, step, 1), step, 1)
-            repo.record_checkpoint(s, a1, step, checkpoint_uri(prefix, step, 1), {"size_bytes": 100 + step})
+        job, prefix, a1 = _first_attempt(s, s3_bucket, "gc-job", keep_last=2)
+        _commit(s, a1, prefix, 1, (10, 20, 30))
         repo.set_attempt_state(s, a1, "Failed", {"kind": "node.lost", "host": "algo-2"})
         a2 = repo.create_attempt(s, job, 2, resume_from=checkpoint_uri(prefix, 10, 1))
         _checkpoint(checkpoint_uri(prefix, 40, 1), 40, 1)  # the zombie's commit: S3 only
-        for step in (40, 50):
-            _checkpoint(checkpoint_uri(prefix, step, 2), step, 2)
-            repo.record_checkpoint(s, a2, step, checkpoint_uri(prefix, step, 2), {"size_bytes": 100 + step})
+        _commit(s, a2, prefix, 2, (40, 50))
         job_id = job.id
 
     event = json.loads(FIXTURE.read_text().replace("JOB_ID", job_id).replace("URI", checkpoint_uri(prefix, 50, 2)))
@@ -72,22 +82,14 @@ def test_memory_checkpoints_are_never_durable_and_a_memory_resume_keeps_its_fall
     from aerie_contracts.restarts import CAUSE_RESUME_FALLBACK
     from orchestrator.store.models import Checkpoint
 
-    base = f"s3://{s3_bucket}/ckpt"
     with api.db.session() as s:
-        job = gc_job(s, "gc-mem", base, keep_last=1)
-        prefix = f"{base}/{job.id}"
-        a1 = repo.create_attempt(s, job, 1)
-        repo.set_attempt_state(s, a1, "Running")
-        for step in (10, 20):
-            _checkpoint(checkpoint_uri(prefix, step, 1), step, 1)
-            repo.record_checkpoint(s, a1, step, checkpoint_uri(prefix, step, 1), {"size_bytes": 1})
+        job, prefix, a1 = _first_attempt(s, s3_bucket, "gc-mem", keep_last=1)
+        _commit(s, a1, prefix, 1, (10, 20), recorded_size=1)
         repo.set_attempt_state(s, a1, "Failed", {"kind": "silent.hang"})
         a2 = repo.create_attempt(s, job, 2, resume_from=memory_uri(job.id, 24, 1))
         a2.cause = {"mode": "in_place", CAUSE_RESUME_FALLBACK: checkpoint_uri(prefix, 20, 1)}
         repo.set_attempt_state(s, a2, "Running")
-        for step in (30, 40):
-            _checkpoint(checkpoint_uri(prefix, step, 2), step, 2)
-            repo.record_checkpoint(s, a2, step, checkpoint_uri(prefix, step, 2), {"size_bytes": 1})
+        _commit(s, a2, prefix, 2, (30, 40), recorded_size=1)
         # A memory checkpoint newer than every S3 one: good, but not one of S3's keep_last.
         meta = {"ranks": [0], "world_size": 1, "node": "algo-1", "size_bytes": 1}
         repo.record_checkpoint(s, a2, 44, memory_uri(job.id, 44, 2), meta, tier="memory")

@@ -26,3 +26,11 @@ def db(db_url):
     database = Database(db_url)
     yield database
     database.dispose()
+
+
+@pytest.fixture
+def sqlite_db(tmp_path):
+    """A fresh SQLite store, for tests that set timestamps by hand and need one database only."""
+    database = Database(f"sqlite:///{tmp_path / 'store.db'}")
+    yield database
+    database.dispose()

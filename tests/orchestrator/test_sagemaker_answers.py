@@ -15,27 +15,19 @@ import pytest
 
 from lambdas.sagemaker_events import failure_reason
 from orchestrator import sagemaker_mapping as m
+from orchestrator.store.models import Attempt, Node
 
 SECONDARY = set(botocore.session.get_session().get_service_model("sagemaker").shape_for("SecondaryStatus").enum)
 T0 = 1_800_000_000.0
 
 
 def node(summary=None):
-    return SimpleNamespace(summary=summary)
+    return Node(summary=summary)
 
 
-def attempt(number, state, created, started=None, ended=None, reason=None, exit_code=None, resume_from=None, nodes=()):
-    return SimpleNamespace(
-        number=number,
-        state=state,
-        created_at=created,
-        started_at=started,
-        ended_at=ended,
-        reason=reason,
-        exit_code=exit_code,
-        resume_from=resume_from,
-        nodes=list(nodes),
-    )
+def attempt(number, state, created, **more):
+    """The store's own attempt, unsaved (`more`: started_at, ended_at, reason, exit_code, resume_from, nodes)."""
+    return Attempt(number=number, state=state, created_at=created, **more)
 
 
 def job(state="InProgress", attempts=(), stop=False, ended=None, reason=None, max_restarts=1, count=2):
@@ -68,25 +60,25 @@ def test_a_job_waiting_to_start_and_one_training():
     assert m.training_job_status(job(state="Submitted")) == "InProgress"
     launching = job(attempts=[attempt(1, "Launching", T0 + 1)])
     assert statuses(launching)[0] == ["Starting", "Downloading"]
-    running = job(attempts=[attempt(1, "Running", T0 + 1, started=T0 + 3)])
+    running = job(attempts=[attempt(1, "Running", T0 + 1, started_at=T0 + 3)])
     names, transitions = statuses(running)
     assert names == ["Starting", "Downloading", "Training"]
     assert "EndTime" not in transitions[-1]  # the current one is open
 
 
 def test_a_failed_attempt_shows_restarting_only_when_chaining_will_restart_it():
-    failed = attempt(1, "Failed", T0 + 1, started=T0 + 3, ended=T0 + 40, reason=HANG, exit_code=1)
+    failed = attempt(1, "Failed", T0 + 1, started_at=T0 + 3, ended_at=T0 + 40, reason=HANG, exit_code=1)
     names, transitions = statuses(job(attempts=[failed]))
     assert names[-1] == "Restarting" and "silent.hang" in transitions[-1]["StatusMessage"]
     assert m.training_job_status(job(attempts=[failed])) == "InProgress"
     assert statuses(job(attempts=[failed], max_restarts=0))[0][-1] == "Training"  # the job is about to fail
-    user = attempt(1, "Failed", T0 + 1, started=T0 + 3, ended=T0 + 4, reason={"kind": "user.error"}, exit_code=2)
+    user = attempt(1, "Failed", T0 + 1, started_at=T0 + 3, ended_at=T0 + 4, reason={"kind": "user.error"}, exit_code=2)
     assert statuses(job(attempts=[user], max_restarts=3))[0][-1] == "Training"
 
 
 def test_a_restarted_job_shows_each_attempt_and_the_resume_point():
-    first = attempt(1, "Failed", T0 + 1, started=T0 + 3, ended=T0 + 40, reason=HANG, exit_code=1)
-    second = attempt(2, "Running", T0 + 41, started=T0 + 43, resume_from="s3://b/ckpt/job/step_00000008")
+    first = attempt(1, "Failed", T0 + 1, started_at=T0 + 3, ended_at=T0 + 40, reason=HANG, exit_code=1)
+    second = attempt(2, "Running", T0 + 41, started_at=T0 + 43, resume_from="s3://b/ckpt/job/step_00000008")
     names, transitions = statuses(job(attempts=[first, second]))
     assert names == ["Starting", "Downloading", "Training", "Restarting", "Training"]
     restart = transitions[3]
@@ -95,9 +87,9 @@ def test_a_restarted_job_shows_each_attempt_and_the_resume_point():
 
 
 def test_a_completed_job_with_its_upload_timings_and_billable_time():
-    first = attempt(1, "Failed", T0 + 1, started=T0 + 10, ended=T0 + 20, reason=HANG, exit_code=1)
+    first = attempt(1, "Failed", T0 + 1, started_at=T0 + 10, ended_at=T0 + 20, reason=HANG, exit_code=1)
     up = node({"phase": "uploading", "phase_since": T0 + 45})
-    second = attempt(2, "Completed", T0 + 21, started=T0 + 25, ended=T0 + 46, nodes=[up, node({})])
+    second = attempt(2, "Completed", T0 + 21, started_at=T0 + 25, ended_at=T0 + 46, nodes=[up, node({})])
     j = job(state="Completed", attempts=[first, second], ended=T0 + 46)
     names, transitions = statuses(j)
     assert names == ["Starting", "Downloading", "Training", "Restarting", "Training", "Uploading", "Completed"]
@@ -115,7 +107,7 @@ def test_a_completed_job_with_its_upload_timings_and_billable_time():
 
 
 def test_a_failed_job_says_why_in_sagemakers_words():
-    failed = attempt(1, "Failed", T0 + 1, started=T0 + 3, ended=T0 + 40, reason=HANG, exit_code=1)
+    failed = attempt(1, "Failed", T0 + 1, started_at=T0 + 3, ended_at=T0 + 40, reason=HANG, exit_code=1)
     j = job(state="Failed", attempts=[failed], ended=T0 + 41, reason={**HANG, "retry_exhausted": True})
     record = SimpleNamespace(name="f", arn="arn:x", warnings=[], request={"TrainingJobName": "f"})
     d = m.describe_training_job(record, j, T0 + 100)
@@ -128,10 +120,10 @@ def test_a_failed_job_says_why_in_sagemakers_words():
 
 
 def test_stopping_and_stopped():
-    running = attempt(1, "Running", T0 + 1, started=T0 + 3)
+    running = attempt(1, "Running", T0 + 1, started_at=T0 + 3)
     j = job(attempts=[running], stop=True)
     assert m.training_job_status(j) == "Stopping" and statuses(j)[0][-1] == "Stopping"
-    stopped = attempt(1, "Stopped", T0 + 1, started=T0 + 3, ended=T0 + 30)
+    stopped = attempt(1, "Stopped", T0 + 1, started_at=T0 + 3, ended_at=T0 + 30)
     j = job(state="Stopped", attempts=[stopped], stop=True, ended=T0 + 31)
     assert m.training_job_status(j) == "Stopped"
     assert statuses(j)[0][-2:] == ["Stopping", "Stopped"]

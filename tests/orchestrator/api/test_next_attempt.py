@@ -6,21 +6,11 @@ from __future__ import annotations
 from aerie_contracts import memckpt
 from aerie_contracts.restarts import CAUSE_MODE
 from orchestrator.store import repo
-
-
-def _auth(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
+from tests.helpers.tokens import agent_attempt, auth_header
 
 
 def _failed_attempt(app) -> tuple[str, str, str]:
-    with app.state.db.session() as s:
-        job = repo.create_job(s, {"name": "warm", "backend": "local", "entrypoint": ["x"]}, "default")
-        repo.set_job_state(s, job, "InProgress")
-        attempt = repo.create_attempt(s, job, 1)
-        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"]}
-        repo.set_attempt_state(s, attempt, "Running")
-        repo.set_attempt_state(s, attempt, "Failed", {"kind": "exit.nonzero"})
-        return job.id, attempt.id, repo.mint_token(s, "agent", attempt_id=attempt.id)
+    return agent_attempt(app, "warm", {"kind": "exit.nonzero"})
 
 
 def _successor(app, job_id: str, mode: str) -> str:
@@ -34,7 +24,7 @@ def _successor(app, job_id: str, mode: str) -> str:
 def test_an_agent_waits_then_gets_its_in_place_successor_with_a_token_for_it_alone(api):
     client, app, _admin = api
     job_id, a1, token = _failed_attempt(app)
-    ask = lambda host="algo-1", tok=token: client.get(f"/v1/attempts/{a1}/nodes/{host}/next", headers=_auth(tok))  # noqa: E731
+    ask = lambda host="algo-1", tok=token: client.get(f"/v1/attempts/{a1}/nodes/{host}/next", headers=auth_header(tok))  # noqa: E731
     assert ask().json()["action"] == "wait"  # no decision yet
     a2 = _successor(app, job_id, "in_place")
     assert ask().json()["action"] == "wait"  # decided, not launched yet
@@ -53,18 +43,22 @@ def test_an_agent_waits_then_gets_its_in_place_successor_with_a_token_for_it_alo
     assert answer["resume_from"] == "s3://b/ckpt/step_10" and answer["master_port"] == 4242
     assert answer["memckpt_key"] == "ab" * 32  # the memory tier's replication key of attempt 2
     # ...which no reader of the job sees (the API never shows a handle).
-    shown = client.get(f"/v1/jobs/{job_id}", headers=_auth(_admin))
+    shown = client.get(f"/v1/jobs/{job_id}", headers=auth_header(_admin))
     assert shown.status_code == 200 and a2 in shown.text and "ab" * 32 not in shown.text
     new = answer["token"]
     # Fencing: the new token speaks for attempt 2 only, the old one for attempt 1 only.
     assert (
-        client.post(f"/v1/attempts/{a2}/nodes/algo-1/heartbeat", json={"t": 1}, headers=_auth(new)).status_code == 200
+        client.post(f"/v1/attempts/{a2}/nodes/algo-1/heartbeat", json={"t": 1}, headers=auth_header(new)).status_code
+        == 200
     )
     assert (
-        client.post(f"/v1/attempts/{a1}/nodes/algo-1/heartbeat", json={"t": 1}, headers=_auth(new)).status_code == 403
+        client.post(f"/v1/attempts/{a1}/nodes/algo-1/heartbeat", json={"t": 1}, headers=auth_header(new)).status_code
+        == 403
     )
     assert (
-        client.post(f"/v1/attempts/{a2}/nodes/algo-1/exit", json={"exit_code": 1}, headers=_auth(token)).status_code
+        client.post(
+            f"/v1/attempts/{a2}/nodes/algo-1/exit", json={"exit_code": 1}, headers=auth_header(token)
+        ).status_code
         == 403
     )
     # A host the successor does not run on gets nothing; neither does a token of another attempt.
@@ -76,9 +70,9 @@ def test_a_relaunch_or_the_job_s_end_sends_the_agent_home(api):
     client, app, _admin = api
     job_id, a1, token = _failed_attempt(app)
     _successor(app, job_id, "relaunch")
-    answer = client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=_auth(token)).json()
+    answer = client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=auth_header(token)).json()
     assert answer["action"] == "exit" and "in-place successor" in answer["why"]
     job_id, a1, token = _failed_attempt(app)
     with app.state.db.session() as s:
         repo.set_job_state(s, repo.get_job(s, "default", job_id), "Failed", {"kind": "exit.nonzero"})
-    assert client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=_auth(token)).json()["action"] == "exit"
+    assert client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=auth_header(token)).json()["action"] == "exit"

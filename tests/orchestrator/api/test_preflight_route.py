@@ -8,20 +8,12 @@ from aerie_contracts import DetailType, FailureKind
 from aerie_contracts.preflight import Decision
 from orchestrator.store import repo
 from orchestrator.store.models import Event, Node
-
-
-def _auth(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
+from tests.helpers.tokens import agent_attempt, auth_header
 
 
 def _running_attempt(app) -> tuple[str, str]:
-    with app.state.db.session() as s:
-        job = repo.create_job(s, {"name": "pf", "backend": "local", "entrypoint": ["x"]}, "default")
-        repo.set_job_state(s, job, "InProgress")
-        attempt = repo.create_attempt(s, job, 1)
-        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"]}
-        repo.set_attempt_state(s, attempt, "Running")
-        return attempt.id, repo.mint_token(s, "agent", attempt_id=attempt.id)
+    _job_id, attempt_id, token = agent_attempt(app, "pf")
+    return attempt_id, token
 
 
 def _result(host: str, passed: bool) -> dict:
@@ -34,13 +26,13 @@ def test_the_decision_waits_for_every_node_then_starts(api):
     client, app, _admin = api
     a1, token = _running_attempt(app)
     url = f"/v1/attempts/{a1}/nodes/{{}}/preflight"
-    first = client.post(url.format("algo-1"), json=_result("algo-1", True), headers=_auth(token))
+    first = client.post(url.format("algo-1"), json=_result("algo-1", True), headers=auth_header(token))
     assert first.status_code == 200 and first.json()["action"] == Decision.WAIT
     assert "algo-2" in first.json()["why"]
-    assert client.get(url.format("algo-1"), headers=_auth(token)).json()["action"] == Decision.WAIT
-    second = client.post(url.format("algo-2"), json=_result("algo-2", True), headers=_auth(token))
+    assert client.get(url.format("algo-1"), headers=auth_header(token)).json()["action"] == Decision.WAIT
+    second = client.post(url.format("algo-2"), json=_result("algo-2", True), headers=auth_header(token))
     assert second.json()["action"] == Decision.START
-    assert client.get(url.format("algo-1"), headers=_auth(token)).json()["action"] == Decision.START
+    assert client.get(url.format("algo-1"), headers=auth_header(token)).json()["action"] == Decision.START
     with app.state.db.session() as s:
         rows = {n.host: n.preflight for n in s.query(Node).filter(Node.attempt_id == a1)}
         events = [e.detail for e in s.query(Event).filter(Event.detail_type == DetailType.PREFLIGHT_CHECKED)]
@@ -52,10 +44,10 @@ def test_a_failed_node_aborts_the_attempt_and_is_its_own_verdict(api):
     client, app, _admin = api
     a1, token = _running_attempt(app)
     url = f"/v1/attempts/{a1}/nodes/{{}}/preflight"
-    client.post(url.format("algo-1"), json=_result("algo-1", True), headers=_auth(token))
-    answer = client.post(url.format("algo-2"), json=_result("algo-2", False), headers=_auth(token)).json()
+    client.post(url.format("algo-1"), json=_result("algo-1", True), headers=auth_header(token))
+    answer = client.post(url.format("algo-2"), json=_result("algo-2", False), headers=auth_header(token)).json()
     assert answer["action"] == Decision.ABORT and answer["failed"] == ["algo-2"]
-    assert client.get(url.format("algo-1"), headers=_auth(token)).json()["action"] == Decision.ABORT
+    assert client.get(url.format("algo-1"), headers=auth_header(token)).json()["action"] == Decision.ABORT
     with app.state.db.session() as s:
         verdicts = repo.verdicts_of(s, [a1])
         event = s.query(Event).filter(Event.detail_type == DetailType.PREFLIGHT_CHECKED).all()
@@ -64,7 +56,7 @@ def test_a_failed_node_aborts_the_attempt_and_is_its_own_verdict(api):
     failed = [e.detail for e in event if not e.detail["passed"]]
     assert failed and failed[0]["failed"] == ["compute"] and "FAILED" in failed[0]["summary"]
     # A repeated report (the agent's retry) is stored, not emitted twice.
-    client.post(url.format("algo-2"), json=_result("algo-2", False), headers=_auth(token))
+    client.post(url.format("algo-2"), json=_result("algo-2", False), headers=auth_header(token))
     with app.state.db.session() as s:
         assert len(repo.verdicts_of(s, [a1])) == 1
 
@@ -73,10 +65,10 @@ def test_an_ended_attempt_aborts_and_a_malformed_result_is_refused(api):
     client, app, _admin = api
     a1, token = _running_attempt(app)
     url = f"/v1/attempts/{a1}/nodes/algo-1/preflight"
-    assert client.post(url, json={"checks": []}, headers=_auth(token)).status_code == 422
+    assert client.post(url, json={"checks": []}, headers=auth_header(token)).status_code == 422
     with app.state.db.session() as s:
         repo.set_attempt_state(s, repo.get_attempt(s, a1), "Failed", {"kind": "node.lost"})
-    answer = client.get(f"/v1/attempts/{a1}/nodes/algo-1/preflight", headers=_auth(token)).json()
+    answer = client.get(f"/v1/attempts/{a1}/nodes/algo-1/preflight", headers=auth_header(token)).json()
     assert answer["action"] == Decision.ABORT
 
 

@@ -12,17 +12,10 @@ import pytest
 from aerie_contracts.goodput import Category
 from orchestrator.goodput import ledger, ledger_for
 from orchestrator.goodput.trace import AttemptTrace, CheckpointTrace, JobTrace
-from orchestrator.store import Database, repo
+from orchestrator.store import repo
 from orchestrator.store.models import Job, Verdict
 
 T0 = 1000.0
-
-
-@pytest.fixture
-def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'store.db'}")
-    yield database
-    database.dispose()
 
 
 def _history(s) -> Job:
@@ -59,8 +52,8 @@ def _history(s) -> Job:
     return job
 
 
-def test_a_known_history_gives_known_totals(db):
-    with db.session() as s:
+def test_a_known_history_gives_known_totals(sqlite_db):
+    with sqlite_db.session() as s:
         led = ledger_for(s, _history(s))
     c = led["categories"]
     expected = {
@@ -91,8 +84,8 @@ def test_a_known_history_gives_known_totals(db):
     assert all(a["end"] == b["start"] for a, b in itertools.pairwise(segs))
 
 
-def test_advice_comes_with_the_ledger(db):
-    with db.session() as s:
+def test_advice_comes_with_the_ledger(sqlite_db):
+    with sqlite_db.session() as s:
         led = ledger_for(s, _history(s))
     [adv] = led["advice"]  # the S3 tier's: the job has no memory tier
     assert adv["tier"] == "s3" and adv["mtbf_source"] == "setting"
@@ -101,8 +94,8 @@ def test_advice_comes_with_the_ledger(db):
     assert adv["advised_interval_s"] == pytest.approx((2 * 1.5 * adv["mtbf_s"]) ** 0.5)
 
 
-def test_a_job_without_attempts_is_all_launch_and_a_running_one_ends_now(db):
-    with db.session() as s:
+def test_a_job_without_attempts_is_all_launch_and_a_running_one_ends_now(sqlite_db):
+    with sqlite_db.session() as s:
         job = repo.create_job(s, {"name": "q", "backend": "local"}, "default")
         job.created_at = T0
         s.flush()
@@ -176,10 +169,10 @@ def test_any_history_sums_to_wall_time_times_nodes():
         assert all(v >= 0 for v in led["categories"].values())
 
 
-def test_a_measured_restore_replaces_the_estimate(db):
+def test_a_measured_restore_replaces_the_estimate(sqlite_db):
     """The agents' `restore_s` (the trainer's `restored` event) is the restore; the rest of the
     resumed attempt's start-up stays start-up."""
-    with db.session() as s:
+    with sqlite_db.session() as s:
         job = _history(s)
         a2 = job.attempts[1]
         repo.record_heartbeat(s, a2, "algo-1", {"t": 1090.0, "restore_s": 1.5})

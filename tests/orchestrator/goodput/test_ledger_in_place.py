@@ -23,19 +23,12 @@ from aerie_contracts.checkpoints import memory_uri
 from aerie_contracts.goodput import SUMMARY_RESTORE_S, SUMMARY_RESTORED_STEP, SUMMARY_SNAPSHOT_S, Category
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from orchestrator.goodput import ledger_for
-from orchestrator.store import Database, repo
+from orchestrator.store import repo
 from orchestrator.store.models import Job, Verdict
 
 T0 = 1000.0
 NODES = ("algo-1", "algo-2")
 SNAP = 0.05
-
-
-@pytest.fixture
-def db(tmp_path):
-    database = Database(f"sqlite:///{tmp_path / 'store.db'}")
-    yield database
-    database.dispose()
 
 
 def _points(attempt_steps: dict[int, float]) -> list[dict]:
@@ -124,8 +117,8 @@ def _seconds(led: dict, category: str, attempt: int) -> float:
     return sum(g["end"] - g["start"] for g in led["segments"] if g["category"] == category and g["attempt"] == attempt)
 
 
-def test_an_in_place_chain_is_accounted_for_in_every_part(db):
-    with db.session() as s:
+def test_an_in_place_chain_is_accounted_for_in_every_part(sqlite_db):
+    with sqlite_db.session() as s:
         job, at = _chain(s)
         led = ledger_for(s, job)
     nodes = len(NODES)
@@ -172,11 +165,11 @@ def test_an_in_place_chain_is_accounted_for_in_every_part(db):
     assert c[Category.CHECKPOINT_STALL] == pytest.approx((0.5 + 5 * SNAP + 0.5) * nodes)  # + the final save's
 
 
-def test_a_late_batch_of_the_attempt_before_is_not_the_successors(db):
+def test_a_late_batch_of_the_attempt_before_is_not_the_successors(sqlite_db):
     """Points stamped before their attempt was created are left out of its trace."""
     from orchestrator.goodput import trace
 
-    with db.session() as s:
+    with sqlite_db.session() as s:
         job, _ = _chain(s)
         t = trace.read(s, job)
     second = t.attempts[1]
