@@ -8,8 +8,9 @@ Triggered by "Aerie Attempt State Change" events with state Failed (and by SageM
   3. retry budget (`retry.max_restarts`) spent -> job Failed with the last failure's reason;
   4. otherwise -> attempt N+1, resuming from `last_good` of the job's checkpoint prefix and
      excluding every node blamed `retry.exclude_after_blames` times (blames not yet cleared),
-     started in place (the same nodes, only the worker groups restarted) or relaunched, with the
-     reason, in its `cause` (`lambdas/restart_mode.py`).
+     started in place (the same nodes, only the worker groups restarted; with hot spares, a spare
+     in each lost or excluded node's rank slot) or relaunched, with the reason, in its `cause`
+     (`lambdas/restart_mode.py`).
 Whether a failure is retried, and whether it can blame a node at all, is the policy table of
 `aerie_contracts.failures`; which node a failure blames comes from the evidence
 (`lambdas/blame.py`), and is recorded through the API before the decision, whatever it is, so
@@ -32,6 +33,7 @@ from aerie_contracts.restarts import (
     CAUSE_MEMORY_NODES,
     CAUSE_MODE,
     CAUSE_MODE_REASON,
+    CAUSE_REPLACED_NODES,
     CAUSE_RESUME_FALLBACK,
     MEMORY_OUTLIVES_RELAUNCH,
     RestartMode,
@@ -109,7 +111,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     resume_from = last_good_checkpoint(spec, job["id"], api)
     exclude = excluded_hosts(job, recorded, spec)
-    mode, mode_why = restart_mode.decide(job, failed, reason, exclude)
+    # Hot spares (resources.spare_nodes) of the failed attempt may take failed nodes' slots in place.
+    mode, mode_why, replaced = restart_mode.with_spares(job, failed, reason, exclude, list(failed.get("spares") or []))
     # Where the nodes' shared memory survives (warm nodes, or a local relaunch), the newest good
     # memory checkpoint is newer than S3's (taken far more often) and restoring it reads nothing
     # from S3: a replaced node fetches its ranks' replicas from the nodes that hold them. S3's
@@ -133,6 +136,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             "blame": blame_why,
             CAUSE_MODE: mode.value,
             CAUSE_MODE_REASON: mode_why,
+            **({CAUSE_REPLACED_NODES: replaced} if replaced else {}),
             **fallback,
         },
     }

@@ -96,6 +96,14 @@ class NodeMemoryTier:
             return None
         return cls(job=job, host=host, hosts=list(hosts), peers=parse_peers(peers), root=root)
 
+    def retarget(self, hosts: list[str]) -> None:
+        """The attempt's nodes changed (a hot spare took a lost node's slot): the ring follows."""
+        missing = [h for h in hosts if h not in self.peers]
+        if missing:
+            raise ValueError(f"{E.MEMORY_CHECKPOINT_PEERS} names no endpoint for {', '.join(missing)}")
+        self.hosts, self.peer_node = list(hosts), peer_of(hosts, self.host)
+        log.info("memory checkpoints: %s now replicates to %s", self.host, self.peer_node)
+
     def start(self) -> NodeMemoryTier:
         addr, port = self.peers[self.host]
         self.server = ReplicaServer(self.root, addr, port).start()

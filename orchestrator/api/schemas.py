@@ -46,6 +46,8 @@ class AttemptOut(BaseModel):
     started_at: float | None = None
     ended_at: float | None = None
     nodes: list[NodeOut] = Field(default_factory=list)
+    # Hot spares (resources.spare_nodes) waiting beside the attempt's nodes, without ranks.
+    spares: list[str] = Field(default_factory=list)
 
 
 class JobOut(BaseModel):
@@ -156,6 +158,8 @@ class NextOut(BaseModel):
     resume_fallback: str | None = None
     memory_nodes: dict[str, Any] | None = None  # who wrote which ranks' snapshots, who holds the replicas
     master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
+    # The attempt's nodes in rank order: a hot spare may have taken a failed node's slot.
+    hosts: list[str] | None = None
 
 
 class VerdictIn(BaseModel):

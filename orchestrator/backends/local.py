@@ -64,11 +64,20 @@ class LocalBackend(Backend):
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
         # The first free slots of the job's node pool: excluded (blamed) nodes are left out.
-        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count)
+        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
         hosts = placement.place(spec.resources.instance_count, slots, request.exclude_nodes)
+        in_place_on = (
+            spec.retry.max_restarts > 0 and spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump())
+        )
+        # Hot spares wait for the control plane's word between attempts, as in-place agents do:
+        # without in-place restarts there is no way to hand one a rank slot.
+        wanted = spec.resources.spare_nodes if in_place_on else 0
+        spares = placement.spares(wanted, slots, hosts, request.exclude_nodes)
         # Namespaces are planned from the attempt id alone, so a re-adopted handle names them too.
         net = netns.plan(request.attempt_id, hosts) if spec.backend_options.get("netns") else None
         handle: dict[str, Any] = {"root": str(root), "hosts": hosts}
+        if spares:
+            handle["spares"] = spares
         if net:
             handle["netns"] = net.to_dict()
         root.mkdir(parents=True, exist_ok=True)
@@ -88,13 +97,16 @@ class LocalBackend(Backend):
             check_container_paths()
         if net:
             netns.create(request.attempt_id, hosts)
-        # In-memory checkpoints (issue #22): each agent serves its replication endpoint on a port of its own.
+        # In-memory checkpoints (issue #22): each agent serves its replication endpoint on a port of
+        # its own; spares too (one may restore a lost node's ranks from a peer's replica).
         memory_on = memory_tier_off(spec.model_dump(), self.name) is None
-        peers = {h: f"127.0.0.1:{_free_port()}" for h in hosts} if memory_on else {}
-        for host in hosts:
+        peers = {h: f"127.0.0.1:{_free_port()}" for h in [*hosts, *spares]} if memory_on else {}
+        for host in [*hosts, *spares]:
+            spare = host in spares
             contract = NodeContract(
                 ml_root=root / host,
-                hosts=tuple(hosts),
+                # A spare is a node of no attempt yet: its own host alone, until it is handed a slot.
+                hosts=(host,) if spare else tuple(hosts),
                 current_host=host,
                 hyperparameters=dict(spec.hyperparameters),
                 channels=channels(spec),
@@ -106,9 +118,11 @@ class LocalBackend(Backend):
             if spec.backend_options.get("model_artifacts_uri"):
                 env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
             env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
-            if spec.retry.max_restarts > 0 and spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
+            if in_place_on:
                 # The agents outlive their worker groups: a failed attempt may be restarted in place.
                 env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
+            if spare:
+                env[aerie_env.SPARE] = "1"
             if peers:
                 env.update(memory_env(spec, host, peers))
             argv = [sys.executable, "-m", "agent.entrypoint"]
@@ -157,6 +171,12 @@ class LocalBackend(Backend):
             "in_place": True,
             "master_port": _free_port(),
         }
+        if request.replace_nodes:
+            # Hot spares take the replaced nodes' rank slots; they are spares no more.
+            handle["hosts"] = placement.swap(list(handle["hosts"]), request.replace_nodes)
+            left = [h for h in handle.get("spares", []) if h not in request.replace_nodes.values()]
+            handle["spares"] = left
+            handle["replaced_nodes"] = dict(request.replace_nodes)
         write_json(path, handle)
         return handle
 
@@ -170,7 +190,7 @@ class LocalBackend(Backend):
         attempt_id = handle.get("attempt_id")
         nodes = [self._node_status(root / host, host, launched_at, stop, attempt_id) for host in handle["hosts"]]
         if stop and isinstance(stop, dict) and time.time() - stop["t"] > STOP_GRACE_S:
-            for host in handle["hosts"]:
+            for host in _all_nodes(handle):
                 _kill_node(root / host, signal.SIGKILL)
         result = summarize_nodes(nodes)
         if stop and result.state == AttemptState.FAILED:
@@ -215,7 +235,7 @@ class LocalBackend(Backend):
             backstop = threading.Timer(STOP_GRACE_S, self._kill_all, [handle])
             backstop.daemon = True
             backstop.start()
-        for host in handle["hosts"]:
+        for host in _all_nodes(handle):
             _kill_node(root / host, signal.SIGTERM)
         if handle.get("netns"):
             # The controller stops polling a finished attempt: tear the network down once its
@@ -234,7 +254,7 @@ class LocalBackend(Backend):
         self.stop(handle)
 
     def _kill_all(self, handle: dict[str, Any]) -> None:
-        for host in handle["hosts"]:
+        for host in _all_nodes(handle):
             local_fence.kill_node(Path(handle["root"]) / host)
 
     def logs(
@@ -245,6 +265,11 @@ class LocalBackend(Backend):
             path = Path(handle["root"]) / host / "logs" / "node.log"
             out[host] = read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes)
         return out
+
+
+def _all_nodes(handle: dict[str, Any]) -> list[str]:
+    """The attempt's nodes and its hot spares (one process tree each, stopped together)."""
+    return [*handle["hosts"], *handle.get("spares", [])]
 
 
 def check_container_paths() -> None:

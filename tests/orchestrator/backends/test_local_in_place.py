@@ -42,3 +42,15 @@ def test_an_in_place_attempt_reuses_the_agents_and_reads_only_its_own_outcome(tm
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_an_in_place_attempt_gives_a_spare_the_replaced_node_s_slot(tmp_path):
+    import dataclasses
+
+    root = tmp_path / "jobs" / "warm-1" / "attempt-1"
+    previous = {"root": str(root), "hosts": ["algo-1", "algo-2"], "spares": ["algo-3", "algo-4"]}
+    root.mkdir(parents=True)
+    request = dataclasses.replace(_request(previous), replace_nodes={"algo-2": "algo-3"})
+    handle = LocalBackend(tmp_path / "jobs").launch(request)
+    assert handle["hosts"] == ["algo-1", "algo-3"] and handle["spares"] == ["algo-4"]
+    assert handle["replaced_nodes"] == {"algo-2": "algo-3"}
