@@ -353,6 +353,9 @@ class Supervisor:
                 node_rank=self.cfg.node_rank,
                 nnodes=len(hosts),
             )
+            # Every node of an in-place attempt starts its ranks the same way (warm groups, no
+            # torchrun rendezvous): a spare's group warms up now that its rank slot is known.
+            self._prewarm()
         log.info("node %s: the attempt's nodes are now %s (rank %d)", cfg.host, ", ".join(hosts), self.cfg.node_rank)
 
     def _switch(self, successor: dict[str, Any]) -> None:

@@ -246,11 +246,15 @@ class LocalBackend(Backend):
 
     def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
         """SIGKILL every process of the lost nodes now, wherever they sit and stopped or not
-        (`local_fence`); the other nodes get the usual stop."""
+        (`local_fence`); the other nodes get the usual stop, unless hot spares wait beside them."""
         root = Path(handle["root"])
         for host in hosts:
             if host in handle["hosts"]:
                 local_fence.kill_node(root / host)
+        if handle.get("spares"):
+            # A hot spare may take the lost node's slot in place: the survivors stay up (the
+            # controller stops them, spares included, if chaining cannot keep them).
+            return
         self.stop(handle)
 
     def _kill_all(self, handle: dict[str, Any]) -> None:
