@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts.events import DetailType
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from orchestrator.backends import local_fence
 from orchestrator.harness.jobs import attempt_step_records, trainer_spec
@@ -86,4 +87,14 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     assert sorted(n["host"] for n in attempt_of(cp, "spare", 2)["nodes"]) == ["algo-1", "algo-3"]
     describe = cp.cli("describe", "spare", check=True).stdout
-    assert "algo-3" in describe, describe
+    assert "SPARES" in describe and "algo-3" in describe, describe
+    # The record of which node was a spare: attempt 1's Running event names it, attempt 2's the swap.
+    running = [
+        e["detail"]
+        for e in cp.events("spare")
+        if e["detail-type"] == DetailType.ATTEMPT_STATE_CHANGE and e["detail"]["state"] == "Running"
+    ]
+    assert [(d["attempt"], d["hosts"], d.get("spares"), d.get("replaced_nodes")) for d in running] == [
+        (1, ["algo-1", "algo-2"], ["algo-3"], None),
+        (2, ["algo-1", "algo-3"], None, {"algo-2": "algo-3"}),
+    ], running
