@@ -289,6 +289,7 @@ class Supervisor:
         own) left this one out, a stop request, or this node failed its pre-flight."""
         if not self._spare_preflight():
             return None
+        self._prewarm()  # its ranks import torch now, not on the recovery path
         log.info("node %s is a hot spare: it waits for a failed node's slot", self.cfg.host)
         while not self.stop_requested:
             answer = self.reporter.next_attempt() if self.reporter.enabled else None
@@ -328,7 +329,7 @@ class Supervisor:
         log.info("pre-flight on hot spare %s %s", cfg.host, summary_line(result))
         return bool(result.get("passed"))
 
-    def _take_hosts(self, hosts: list[str]) -> None:
+    def _take_hosts(self, hosts: list[str], peers: dict[str, str] | None = None) -> None:
         """The attempt's nodes changed (a hot spare took a failed node's slot): this node's
         identity, its resourceconfig.json (the ranks' SM_HOSTS), its memory ring and its next
         worker group follow."""
@@ -342,20 +343,13 @@ class Supervisor:
             write_json(cfg.ml_root / "input" / "config" / "resourceconfig.json", ident.resource_config())
         self.cfg = dataclasses.replace(cfg, hosts=tuple(hosts), identity=ident)
         if self.memory is not None:
-            self.memory.retarget(list(hosts))
-        if self.warm.proc is None or self.warm.node_rank != self.cfg.node_rank:
-            self.warm.discard()
-            self.warm = WarmGroup(
-                cfg.node_dir,
-                cfg.workdir,
-                cfg.entrypoint,
-                procs=cfg.procs_per_node,
-                node_rank=self.cfg.node_rank,
-                nnodes=len(hosts),
-            )
-            # Every node of an in-place attempt starts its ranks the same way (warm groups, no
-            # torchrun rendezvous): a spare's group warms up now that its rank slot is known.
-            self._prewarm()
+            self.memory.retarget(list(hosts), peers)
+        # A warm group takes its place from the go file (`agent.warm.regrouped`): a spare's, warm
+        # since it began to wait, becomes this slot's ranks.
+        self.warm.node_rank, self.warm.nnodes = self.cfg.node_rank, len(hosts)
+        # Every node of an in-place attempt starts its ranks the same way (warm groups, no torchrun
+        # rendezvous): one not warm yet starts warming now.
+        self._prewarm()
         log.info("node %s: the attempt's nodes are now %s (rank %d)", cfg.host, ", ".join(hosts), self.cfg.node_rank)
 
     def _switch(self, successor: dict[str, Any]) -> None:
@@ -384,7 +378,8 @@ class Supervisor:
         self.reporter.retarget(attempt, token)
         hosts = successor.get("hosts")
         if isinstance(hosts, list) and cfg.host in hosts and tuple(hosts) != self.cfg.hosts:
-            self._take_hosts([str(h) for h in hosts])
+            peers = successor.get("memory_peers")
+            self._take_hosts([str(h) for h in hosts], peers if isinstance(peers, dict) else None)
         stale_files = [cfg.node_dir / "exit.json", cfg.ml_root / "output" / "failure"]
         for stale in [*stale_files, *(cfg.node_dir / "ranks").glob("rank-*")]:
             stale.unlink(missing_ok=True)  # the last group's outcome must not be read as this one's

@@ -96,8 +96,13 @@ class NodeMemoryTier:
             return None
         return cls(job=job, host=host, hosts=list(hosts), peers=parse_peers(peers), root=root)
 
-    def retarget(self, hosts: list[str]) -> None:
-        """The attempt's nodes changed (a hot spare took a lost node's slot): the ring follows."""
+    def retarget(self, hosts: list[str], peers: Mapping[str, str] | None = None) -> None:
+        """The attempt's nodes changed (a hot spare took a lost node's slot): the ring follows, with
+        the endpoints of nodes the backend started since (`{host: addr:port}`)."""
+        for host, address in (peers or {}).items():
+            addr, _, port = str(address).rpartition(":")
+            if host not in self.peers and addr and port.isdigit():
+                self.peers[host] = (addr, int(port))
         missing = [h for h in hosts if h not in self.peers]
         if missing:
             raise ValueError(f"{E.MEMORY_CHECKPOINT_PEERS} names no endpoint for {', '.join(missing)}")

@@ -160,6 +160,8 @@ class NextOut(BaseModel):
     master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
     # The attempt's nodes in rank order: a hot spare may have taken a failed node's slot.
     hosts: list[str] | None = None
+    # The memory tier's endpoints ({host: addr:port}) when the backend added nodes (a new hot spare).
+    memory_peers: dict[str, str] | None = None
 
 
 class VerdictIn(BaseModel):

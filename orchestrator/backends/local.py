@@ -66,9 +66,7 @@ class LocalBackend(Backend):
         # The first free slots of the job's node pool: excluded (blamed) nodes are left out.
         slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
         hosts = placement.place(spec.resources.instance_count, slots, request.exclude_nodes)
-        in_place_on = (
-            spec.retry.max_restarts > 0 and spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump())
-        )
+        in_place_on = _in_place_on(spec)
         # Hot spares wait for the control plane's word between attempts, as in-place agents do:
         # without in-place restarts there is no way to hand one a rank slot.
         wanted = spec.resources.spare_nodes if in_place_on else 0
@@ -91,9 +89,7 @@ class LocalBackend(Backend):
             marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
 
         master_port = _free_port()
-        workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
-        container_paths = bool(spec.backend_options.get("container_paths"))
-        if container_paths:
+        if spec.backend_options.get("container_paths"):
             check_container_paths()
         if net:
             netns.create(request.attempt_id, hosts)
@@ -101,58 +97,77 @@ class LocalBackend(Backend):
         # its own; spares too (one may restore a lost node's ranks from a peer's replica).
         memory_on = memory_tier_off(spec.model_dump(), self.name) is None
         peers = {h: f"127.0.0.1:{_free_port()}" for h in [*hosts, *spares]} if memory_on else {}
+        if peers:
+            handle["memory_peers"] = peers  # a spare started later joins the ring through it
         for host in [*hosts, *spares]:
-            spare = host in spares
-            contract = NodeContract(
-                ml_root=root / host,
-                # A spare is a node of no attempt yet: its own host alone, until it is handed a slot.
-                hosts=(host,) if spare else tuple(hosts),
-                current_host=host,
-                hyperparameters=dict(spec.hyperparameters),
-                channels=channels(spec),
-                network_interface=netns.NS_IFACE if net else "lo",
-                instance_type=spec.resources.instance_type,
-            )
-            contract.write()
-            env = node_env(request, contract, net.nodes[0].ip if net else "127.0.0.1", master_port, workdir)
-            if spec.backend_options.get("model_artifacts_uri"):
-                env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
-            env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
-            if in_place_on:
-                # The agents outlive their worker groups: a failed attempt may be restarted in place.
-                env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
-            if spare:
-                env[aerie_env.SPARE] = "1"
-            if peers:
-                env.update(memory_env(spec, host, peers))
-            argv = [sys.executable, "-m", "agent.entrypoint"]
-            if container_paths:
-                # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
-                # user's shell commands is the Python the nodes run (the local stand-in for the image).
-                argv = container_paths_argv(contract.ml_root, argv)
-                env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
-            if net:
-                # Inside its namespace the node reaches the control plane through the bridge
-                # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
-                env[aerie_env.API] = _via(request.api_url, net.bridge_ip)
-                env["GLOO_SOCKET_IFNAME"] = netns.NS_IFACE
-                argv = ["ip", "netns", "exec", net.node(host).ns, *argv]
-            log = open(contract.ml_root / "logs" / "node.log", "ab", buffering=0)
-            # start_new_session: the node survives the control plane and can be signalled as a group.
-            # The command is a fixed argv; user strings only travel in the environment.
-            psutil.Popen(
-                argv,
-                cwd=str(workdir),
-                env=env,
-                stdin=open(os.devnull),
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                close_fds=True,
-            )
-            log.close()
+            self._spawn(request, root, host, hosts, spare=host in spares, peers=peers, master_port=master_port, net=net)
         write_json(root / "handle.json", handle)
         return handle
+
+    def _spawn(
+        self,
+        request: LaunchRequest,
+        root: Path,
+        host: str,
+        hosts: list[str],
+        *,
+        spare: bool,
+        peers: dict[str, str],
+        master_port: int,
+        net: Any = None,
+    ) -> None:
+        """One node's process tree (`python -m agent.entrypoint` in a session of its own)."""
+        spec = request.spec
+        workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
+        container_paths = bool(spec.backend_options.get("container_paths"))
+        contract = NodeContract(
+            ml_root=root / host,
+            # A spare is a node of no attempt yet: its own host alone, until it is handed a slot.
+            hosts=(host,) if spare else tuple(hosts),
+            current_host=host,
+            hyperparameters=dict(spec.hyperparameters),
+            channels=channels(spec),
+            network_interface=netns.NS_IFACE if net else "lo",
+            instance_type=spec.resources.instance_type,
+        )
+        contract.write()
+        env = node_env(request, contract, net.nodes[0].ip if net else "127.0.0.1", master_port, workdir)
+        if spec.backend_options.get("model_artifacts_uri"):
+            env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
+        env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
+        if _in_place_on(spec):
+            # The agents outlive their worker groups: a failed attempt may be restarted in place.
+            env[aerie_env.IN_PLACE_WAIT_S] = str(self.in_place_wait_s)
+        if spare:
+            env[aerie_env.SPARE] = "1"
+        if peers:
+            env.update(memory_env(spec, host, peers))
+        argv = [sys.executable, "-m", "agent.entrypoint"]
+        if container_paths:
+            # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
+            # user's shell commands is the Python the nodes run (the local stand-in for the image).
+            argv = container_paths_argv(contract.ml_root, argv)
+            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+        if net:
+            # Inside its namespace the node reaches the control plane through the bridge
+            # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
+            env[aerie_env.API] = _via(request.api_url, net.bridge_ip)
+            env["GLOO_SOCKET_IFNAME"] = netns.NS_IFACE
+            argv = ["ip", "netns", "exec", net.node(host).ns, *argv]
+        log = open(contract.ml_root / "logs" / "node.log", "ab", buffering=0)
+        # start_new_session: the node survives the control plane and can be signalled as a group.
+        # The command is a fixed argv; user strings only travel in the environment.
+        psutil.Popen(
+            argv,
+            cwd=str(workdir),
+            env=env,
+            stdin=open(os.devnull),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+        log.close()
 
     def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
         """A warm attempt: nothing to spawn. The failed attempt's agents are still up; each learns
@@ -177,8 +192,40 @@ class LocalBackend(Backend):
             left = [h for h in handle.get("spares", []) if h not in request.replace_nodes.values()]
             handle["spares"] = left
             handle["replaced_nodes"] = dict(request.replace_nodes)
+            fresh = self._replenish(request, handle)
+        else:
+            fresh = []
         write_json(path, handle)
+        # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
+        root = Path(handle["root"])
+        for host in fresh:
+            self._spawn(
+                request,
+                root,
+                host,
+                handle["hosts"],
+                spare=True,
+                peers=handle.get("memory_peers") or {},
+                master_port=handle["master_port"],
+            )
         return handle
+
+    def _replenish(self, request: LaunchRequest, handle: dict[str, Any]) -> list[str]:
+        """The pool refilled (`resources.spare_nodes`): as many new spares as took slots, on the
+        next free slots (never a name a node of this tree had: its folder is the old node's), added
+        to the handle and to its memory ring's endpoints. Fewer when the pool runs out."""
+        spec = request.spec
+        used = len(request.replace_nodes)
+        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
+        root = Path(handle["root"])
+        had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had]
+        fresh = placement.spares(used, slots, taken, request.exclude_nodes)
+        if fresh:
+            handle["spares"] = [*handle.get("spares", []), *fresh]
+            if handle.get("memory_peers"):
+                handle["memory_peers"] = {**handle["memory_peers"], **{h: f"127.0.0.1:{_free_port()}" for h in fresh}}
+        return fresh
 
     # --- poll -------------------------------------------------------------------------------
 
@@ -269,6 +316,11 @@ class LocalBackend(Backend):
             path = Path(handle["root"]) / host / "logs" / "node.log"
             out[host] = read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes)
         return out
+
+
+def _in_place_on(spec: Any) -> bool:
+    """Whether the job's agents outlive their worker groups (in-place restarts, hot spares)."""
+    return spec.retry.max_restarts > 0 and spec.retry.in_place_restarts > 0 and not not_in_place(spec.model_dump())
 
 
 def _all_nodes(handle: dict[str, Any]) -> list[str]:

@@ -2,11 +2,12 @@
 
 A 2-node x 2-rank job of the tiny trainer on the local backend with `resources.spare_nodes: 1`:
 algo-1 and algo-2 train, algo-3's agent waits without ranks. Once attempt 1's memory checkpoint of
-step 12 is good, algo-2's whole tree (agent and ranks) is killed with SIGKILL and its shared-memory
+step 10 is good, algo-2's whole tree (agent and ranks) is killed with SIGKILL and its shared-memory
 folder removed (the machine is gone) -> `node.lost`, algo-2 blamed and excluded -> attempt 2 runs
 **in place** on algo-1 and algo-3 (algo-3 in algo-2's rank slot): algo-1's agent is the same
 process, algo-3's agent is the spare's, already running; algo-3 restores ranks 2-3 from the
-replicas algo-1 holds. The job completes. The time from the node's death to the first step after
+replicas algo-1 holds, and the backend starts a new spare (algo-4) in the background. The job
+completes, and the unused spare ends. The time from the node's death to the first step after
 is printed (bench/chaos.py carries the figure).
 """
 
@@ -28,7 +29,7 @@ from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
-STEPS, S3_EVERY, MEM_EVERY = 40, 10, 4
+STEPS, S3_EVERY, MEM_EVERY = 40, 10, 10
 
 
 def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s3_plane, tmp_path):
@@ -53,7 +54,7 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
     first = wait_for(what="attempt 1 with its spare", check=lambda: attempt_of(cp, "spare", 1), timeout_s=60)
     spare_agent = wait_for(what="the spare's agent", check=lambda: pids(root / "algo-3" / "agent", "agent.pid"))
     survivor_agent = wait_for(what="algo-1's agent", check=lambda: pids(root / "algo-1" / "agent", "agent.pid"))
-    wait_for(what="memory checkpoint of step 12", check=lambda: good_memory(cp, job_id, 12, 1), timeout_s=180)
+    wait_for(what="first memory checkpoint", check=lambda: good_memory(cp, job_id, MEM_EVERY, 1), timeout_s=180)
     first = attempt_of(cp, "spare", 1)
     assert first["spares"] == ["algo-3"], first
     assert sorted(n["host"] for n in first["nodes"]) == ["algo-1", "algo-2"]  # the spare has no ranks
@@ -83,6 +84,14 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
     for rank in (2, 3):
         assert f"rank {rank}: restoring from the replica copy" in spare_log, spare_log[-3000:]
 
+    # The pool is replenished: a new spare tree (algo-4) waits beside attempt 2.
+    assert attempt_of(cp, "spare", 2)["spares"] == ["algo-4"], attempt_of(cp, "spare", 2)
+    wait_for(
+        what="the new spare waiting",
+        check=lambda: "is a hot spare" in _log(root / "algo-4"),
+        timeout_s=60,
+    )
+
     job = cp.wait_state("spare", {"Completed", "Failed", "Stopped"}, timeout_s=240)
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     assert sorted(n["host"] for n in attempt_of(cp, "spare", 2)["nodes"]) == ["algo-1", "algo-3"]
@@ -96,5 +105,13 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
     ]
     assert [(d["attempt"], d["hosts"], d.get("spares"), d.get("replaced_nodes")) for d in running] == [
         (1, ["algo-1", "algo-2"], ["algo-3"], None),
-        (2, ["algo-1", "algo-3"], None, {"algo-2": "algo-3"}),
+        (2, ["algo-1", "algo-3"], ["algo-4"], {"algo-2": "algo-3"}),
     ], running
+    wait_for(what="the unused spare's exit", check=lambda: "not needed" in _log(root / "algo-4"), timeout_s=30)
+
+
+def _log(node: Path) -> str:
+    try:
+        return (node / "logs" / "node.log").read_text()
+    except OSError:
+        return ""

@@ -167,4 +167,5 @@ def _hand_over(s, latest, host: str) -> NextOut:
         memory_nodes=(latest.cause or {}).get(CAUSE_MEMORY_NODES),
         master_port=latest.handle.get("master_port"),
         hosts=list(latest.handle.get("hosts") or []) or None,
+        memory_peers=latest.handle.get("memory_peers") or None,
     )
