@@ -103,10 +103,11 @@ class NodeMemoryTier:
             addr, _, port = str(address).rpartition(":")
             if host not in self.peers and addr and port.isdigit():
                 self.peers[host] = (addr, int(port))
-        missing = [h for h in hosts if h not in self.peers]
-        if missing:
-            raise ValueError(f"{E.MEMORY_CHECKPOINT_PEERS} names no endpoint for {', '.join(missing)}")
         self.hosts, self.peer_node = list(hosts), peer_of(hosts, self.host)
+        if self.peer_node is not None and self.peer_node not in self.peers:
+            # Never take the agent down over it: this node's snapshots keep one copy, never good.
+            log.warning("memory checkpoints: no endpoint for %s, %s replicates to no one", self.peer_node, self.host)
+            self.peer_node = None
         log.info("memory checkpoints: %s now replicates to %s", self.host, self.peer_node)
 
     def start(self) -> NodeMemoryTier:

@@ -84,7 +84,8 @@ class LocalBackend(Backend):
             # must not spawn the nodes a second time when it re-adopts this attempt.
             fd = os.open(root / "launched", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError:
-            return handle
+            recorded = read_json(root / "handle.json")  # with the memory ring's endpoints, once written
+            return recorded if isinstance(recorded, dict) and recorded.get("hosts") == hosts else handle
         with os.fdopen(fd, "w") as marker:
             marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
 
