@@ -59,7 +59,11 @@ def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, An
     died_at = time.time()
     local_fence.kill_node(root / "algo-2")
     shutil.rmtree(Path(cp.env[aerie_env.MEMORY_CHECKPOINT_DIR]) / "algo-2", ignore_errors=True)
-    first = _wait(lambda: attempt_step_records(cp.home / "jobs" / job_id, 2), 180, "attempt 2's first step")[0]
+    # Attempt 2's stream only once rank 0's agent set attempt 1's aside (until then "metrics" is 1's).
+    switched = root / "algo-1" / "output" / "metrics.attempt-1"
+    first = _wait(
+        lambda: switched.exists() and attempt_step_records(cp.home / "jobs" / job_id, 2), 180, "attempt 2's first step"
+    )[0]
     job = cp.wait_state(name, {"Completed", "Failed", "Stopped"}, timeout_s=300)
     second = next((a for a in job["attempt_list"] if a["number"] == 2), {})
     spare_log = (root / "algo-3" / "logs" / "node.log").read_text(errors="replace")

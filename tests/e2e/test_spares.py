@@ -72,9 +72,13 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
         what="attempt 2 restored", check=lambda: len(r := restored_events(root)) == 4 and r, timeout_s=120
     )
     assert {r["uri"] for r in restored} == {second["resume_from"]}, restored
+    switched = root / "algo-1" / "output" / "metrics.attempt-1"  # until then "metrics" is attempt 1's
     first_step = wait_for(
-        what="attempt 2's first step", check=lambda: attempt_step_records(cp.home / "jobs" / job_id, 2), timeout_s=120
+        what="attempt 2's first step",
+        check=lambda: switched.exists() and attempt_step_records(cp.home / "jobs" / job_id, 2),
+        timeout_s=120,
     )[0]
+    assert first_step["step"] == MEM_EVERY + 1, first_step
     print(f"\nnode death -> first step after: {first_step['t'] - died_at:.1f}s (attempt 2, step {first_step['step']})")
     # In place: no attempt-2 directory; the survivor's and the spare's agents are the same processes.
     assert not (root.parent / "attempt-2").exists()
