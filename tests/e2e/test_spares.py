@@ -119,3 +119,44 @@ def _log(node: Path) -> str:
         return (node / "logs" / "node.log").read_text()
     except OSError:
         return ""
+
+
+def test_a_node_that_fails_preflight_is_replaced_by_a_spare_in_place(s3_plane, tmp_path):
+    """A hot spare for a node whose pre-flight fails (a full /dev/shm injected on algo-2): no rank
+    starts in attempt 1; attempt 2 runs in place on algo-1 and the spare algo-3, whose own
+    pre-flight (alone, while it waited, then with its new peer) passed, and completes."""
+    from aerie_contracts import FailureKind
+    from aerie_contracts import env as E
+    from tests.helpers.contract_jobs import contract_spec
+
+    cp = s3_plane
+    preflight = {"enabled": True, "burn_s": 0.5, "collective_mb": 2, "min_link_gbps": 0.05, "budget_s": 60}
+    path = Path(
+        contract_spec(
+            tmp_path,
+            "pf-spare",
+            ["--steps", "2"],
+            procs=1,
+            checkpoint={"s3_uri": "s3://aerie/pf-spare"},
+            health={"preflight": preflight},
+            retry={"max_restarts": 2},
+            env={E.PREFLIGHT_FAULT.name: "shm_full@algo-2"},
+        )
+    )
+    spec = json.loads(path.read_text())
+    spec["resources"]["spare_nodes"] = 1
+    path.write_text(json.dumps(spec))
+    cp.cli("submit", str(path), check=True)
+    job = cp.wait_state("pf-spare", {"Completed", "Failed", "Stopped"}, timeout_s=300)
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    first, second = job["attempt_list"][:2]
+    assert len(job["attempt_list"]) == 2, job["attempt_list"]
+    assert first["reason"]["kind"] == FailureKind.PREFLIGHT_FAILED and first["reason"]["host"] == "algo-2"
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    assert second["cause"][CAUSE_REPLACED_NODES] == {"algo-2": "algo-3"}, second["cause"]
+    assert sorted(n["host"] for n in second["nodes"]) == ["algo-1", "algo-3"], second["nodes"]
+    assert all(n["preflight"]["passed"] for n in second["nodes"]), second["nodes"]
+    root = cp.home / "jobs" / job["id"] / "attempt-1"
+    assert not (root.parent / "attempt-2").exists()  # in place
+    alone = json.loads((root / "algo-3" / "agent" / "preflight.json").read_text())
+    assert alone["passed"], alone  # the last result: with algo-1, in attempt 2
