@@ -105,6 +105,13 @@ IN_PLACE_WAIT_S = _var(
     "local and slurm backends",
     "agent",
 )
+SPARE = _var(
+    "AERIE_SPARE",
+    "1 on a hot spare node (resources.spare_nodes): its agent runs no ranks until the control plane "
+    "hands it a failed node's rank slot in an in-place attempt",
+    "local backend",
+    "agent",
+)
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
 CHECKPOINT_EVERY = _var(
     "AERIE_CHECKPOINT_EVERY",

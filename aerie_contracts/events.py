@@ -52,6 +52,11 @@ class AttemptStateDetail(_JobDetail, _Delivered, total=False):
     reason: dict[str, Any]  # FailureReason
     exit_code: int
     resume_from: str
+    # With state Running: the attempt's nodes in rank order, its hot spares (resources.spare_nodes),
+    # and which spare took which failed node's slot ({failed host: spare host}).
+    hosts: list[str]
+    spares: list[str]
+    replaced_nodes: dict[str, str]
 
 
 class CheckpointCommittedDetail(_JobDetail, _Delivered, total=False):

@@ -38,6 +38,9 @@ CAUSE_RESUME_FALLBACK = "resume_fallback"
 # ... and which node wrote each rank's snapshot and which holds its replica ({node: {ranks, replica_node}}).
 CAUSE_MEMORY_NODES = "memory_nodes"
 
+# ... and, when hot spares take failed nodes' places (resources.spare_nodes): {failed host: spare host}.
+CAUSE_REPLACED_NODES = "replaced_nodes"
+
 # Backends whose agents outlive a worker group; the others relaunch every attempt. Slurm's agents
 # stay up inside the job's one allocation (`sbatch`): the next attempt is served by the same `srun`.
 IN_PLACE_BACKENDS = frozenset({"local", "slurm"})
@@ -61,6 +64,12 @@ NOT_REUSABLE = frozenset(
         FailureKind.PLACEMENT_FAILED.value,
         FailureKind.PREFLIGHT_FAILED.value,
     }
+)
+
+# Of those, the failures a hot spare repairs (resources.spare_nodes): one node is gone or unfit, the
+# others are fine, so the next attempt runs in place with a spare in the failed node's rank slot.
+SPARE_REPAIRS = frozenset(
+    {FailureKind.NODE_LOST.value, FailureKind.NODE_PREEMPTED.value, FailureKind.PREFLIGHT_FAILED.value}
 )
 
 # `retry.in_place_restarts`: consecutive in-place restarts before a relaunch (0: never in place).
@@ -90,6 +99,13 @@ def may_restart_in_place(backend: str, reason: dict[str, Any] | None, budget: in
     controller keeps its agents up until chaining decides (it tears them down on a relaunch)."""
     kind = (reason or {}).get("kind")
     return backend in IN_PLACE_BACKENDS and budget > 0 and kind not in NOT_REUSABLE
+
+
+def may_take_spare(backend: str, reason: dict[str, Any] | None, budget: int, spares: list[str]) -> bool:
+    """Whether a failed attempt that cannot be reused as it is may still be followed in place, a
+    hot spare taking the failed node's slot: the controller keeps the survivors' agents up."""
+    kind = (reason or {}).get("kind")
+    return backend in IN_PLACE_BACKENDS and budget > 0 and bool(spares) and kind in SPARE_REPAIRS
 
 
 def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:

@@ -49,10 +49,11 @@ def main(argv: list[str]) -> int:
     if go is not None:
         # A warm rank belongs to the group the go file starts: until then it leaves no trace in
         # the ranks' directory (the agent clears it between groups), and dies silently if unused.
-        from agent.warm import wait_go
+        from agent.warm import regrouped, wait_go
 
         if wait_go(go, alive=lambda: child.poll() is None) is None:
             return child.wait()
+        rank = int(regrouped(go, os.environ).get("RANK", rank))  # a hot spare's group learns its slot now
     _write(ranks_dir / f"rank-{rank}.pid", child.pid)
 
     def forward(signum, _frame):

@@ -12,6 +12,10 @@ Where the backend keeps agents up between attempts (`AERIE_IN_PLACE_WAIT_S`), a 
 group does not end the agent: it stops its ranks once the control plane says the attempt is over
 (the heartbeat's answer), asks what comes next (`GET .../next`), and for an in-place successor
 restarts only its worker group with the new attempt's id, token and resume point (a warm attempt).
+A hot spare (`AERIE_SPARE`, `resources.spare_nodes`) starts no worker group at all: it takes its
+inputs, starts its memory tier, runs the node-local part of pre-flight, and then asks the control
+plane until an in-place attempt gives it a failed node's rank slot (the answer's host list), or
+the job ends.
 
 Over 400 lines on purpose: the node's lifecycle (launch, tick, heartbeat, stop, the in-place
 hand-over, outcome) is one state machine over shared state; what stands apart lives beside it
@@ -115,6 +119,12 @@ class Supervisor:
         self._start_memory_tier()
         code = 1
         try:
+            if self.spare:
+                slot = self._await_slot()
+                if slot is None:
+                    code = 0  # never needed: not a failure of anything
+                    return code
+                self._switch(slot)
             while True:
                 code = self._run_group()
                 if code != 0 and self.preflight_outcome is None:
@@ -283,6 +293,81 @@ class Supervisor:
             self._stop.wait(poll_s)  # wakes at once on SIGTERM
         return None
 
+    # --- a hot spare ---------------------------------------------------------------------------
+
+    @property
+    def spare(self) -> bool:
+        return E.SPARE.get() == "1"
+
+    def _await_slot(self, poll_s: float = 0.5) -> dict[str, Any] | None:
+        """A spare's wait: pre-flight (node-local checks), then `GET .../next` until an in-place
+        attempt hands this node a rank slot; None: the job ended, a relaunch (with spares of its
+        own) left this one out, a stop request, or this node failed its pre-flight."""
+        if not self._spare_preflight():
+            return None
+        self._prewarm()  # its ranks import torch now, not on the recovery path
+        log.info("node %s is a hot spare: it waits for a failed node's slot", self.cfg.host)
+        while not self.stop_requested:
+            answer = self.reporter.next_attempt() if self.reporter.enabled else None
+            action = (answer or {}).get("action")
+            if action == NextAction.RESTART:
+                log.info("hot spare %s takes a rank slot in %s", self.cfg.host, (answer or {}).get("attempt_id"))
+                return answer
+            if action == NextAction.EXIT:
+                self._job_over = str((answer or {}).get("why", "")).startswith("job ")
+                log.info("hot spare %s not needed: %s", self.cfg.host, (answer or {}).get("why"))
+                return None
+            self._stop.wait(poll_s)  # wakes at once on SIGTERM
+        return None
+
+    def _spare_preflight(self) -> bool:
+        """`health.preflight`'s checks on this node alone (its collective is a one-node one, on a
+        port of its own): the attempt's nodes check their links when a spare joins them in place
+        (`health.preflight.in_place`). The result goes to agent/preflight.json and the node's log;
+        False: the spare fails them and never takes a slot."""
+        import socket
+
+        from aerie_contracts.health import HealthSettings
+        from aerie_contracts.preflight import summary_line
+        from agent.preflight import Node, run_checks
+        from agent.preflight.node import RESULT_FILE
+
+        cfg = self.cfg
+        settings = HealthSettings.from_dict(cfg.health).preflight
+        if not settings.enabled:
+            return True
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        node = Node(cfg.host, (cfg.host,), "127.0.0.1", port, cfg.attempt, cfg.procs_per_node)
+        result = run_checks(settings, node, dict(os.environ))
+        write_json(cfg.node_dir / RESULT_FILE, {**result, "attempt": cfg.attempt, "spare": True})
+        log.info("pre-flight on hot spare %s %s", cfg.host, summary_line(result))
+        return bool(result.get("passed"))
+
+    def _take_hosts(self, hosts: list[str], peers: dict[str, str] | None = None) -> None:
+        """The attempt's nodes changed (a hot spare took a failed node's slot): this node's
+        identity, its resourceconfig.json (the ranks' SM_HOSTS), its memory ring and its next
+        worker group follow."""
+        cfg = self.cfg
+        ident = cfg.identity
+        if ident is not None:
+            groups = ident.instance_groups
+            if len(groups) == 1:
+                groups = ({**groups[0], "hosts": list(hosts)},)
+            ident = dataclasses.replace(ident, hosts=tuple(hosts), instance_groups=groups)
+            write_json(cfg.ml_root / "input" / "config" / "resourceconfig.json", ident.resource_config())
+        self.cfg = dataclasses.replace(cfg, hosts=tuple(hosts), identity=ident)
+        if self.memory is not None:
+            self.memory.retarget(list(hosts), peers)
+        # A warm group takes its place from the go file (`agent.warm.regrouped`): a spare's, warm
+        # since it began to wait, becomes this slot's ranks.
+        self.warm.node_rank, self.warm.nnodes = self.cfg.node_rank, len(hosts)
+        # Every node of an in-place attempt starts its ranks the same way (warm groups, no torchrun
+        # rendezvous): one not warm yet starts warming now.
+        self._prewarm()
+        log.info("node %s: the attempt's nodes are now %s (rank %d)", cfg.host, ", ".join(hosts), self.cfg.node_rank)
+
     def _switch(self, successor: dict[str, Any]) -> None:
         """Serve the in-place attempt `successor`: its id, token and resume point for the agent and
         the ranks it starts next (with a memory resume point, its durable fallback and who holds
@@ -309,6 +394,10 @@ class Supervisor:
             self.cfg = dataclasses.replace(self.cfg, master_port=port, identity=ident)
             os.environ[E.MASTER_PORT] = str(port)
         self.reporter.retarget(attempt, token)
+        hosts = successor.get("hosts")
+        if isinstance(hosts, list) and cfg.host in hosts and tuple(hosts) != self.cfg.hosts:
+            peers = successor.get("memory_peers")
+            self._take_hosts([str(h) for h in hosts], peers if isinstance(peers, dict) else None)
         stale_files = [cfg.node_dir / "exit.json", cfg.ml_root / "output" / "failure"]
         for stale in [*stale_files, *(cfg.node_dir / "ranks").glob("rank-*")]:
             stale.unlink(missing_ok=True)  # the last group's outcome must not be read as this one's

@@ -61,11 +61,40 @@ def warmable(entrypoint: list[str]) -> bool:
     return not entrypoint[1].startswith("-")
 
 
-def write_go(path: Path, environ: dict[str, str]) -> None:
-    """Hand the waiting ranks their group's environment (atomically: a rank never reads half)."""
+def write_go(path: Path, environ: dict[str, str], group: dict[str, int] | None = None) -> None:
+    """Hand the waiting ranks their group's environment (atomically: a rank never reads half), and
+    where the group sits (`{"node_rank", "nnodes"}`: a hot spare's group warms up before it knows)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"env": environ}))
+    tmp.write_text(json.dumps({"env": environ, **({"group": group} if group else {})}))
     os.replace(tmp, path)
+
+
+def rank_env(local: int, procs: int, node_rank: int, nnodes: int) -> dict[str, str]:
+    """torchrun's per-rank variables for local rank `local` of node `node_rank`."""
+    world = procs * nnodes
+    return {
+        "RANK": str(node_rank * procs + local),
+        "LOCAL_RANK": str(local),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(procs),
+        "GROUP_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(nnodes),
+        "ROLE_RANK": str(node_rank * procs + local),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
+def regrouped(go: Path, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """This rank's per-rank variables as the go file's `group` places it ({} without one)."""
+    try:
+        group = json.loads(go.read_text()).get("group")
+        node_rank, nnodes = int(group["node_rank"]), int(group["nnodes"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return {}
+    return rank_env(int(environ.get("LOCAL_RANK", "0")), int(environ.get("LOCAL_WORLD_SIZE", "1")), node_rank, nnodes)
 
 
 def wait_go(path: Path, alive=lambda: True) -> dict[str, str] | None:
@@ -128,7 +157,8 @@ class WarmGroup:
             self.discard()  # it died or stalled warming up: a cold start reports why, if it is the code's fault
             return None
         self.proc = None
-        write_go(self.go, {**env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)})
+        group = {"node_rank": self.node_rank, "nnodes": self.nnodes}
+        write_go(self.go, {**env, "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}, group)
         return proc
 
     def discard(self) -> None:
@@ -176,6 +206,7 @@ def run_rank(go: Path, entrypoint: list[str]) -> None:
     if env is None:
         sys.exit(1)
     own = {k: os.environ[k] for k in PER_RANK if k in os.environ}
+    own.update(regrouped(go, os.environ))  # a spare's slot is known only now
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(own)
@@ -193,23 +224,10 @@ def run_rank(go: Path, entrypoint: list[str]) -> None:
 
 
 def run_group(go: Path, procs: int, node_rank: int, nnodes: int, entrypoint: list[str]) -> int:
-    world = procs * nnodes
     children = []
     for local in range(procs):
         env = dict(os.environ)
-        env.update(
-            RANK=str(node_rank * procs + local),
-            LOCAL_RANK=str(local),
-            WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(procs),
-            GROUP_RANK=str(node_rank),
-            GROUP_WORLD_SIZE=str(nnodes),
-            ROLE_RANK=str(node_rank * procs + local),
-            ROLE_WORLD_SIZE=str(world),
-            ROLE_NAME="default",
-            TORCHELASTIC_RESTART_COUNT="0",
-            TORCHELASTIC_MAX_RESTARTS="0",
-        )
+        env.update(rank_env(local, procs, node_rank, nnodes))
         rank_argv = [sys.executable, "-m", "agent.warm", "rank", "--go", str(go), "--", *entrypoint]
         argv = [sys.executable, "-m", "agent.rank", "--go", str(go), "--", *rank_argv]
         children.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL))

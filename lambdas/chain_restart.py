@@ -9,8 +9,9 @@ Triggered by "Aerie Attempt State Change" events with state Failed (and by SageM
   4. otherwise -> attempt N+1, resuming from `last_good` across the tiers (the newest good
      checkpoint that survives the restart mode: a memory one with S3's as its fallback, or S3's) and
      excluding every node blamed `retry.exclude_after_blames` times (blames not yet cleared),
-     started in place (the same nodes, only the worker groups restarted) or relaunched, with the
-     reason, in its `cause` (`lambdas/restart_mode.py`).
+     started in place (the same nodes, only the worker groups restarted; with hot spares, a spare
+     in each lost or excluded node's rank slot) or relaunched, with the reason, in its `cause`
+     (`lambdas/restart_mode.py`).
 Whether a failure is retried, and whether it can blame a node at all, is the policy table of
 `aerie_contracts.failures`; which node a failure blames comes from the evidence
 (`lambdas/blame.py`), and is recorded through the API before the decision, whatever it is, so
@@ -33,6 +34,7 @@ from aerie_contracts.restarts import (
     CAUSE_MEMORY_NODES,
     CAUSE_MODE,
     CAUSE_MODE_REASON,
+    CAUSE_REPLACED_NODES,
     CAUSE_RESUME_FALLBACK,
     MEMORY_OUTLIVES_RELAUNCH,
     RestartMode,
@@ -110,7 +112,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         )
 
     exclude = excluded_hosts(job, recorded, spec)
-    mode, mode_why = restart_mode.decide(job, failed, reason, exclude)
+    # Hot spares (resources.spare_nodes) of the failed attempt may take failed nodes' slots in place.
+    mode, mode_why, replaced = restart_mode.with_spares(job, failed, reason, exclude, list(failed.get("spares") or []))
     resume_from, fallback = last_good(spec, job, api, failed=number, mode=mode)
     body = {
         "number": number + 1,
@@ -124,6 +127,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             "blame": blame_why,
             CAUSE_MODE: mode.value,
             CAUSE_MODE_REASON: mode_why,
+            **({CAUSE_REPLACED_NODES: replaced} if replaced else {}),
             **fallback,
         },
     }

@@ -6,7 +6,10 @@ restart only their worker groups, with no new allocation and no node boot. A rel
 a backend that cannot keep its agents, a lost node, a node the next attempt must leave out (blamed
 `retry.exclude_after_blames` times: by default its first blame), or `retry.in_place_restarts`
 consecutive in-place restarts already spent (a fault that survives in place that often may live
-in the allocation itself). Standard library only (Lambda bundle).
+in the allocation itself). With hot spares (`resources.spare_nodes`), a relaunch forced by a lost,
+preempted, pre-flight-failed or excluded node becomes an in-place attempt after all: the surviving
+nodes restart their worker groups and a waiting spare takes each failed node's rank slot
+(`with_spares`). Standard library only (Lambda bundle).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from aerie_contracts.restarts import (
     DEFAULT_IN_PLACE_RESTARTS,
     IN_PLACE_BACKENDS,
     NOT_REUSABLE,
+    SPARE_REPAIRS,
     RestartMode,
     mode_of,
     not_in_place,
@@ -60,3 +64,35 @@ def in_place_streak(attempts: list[dict[str, Any]], number: int) -> int:
         streak += 1
         number -= 1
     return streak
+
+
+def with_spares(
+    job: dict[str, Any], failed: dict[str, Any], reason: dict[str, Any], exclude: list[str], spares: list[str]
+) -> tuple[RestartMode, str, dict[str, str]]:
+    """`decide`, and where it relaunches only because nodes failed or are left out: in place with
+    the failed attempt's hot spares (`spares`, in their order) in those nodes' rank slots. Returns
+    (mode, why, {replaced host: spare host})."""
+    mode, why = decide(job, failed, reason, exclude)
+    if mode == RestartMode.IN_PLACE or not spares:
+        return mode, why, {}
+    if job.get("backend", "") not in IN_PLACE_BACKENDS or not_in_place(job.get("spec") or {}):
+        return mode, why, {}
+    kind = reason.get("kind") or ""
+    if kind in NOT_REUSABLE and kind not in SPARE_REPAIRS:
+        return mode, why, {}  # the attempt never had its nodes: nothing to go on with
+    hosts = [n["host"] for n in failed.get("nodes") or []]
+    gone = set(exclude) & set(hosts)
+    if kind in SPARE_REPAIRS and reason.get("host") in hosts:
+        gone.add(reason["host"])  # lost or unfit, excluded or not: its tree is gone (fenced)
+    if not gone:
+        return mode, why, {}
+    if len(gone) > len(spares):
+        return mode, f"{why}; {len(gone)} node(s) to replace, {len(spares)} hot spare(s)", {}
+    budget = int((job.get("spec") or {}).get("retry", {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS))
+    done = in_place_streak(job["attempt_list"], failed["number"])
+    if done >= budget:
+        return mode, why, {}
+    replaced = dict(zip(sorted(gone), spares))
+    swaps = ", ".join(f"{spare} for {host}" for host, spare in replaced.items())
+    why = f"{why}; hot spare(s) take the slot(s): {swaps} (in place {done + 1} of {budget})"
+    return RestartMode.IN_PLACE, why, replaced

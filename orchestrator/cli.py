@@ -206,11 +206,18 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
     )
     if d.get("reason"):
         console.print(f"  reason: {d['reason'].get('kind')}: {d['reason'].get('message', '')}")
-    table = Table("ATTEMPT", "STATE", "REASON", "EXIT", "RESTART", "RESUMED FROM", "NODES", "EXCLUDED", "DURATION")
+    table = Table(
+        "ATTEMPT", "STATE", "REASON", "EXIT", "RESTART", "RESUMED FROM", "NODES", "SPARES", "EXCLUDED", "DURATION"
+    )
     for a in d["attempt_list"]:
         reason = a.get("reason") or {}
         dur = (a["ended_at"] or time.time()) - a["started_at"] if a.get("started_at") else None
-        nodes = ", ".join(f"{n['host']}:{n['state']}" for n in a["nodes"])
+        # A node that took a failed one's slot as a hot spare says so ("algo-3:Running (spare for algo-2)").
+        was_spare = {v: k for k, v in ((a.get("cause") or {}).get(restarts.CAUSE_REPLACED_NODES) or {}).items()}
+        nodes = ", ".join(
+            f"{n['host']}:{n['state']}" + (f" (spare for {was_spare[n['host']]})" if n["host"] in was_spare else "")
+            for n in a["nodes"]
+        )
         table.add_row(
             str(a["number"]),
             _state(a["state"]),
@@ -219,6 +226,7 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
             (a.get("cause") or {}).get(restarts.CAUSE_MODE, ""),
             a.get("resume_from") or "",
             nodes,
+            ", ".join(a.get("spares") or []),
             ", ".join(a.get("exclude_nodes") or []),
             f"{dur:.0f}s" if dur is not None else "",
         )

@@ -16,10 +16,12 @@ import time
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason
 from aerie_contracts.health import HealthSettings
 from aerie_contracts.restarts import (
+    CAUSE_REPLACED_NODES,
     DEFAULT_IN_PLACE_RESTARTS,
     IN_PLACE_BACKENDS,
     RestartMode,
     may_restart_in_place,
+    may_take_spare,
     mode_of,
     not_in_place,
 )
@@ -181,7 +183,9 @@ class Controller:
                 )
                 previous_handle = self._previous_handle(job, attempt)
                 if mode_of(attempt.cause) == RestartMode.IN_PLACE and previous_handle is not None:
-                    request = dataclasses.replace(request, in_place_of=previous_handle)
+                    swaps = (attempt.cause or {}).get(CAUSE_REPLACED_NODES) or {}
+                    replaced = {str(k): str(v) for k, v in swaps.items()}
+                    request = dataclasses.replace(request, in_place_of=previous_handle, replace_nodes=replaced)
                 elif previous_handle is not None and job.backend in IN_PLACE_BACKENDS:
                     # A relaunch after a failure whose agents were kept up for a warm restart.
                     self._backend(job).stop(previous_handle)
@@ -239,11 +243,15 @@ class Controller:
         if not self.chaining:
             return False
         with self.db.session() as s:
-            spec = repo.get_attempt(s, attempt_id).job.spec
+            attempt = repo.get_attempt(s, attempt_id)
+            spec, spares = attempt.job.spec, list((attempt.handle or {}).get("spares") or [])
         if not_in_place(spec):
             return False  # lambdas/restart_mode.py relaunches it
         budget = int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS))
-        return may_restart_in_place(backend_name, result.reason, budget)
+        # A lost node with a hot spare waiting: the survivors and the spare may go on in place.
+        return may_restart_in_place(backend_name, result.reason, budget) or may_take_spare(
+            backend_name, result.reason, budget, spares
+        )
 
     @staticmethod
     def _previous_handle(job: Job, attempt: Attempt) -> dict | None:

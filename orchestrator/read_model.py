@@ -38,6 +38,7 @@ def attempt_out(a: Attempt, previous: Attempt | None = None) -> AttemptOut:
         nodes=[
             NodeOut(**columns(n, "host", "state", "last_heartbeat_at", "summary", "exit", "preflight")) for n in a.nodes
         ],
+        spares=[str(h) for h in (a.handle or {}).get("spares") or []],
     )
 
 

@@ -61,6 +61,10 @@ class Resources(_Strict):
     instance_count: int = Field(default=1, ge=1, le=4096)
     procs_per_node: int = Field(default=1, ge=1, le=64)
     volume_gb: int = Field(default=30, ge=1, le=16384)
+    # Hot spares (issue #23): extra nodes launched with the attempt whose agents wait without ranks;
+    # a lost or blamed node's rank slot goes to one of them in the next attempt. Local backend only
+    # for now (elsewhere it is ignored).
+    spare_nodes: int = Field(default=0, ge=0, le=64)
 
 
 class Stopping(_Strict):
@@ -291,7 +295,7 @@ class JobSpec(_Strict):
         if self.backend == "local":  # the local backend's node pool (other backends have their own)
             from orchestrator.backends.placement import node_slots
 
-            node_slots(self.backend_options, self.resources.instance_count)
+            node_slots(self.backend_options, self.resources.instance_count, self.resources.spare_nodes)
         return self
 
     @field_validator("inputs")

@@ -108,6 +108,20 @@ class NodeMemoryTier:
             raise ValueError(f"{E.MEMORY_CHECKPOINT_KEY} is not set: no replication without the attempt's key")
         return cls(job=job, host=host, hosts=list(hosts), peers=parse_peers(peers), root=root, key=parse_key(key))
 
+    def retarget(self, hosts: list[str], peers: Mapping[str, str] | None = None) -> None:
+        """The attempt's nodes changed (a hot spare took a lost node's slot): the ring follows, with
+        the endpoints of nodes the backend started since (`{host: addr:port}`)."""
+        for host, address in (peers or {}).items():
+            addr, _, port = str(address).rpartition(":")
+            if host not in self.peers and addr and port.isdigit():
+                self.peers[host] = (addr, int(port))
+        self.hosts, self.peer_node = list(hosts), peer_of(hosts, self.host)
+        if self.peer_node is not None and self.peer_node not in self.peers:
+            # Never take the agent down over it: this node's snapshots keep one copy, never good.
+            log.warning("memory checkpoints: no endpoint for %s, %s replicates to no one", self.peer_node, self.host)
+            self.peer_node = None
+        log.info("memory checkpoints: %s now replicates to %s", self.host, self.peer_node)
+
     def start(self) -> NodeMemoryTier:
         lease.sweep(self.root, keep=self.job)  # what failed or killed agents of other jobs left
         self.lease = lease.Lease(memckpt.area_dir(self.root, self.job), job=self.job, host=self.host).start()

@@ -46,6 +46,8 @@ class AttemptOut(BaseModel):
     started_at: float | None = None
     ended_at: float | None = None
     nodes: list[NodeOut] = Field(default_factory=list)
+    # Hot spares (resources.spare_nodes) waiting beside the attempt's nodes, without ranks.
+    spares: list[str] = Field(default_factory=list)
 
 
 class JobOut(BaseModel):
@@ -158,6 +160,10 @@ class NextOut(BaseModel):
     master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
     # The in-place attempt's replication key (aerie_contracts.memckpt.HANDLE_KEY; None: no memory tier).
     memckpt_key: str | None = None
+    # The attempt's nodes in rank order: a hot spare may have taken a failed node's slot.
+    hosts: list[str] | None = None
+    # The memory tier's endpoints ({host: addr:port}) when the backend added nodes (a new hot spare).
+    memory_peers: dict[str, str] | None = None
 
 
 class VerdictIn(BaseModel):

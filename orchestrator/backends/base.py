@@ -40,6 +40,8 @@ class LaunchRequest:
     # An in-place attempt (aerie_contracts.restarts): the failed attempt's handle, whose nodes'
     # agents are still up and restart their worker groups for this one; None: launch anew.
     in_place_of: dict[str, Any] | None = None
+    # With `in_place_of`: hot spares that take failed nodes' rank slots ({failed host: spare host}).
+    replace_nodes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from orchestrator.backends.base import (
     read_log_chunk,
     summarize_nodes,
 )
-from orchestrator.backends.nodeenv import channels, in_place_env, memory_env, node_env
+from orchestrator.backends.nodeenv import channels, in_place_env, in_place_on, memory_env, node_env
 
 # A node whose agent has not written its pid this long after launch never started.
 START_TIMEOUT_S = 60.0
@@ -66,11 +66,18 @@ class LocalBackend(Backend):
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
         # The first free slots of the job's node pool: excluded (blamed) nodes are left out.
-        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count)
+        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
         hosts = placement.place(spec.resources.instance_count, slots, request.exclude_nodes)
+        in_place = in_place_on(spec)
+        # Hot spares wait for the control plane's word between attempts, as in-place agents do:
+        # without in-place restarts there is no way to hand one a rank slot.
+        wanted = spec.resources.spare_nodes if in_place else 0
+        spares = placement.spares(wanted, slots, hosts, request.exclude_nodes)
         # Namespaces are planned from the attempt id alone, so a re-adopted handle names them too.
         net = netns.plan(request.attempt_id, hosts) if spec.backend_options.get("netns") else None
         handle: dict[str, Any] = {"root": str(root), "hosts": hosts}
+        if spares:
+            handle["spares"] = spares
         if net:
             handle["netns"] = net.to_dict()
         root.mkdir(parents=True, exist_ok=True)
@@ -79,75 +86,108 @@ class LocalBackend(Backend):
             # must not spawn the nodes a second time when it re-adopts this attempt.
             fd = os.open(root / "launched", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         except FileExistsError:
-            # Re-adopted: the handle as launched (its replication key included), when it got that far.
-            stored = read_json(root / "handle.json")
-            return stored if isinstance(stored, dict) and stored.get("hosts") == hosts else handle
+            # Re-adopted: the handle as launched (its replication key and memory ring's endpoints
+            # included), when it got that far.
+            recorded = read_json(root / "handle.json")
+            return recorded if isinstance(recorded, dict) and recorded.get("hosts") == hosts else handle
         with os.fdopen(fd, "w") as marker:
             marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
 
         master_port = _free_port()
-        workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
-        container_paths = bool(spec.backend_options.get("container_paths"))
-        if container_paths:
+        if spec.backend_options.get("container_paths"):
             check_container_paths()
         if net:
             netns.create(request.attempt_id, hosts)
-        # In-memory checkpoints (issue #22): each agent serves its replication endpoint on a port of its own.
+        # In-memory checkpoints (issue #22): each agent serves its replication endpoint on a port of
+        # its own; spares too (one may restore a lost node's ranks from a peer's replica).
         memory_on = memory_tier_off(spec.model_dump(), self.name) is None
         # Areas in this host's /dev/shm that failed or killed agents of other jobs left behind.
         memory_lease.sweep_nodes(memckpt.root_dir(), keep=request.job_id)
-        peers = {h: f"127.0.0.1:{_free_port()}" for h in hosts} if memory_on else {}
-        if memory_on:
+        peers = {h: f"127.0.0.1:{_free_port()}" for h in [*hosts, *spares]} if memory_on else {}
+        if peers:
+            handle["memory_peers"] = peers  # a spare started later joins the ring through it
             # The attempt's replication key: its agents prove every request with it (the handle
             # keeps it for the control plane alone; the API never shows a handle).
             handle[memckpt.HANDLE_KEY] = memckpt.new_key()
-        for host in hosts:
-            contract = NodeContract(
-                ml_root=root / host,
-                hosts=tuple(hosts),
-                current_host=host,
-                hyperparameters=dict(spec.hyperparameters),
-                channels=channels(spec),
-                network_interface=netns.NS_IFACE if net else "lo",
-                instance_type=spec.resources.instance_type,
+        for host in [*hosts, *spares]:
+            self._spawn(
+                request,
+                root,
+                host,
+                hosts,
+                spare=host in spares,
+                peers=peers,
+                key=handle.get(memckpt.HANDLE_KEY),
+                master_port=master_port,
+                net=net,
             )
-            contract.write()
-            env = node_env(request, contract, net.nodes[0].ip if net else "127.0.0.1", master_port, workdir)
-            if spec.backend_options.get("model_artifacts_uri"):
-                env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
-            env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
-            # The agents outlive their worker groups: a failed attempt may be restarted in place.
-            env.update(in_place_env(spec, self.in_place_wait_s))
-            if peers:
-                env.update(memory_env(spec, host, peers, handle[memckpt.HANDLE_KEY]))
-            argv = [sys.executable, "-m", "agent.entrypoint"]
-            if container_paths:
-                # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
-                # user's shell commands is the Python the nodes run (the local stand-in for the image).
-                argv = container_paths_argv(contract.ml_root, argv)
-                env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
-            if net:
-                # Inside its namespace the node reaches the control plane through the bridge
-                # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
-                env[aerie_env.API] = _via(request.api_url, net.bridge_ip)
-                env["GLOO_SOCKET_IFNAME"] = netns.NS_IFACE
-                argv = ["ip", "netns", "exec", net.node(host).ns, *argv]
-            log = open(contract.ml_root / "logs" / "node.log", "ab", buffering=0)
-            # start_new_session: the node survives the control plane and can be signalled as a group.
-            # The command is a fixed argv; user strings only travel in the environment.
-            psutil.Popen(
-                argv,
-                cwd=str(workdir),
-                env=env,
-                stdin=open(os.devnull),
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                close_fds=True,
-            )
-            log.close()
         write_json(root / "handle.json", handle)
         return handle
+
+    def _spawn(
+        self,
+        request: LaunchRequest,
+        root: Path,
+        host: str,
+        hosts: list[str],
+        *,
+        spare: bool,
+        peers: dict[str, str],
+        key: str | None = None,
+        master_port: int,
+        net: Any = None,
+    ) -> None:
+        """One node's process tree (`python -m agent.entrypoint` in a session of its own)."""
+        spec = request.spec
+        workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
+        container_paths = bool(spec.backend_options.get("container_paths"))
+        contract = NodeContract(
+            ml_root=root / host,
+            # A spare is a node of no attempt yet: its own host alone, until it is handed a slot.
+            hosts=(host,) if spare else tuple(hosts),
+            current_host=host,
+            hyperparameters=dict(spec.hyperparameters),
+            channels=channels(spec),
+            network_interface=netns.NS_IFACE if net else "lo",
+            instance_type=spec.resources.instance_type,
+        )
+        contract.write()
+        env = node_env(request, contract, net.nodes[0].ip if net else "127.0.0.1", master_port, workdir)
+        if spec.backend_options.get("model_artifacts_uri"):
+            env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
+        env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
+        # The agents outlive their worker groups: a failed attempt may be restarted in place.
+        env.update(in_place_env(spec, self.in_place_wait_s))
+        if spare:
+            env[aerie_env.SPARE] = "1"
+        if peers and key:
+            env.update(memory_env(spec, host, peers, key))
+        argv = [sys.executable, "-m", "agent.entrypoint"]
+        if container_paths:
+            # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
+            # user's shell commands is the Python the nodes run (the local stand-in for the image).
+            argv = container_paths_argv(contract.ml_root, argv)
+            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+        if net:
+            # Inside its namespace the node reaches the control plane through the bridge
+            # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
+            env[aerie_env.API] = _via(request.api_url, net.bridge_ip)
+            env["GLOO_SOCKET_IFNAME"] = netns.NS_IFACE
+            argv = ["ip", "netns", "exec", net.node(host).ns, *argv]
+        log = open(contract.ml_root / "logs" / "node.log", "ab", buffering=0)
+        # start_new_session: the node survives the control plane and can be signalled as a group.
+        # The command is a fixed argv; user strings only travel in the environment.
+        psutil.Popen(
+            argv,
+            cwd=str(workdir),
+            env=env,
+            stdin=open(os.devnull),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+        log.close()
 
     def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
         """A warm attempt: nothing to spawn. The failed attempt's agents are still up; each learns
@@ -170,8 +210,47 @@ class LocalBackend(Backend):
             # A key of this attempt's own (GET .../next hands it to each agent as it switches): the
             # last attempt's stops being accepted by a node once it switched.
             handle[memckpt.HANDLE_KEY] = memckpt.new_key()
+        if request.replace_nodes:
+            # Hot spares take the replaced nodes' rank slots; they are spares no more.
+            handle["hosts"] = placement.swap(list(handle["hosts"]), request.replace_nodes)
+            left = [h for h in handle.get("spares", []) if h not in request.replace_nodes.values()]
+            handle["spares"] = left
+            handle["replaced_nodes"] = dict(request.replace_nodes)
+            fresh = self._replenish(request, handle)
+        else:
+            fresh = []
         write_json(path, handle)
+        # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
+        root = Path(handle["root"])
+        for host in fresh:
+            self._spawn(
+                request,
+                root,
+                host,
+                handle["hosts"],
+                spare=True,
+                peers=handle.get("memory_peers") or {},
+                key=handle.get(memckpt.HANDLE_KEY),
+                master_port=handle["master_port"],
+            )
         return handle
+
+    def _replenish(self, request: LaunchRequest, handle: dict[str, Any]) -> list[str]:
+        """The pool refilled (`resources.spare_nodes`): as many new spares as took slots, on the
+        next free slots (never a name a node of this tree had: its folder is the old node's), added
+        to the handle and to its memory ring's endpoints. Fewer when the pool runs out."""
+        spec = request.spec
+        used = len(request.replace_nodes)
+        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
+        root = Path(handle["root"])
+        had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had]
+        fresh = placement.spares(used, slots, taken, request.exclude_nodes)
+        if fresh:
+            handle["spares"] = [*handle.get("spares", []), *fresh]
+            if handle.get("memory_peers"):
+                handle["memory_peers"] = {**handle["memory_peers"], **{h: f"127.0.0.1:{_free_port()}" for h in fresh}}
+        return fresh
 
     # --- poll -------------------------------------------------------------------------------
 
@@ -183,7 +262,7 @@ class LocalBackend(Backend):
         attempt_id = handle.get("attempt_id")
         nodes = [self._node_status(root / host, host, launched_at, stop, attempt_id) for host in handle["hosts"]]
         if stop and isinstance(stop, dict) and time.time() - stop["t"] > STOP_GRACE_S:
-            for host in handle["hosts"]:
+            for host in _all_nodes(handle):
                 _kill_node(root / host, signal.SIGKILL)
         result = summarize_nodes(nodes)
         if stop and result.state == AttemptState.FAILED:
@@ -228,7 +307,7 @@ class LocalBackend(Backend):
             backstop = threading.Timer(STOP_GRACE_S, self._kill_all, [handle])
             backstop.daemon = True
             backstop.start()
-        for host in handle["hosts"]:
+        for host in _all_nodes(handle):
             _kill_node(root / host, signal.SIGTERM)
         if handle.get("netns"):
             # The controller stops polling a finished attempt: tear the network down once its
@@ -239,15 +318,19 @@ class LocalBackend(Backend):
 
     def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
         """SIGKILL every process of the lost nodes now, wherever they sit and stopped or not
-        (`local_fence`); the other nodes get the usual stop."""
+        (`local_fence`); the other nodes get the usual stop, unless hot spares wait beside them."""
         root = Path(handle["root"])
         for host in hosts:
             if host in handle["hosts"]:
                 local_fence.kill_node(root / host)
+        if handle.get("spares"):
+            # A hot spare may take the lost node's slot in place: the survivors stay up (the
+            # controller stops them, spares included, if chaining cannot keep them).
+            return
         self.stop(handle)
 
     def _kill_all(self, handle: dict[str, Any]) -> None:
-        for host in handle["hosts"]:
+        for host in _all_nodes(handle):
             local_fence.kill_node(Path(handle["root"]) / host)
 
     def logs(
@@ -258,6 +341,11 @@ class LocalBackend(Backend):
             path = Path(handle["root"]) / host / "logs" / "node.log"
             out[host] = read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes)
         return out
+
+
+def _all_nodes(handle: dict[str, Any]) -> list[str]:
+    """The attempt's nodes and its hot spares (one process tree each, stopped together)."""
+    return [*handle["hosts"], *handle.get("spares", [])]
 
 
 def check_container_paths() -> None:

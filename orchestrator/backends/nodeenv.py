@@ -92,10 +92,13 @@ def in_place_env(spec: Any, wait_s: float) -> dict[str, str]:
     """`AERIE_IN_PLACE_WAIT_S` for a job whose failed attempt may be restarted in place (on a
     backend that keeps its agents: aerie_contracts.restarts): the agents outlive their worker
     groups and wait this long for the successor. Nothing where it never could be."""
+    return {aerie_env.IN_PLACE_WAIT_S: str(wait_s)} if in_place_on(spec) else {}
+
+
+def in_place_on(spec: Any) -> bool:
+    """Whether the job's agents outlive their worker groups (in-place restarts, hot spares)."""
     retry = spec.retry
-    if retry.max_restarts > 0 and retry.in_place_restarts > 0 and not not_in_place(spec.model_dump()):
-        return {aerie_env.IN_PLACE_WAIT_S: str(wait_s)}
-    return {}
+    return retry.max_restarts > 0 and retry.in_place_restarts > 0 and not not_in_place(spec.model_dump())
 
 
 def memory_env(spec: Any, host: str, peers: Mapping[str, str], key: str) -> dict[str, str]:

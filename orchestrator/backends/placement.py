@@ -27,18 +27,19 @@ class PlacementError(RuntimeError):
     failure_kind = FailureKind.PLACEMENT_FAILED.value
 
 
-def node_slots(options: Mapping[str, Any], instance_count: int) -> int:
+def node_slots(options: Mapping[str, Any], instance_count: int, spare_nodes: int = 0) -> int:
     """How many named nodes the local pool has: `backend_options.node_slots`, checked, or the
-    job's node count plus one spare. Raises ValueError naming the field."""
+    job's node count and its hot spares (`resources.spare_nodes`) plus one slot to spare. Raises
+    ValueError naming the field."""
     raw = options.get("node_slots")
     if raw is None:
-        return instance_count + DEFAULT_SPARES
+        return instance_count + spare_nodes + DEFAULT_SPARES
     if isinstance(raw, bool) or not isinstance(raw, int):
         raise ValueError(f"backend_options.node_slots must be an integer, not {raw!r}")
-    if not instance_count <= raw <= MAX_SLOTS:
+    if not instance_count + spare_nodes <= raw <= MAX_SLOTS + spare_nodes:
         raise ValueError(
-            f"backend_options.node_slots must be between resources.instance_count ({instance_count}) "
-            f"and {MAX_SLOTS}, got {raw}"
+            f"backend_options.node_slots must be between resources.instance_count ({instance_count}) plus "
+            f"resources.spare_nodes ({spare_nodes}) and {MAX_SLOTS + spare_nodes}, got {raw}"
         )
     return raw
 
@@ -60,3 +61,16 @@ def place(count: int, slots: int, exclude: Iterable[str] = ()) -> list[str]:
             "or tolerate more blame before excluding (retry.exclude_after_blames)"
         )
     return usable[:count]
+
+
+def spares(count: int, slots: int, taken: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
+    """Up to `count` hot spares (`resources.spare_nodes`): the next free slots after the attempt's
+    own (`taken`) and the excluded ones. Fewer when the pool runs out: a spare is a bonus, never a
+    reason to fail the launch."""
+    skip = set(taken) | set(exclude)
+    return [h for h in slot_names(slots) if h not in skip][:count]
+
+
+def swap(hosts: list[str], replaced: Mapping[str, str]) -> list[str]:
+    """The attempt's hosts with each replaced node's rank slot given to its spare."""
+    return [replaced.get(h, h) for h in hosts]

@@ -107,3 +107,16 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_go_file_s_group_places_a_rank_warmed_before_its_slot_was_known(tmp_path):
+    from agent.warm import rank_env, regrouped, write_go
+
+    go = tmp_path / "warm-go.json"
+    write_go(go, {"A": "1"})
+    assert regrouped(go, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == {}  # no group: as spawned
+    # A hot spare's group warmed as node 0 of 1; the go file puts it in slot 1 of 2.
+    write_go(go, {"A": "1"}, {"node_rank": 1, "nnodes": 2})
+    env = regrouped(go, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert env == rank_env(1, 2, 1, 2)
+    assert (env["RANK"], env["WORLD_SIZE"], env["GROUP_RANK"], env["LOCAL_RANK"]) == ("3", "4", "1", "1")

@@ -84,3 +84,21 @@ def test_an_in_place_successor_gets_the_old_handle_and_a_relaunch_stops_it_first
         else:
             assert backend.calls == [("stop", first), ("launch", 2, None)]
     db.dispose()
+
+
+def test_a_lost_node_with_a_hot_spare_waiting_keeps_the_survivors(aerie_home):
+    """A hot spare may take the lost node's slot in place: the lost node is fenced, the others kept."""
+
+    class Fencer(Recorder):
+        def fence(self, handle, hosts):
+            self.calls.append(("fence", hosts))
+
+    db = Database(Settings().db_url)
+    job_id = _job(db)
+    with db.session() as s:
+        attempt = repo.get_job(s, "default", job_id).attempts[0]
+        attempt.handle = {**attempt.handle, "spares": ["algo-3"]}
+    backend = Fencer(_failing("node.lost"))
+    Controller(db, Settings(), {"local": backend}, chaining=True).reconcile_once()
+    assert backend.calls == [("fence", ["algo-1"])]
+    db.dispose()

@@ -121,6 +121,8 @@ def next_attempt(s: SessionDep, attempt: AttemptDep, host: str) -> NextOut:
     if job.stop_requested or job.state in JOB_TERMINAL:
         return NextOut(action=NextAction.EXIT, why=f"job {job.state}")
     latest = max(job.attempts, key=lambda a: a.number)
+    if host in ((attempt.handle or {}).get("spares") or ()):
+        return _next_for_spare(s, attempt, latest, host)
     if latest.number == attempt.number:
         why = "no decision yet" if attempt.state in ATTEMPT_TERMINAL else f"attempt {attempt.state}"
         return NextOut(action=NextAction.WAIT, why=why)
@@ -130,6 +132,29 @@ def next_attempt(s: SessionDep, attempt: AttemptDep, host: str) -> NextOut:
         return NextOut(action=NextAction.WAIT, why=f"attempt {latest.number} {latest.state}")
     if latest.state in ATTEMPT_TERMINAL or host not in (latest.handle.get("hosts") or ()):
         return NextOut(action=NextAction.EXIT, why=f"attempt {latest.number} does not run on {host}")
+    return _hand_over(s, latest, host)
+
+
+def _next_for_spare(s, attempt, latest, host: str) -> NextOut:
+    """A hot spare (resources.spare_nodes) waits, whatever attempts come and go in place, until an
+    in-place attempt gives it a rank slot (`restart`); a relaunch, which brings spares of its own,
+    ends it. Its token is the attempt's it was launched with; the hand-over mints one for the
+    attempt it joins."""
+    if latest.number == attempt.number:
+        return NextOut(action=NextAction.WAIT, why=f"{host} is a hot spare; attempt {attempt.number} {attempt.state}")
+    if latest.state in (AttemptState.PENDING, AttemptState.LAUNCHING) or not latest.handle:
+        return NextOut(action=NextAction.WAIT, why=f"attempt {latest.number} {latest.state}")
+    handle = latest.handle
+    in_place = mode_of(latest.cause) == RestartMode.IN_PLACE and latest.state not in ATTEMPT_TERMINAL
+    if in_place and host in (handle.get("hosts") or ()):
+        return _hand_over(s, latest, host)
+    if host in (handle.get("spares") or ()):
+        return NextOut(action=NextAction.WAIT, why=f"{host} is still a hot spare (attempt {latest.number})")
+    return NextOut(action=NextAction.EXIT, why=f"attempt {latest.number} does not keep {host} as a spare")
+
+
+def _hand_over(s, latest, host: str) -> NextOut:
+    job = latest.job
     token = repo.mint_token(
         s, "agent", tenant=job.tenant, attempt_id=latest.id, name=f"agent for {latest.id} (in place on {host})"
     )
@@ -143,4 +168,6 @@ def next_attempt(s: SessionDep, attempt: AttemptDep, host: str) -> NextOut:
         memory_nodes=(latest.cause or {}).get(CAUSE_MEMORY_NODES),
         master_port=latest.handle.get("master_port"),
         memckpt_key=latest.handle.get(memckpt.HANDLE_KEY),
+        hosts=list(latest.handle.get("hosts") or []) or None,
+        memory_peers=latest.handle.get("memory_peers") or None,
     )

@@ -10,6 +10,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, selectinload
 
 from aerie_contracts import DetailType
+from aerie_contracts.restarts import CAUSE_REPLACED_NODES
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState, JobState
 from orchestrator.store.models import (
     Attempt,
@@ -158,4 +159,21 @@ def set_attempt_state(
         detail["exit_code"] = exit_code
     if attempt.resume_from:
         detail["resume_from"] = attempt.resume_from
+    if state == AttemptState.RUNNING and isinstance(attempt.handle, dict):
+        detail.update(_placement(attempt))
     emit(s, attempt.job, DetailType.ATTEMPT_STATE_CHANGE, detail)
+
+
+def _placement(attempt: Attempt) -> dict[str, Any]:
+    """Where a running attempt runs, for its event: its hosts, its hot spares, and the spares that
+    took failed nodes' slots (the record of which node was a spare)."""
+    handle = attempt.handle or {}
+    out: dict[str, Any] = {}
+    if handle.get("hosts"):
+        out["hosts"] = [str(h) for h in handle["hosts"]]
+    if handle.get("spares"):
+        out["spares"] = [str(h) for h in handle["spares"]]
+    replaced = (attempt.cause or {}).get(CAUSE_REPLACED_NODES)
+    if replaced:
+        out["replaced_nodes"] = dict(replaced)
+    return out

@@ -76,3 +76,38 @@ def test_a_relaunch_or_the_job_s_end_sends_the_agent_home(api):
     with app.state.db.session() as s:
         repo.set_job_state(s, repo.get_job(s, "default", job_id), "Failed", {"kind": "exit.nonzero"})
     assert client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=auth_header(token)).json()["action"] == "exit"
+
+
+def test_a_hot_spare_waits_through_attempts_until_one_gives_it_a_slot_with_the_new_host_list(api):
+    client, app, _admin = api
+    with app.state.db.session() as s:
+        job = repo.create_job(s, {"name": "spare", "backend": "local", "entrypoint": ["x"]}, "default")
+        repo.set_job_state(s, job, "InProgress")
+        attempt = repo.create_attempt(s, job, 1)
+        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"], "spares": ["algo-3", "algo-4"]}
+        repo.set_attempt_state(s, attempt, "Running")
+        job_id, a1, token = job.id, attempt.id, repo.mint_token(s, "agent", attempt_id=attempt.id)
+    ask = lambda host="algo-3": client.get(f"/v1/attempts/{a1}/nodes/{host}/next", headers=auth_header(token)).json()  # noqa: E731
+    assert ask()["action"] == "wait" and "hot spare" in ask()["why"]  # attempt 1 runs
+    with app.state.db.session() as s:
+        repo.set_attempt_state(s, repo.get_attempt(s, a1), "Failed", {"kind": "node.lost", "host": "algo-2"})
+    a2 = _successor(app, job_id, "in_place")
+    assert ask()["action"] == "wait"  # decided, not launched
+    with app.state.db.session() as s:
+        attempt = repo.get_attempt(s, a2)
+        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-3"], "spares": ["algo-4"], "attempt_id": a2}
+        repo.set_attempt_state(s, attempt, "Running")
+    answer = ask()
+    assert answer["action"] == "restart" and answer["attempt_id"] == a2 and answer["hosts"] == ["algo-1", "algo-3"]
+    assert ask("algo-4")["action"] == "wait"  # still a spare
+    # The survivor learns the new host list too.
+    survivor = client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=auth_header(token)).json()
+    assert survivor["action"] == "restart" and survivor["hosts"] == ["algo-1", "algo-3"]
+    # A relaunch (spares of its own) sends the remaining spare home.
+    with app.state.db.session() as s:
+        repo.set_attempt_state(s, repo.get_attempt(s, a2), "Failed", {"kind": "exit.nonzero"})
+        relaunch = repo.create_attempt(s, repo.get_job(s, "default", job_id), 3)
+        relaunch.cause = {CAUSE_MODE: "relaunch"}
+        relaunch.handle = {"root": "/elsewhere", "hosts": ["algo-1", "algo-3"], "spares": ["algo-5"]}
+        repo.set_attempt_state(s, relaunch, "Running")
+    assert ask("algo-4")["action"] == "exit"

@@ -60,3 +60,29 @@ def test_an_in_place_attempt_gets_a_replication_key_of_its_own(tmp_path):
     # No memory tier, no key.
     (tmp_path / "other").mkdir()
     assert memckpt.HANDLE_KEY not in backend.launch(_request({"root": str(tmp_path / "other"), "hosts": ["algo-1"]}))
+
+
+def test_an_in_place_attempt_gives_a_spare_the_replaced_node_s_slot(tmp_path):
+    import dataclasses
+
+    root = tmp_path / "jobs" / "warm-1" / "attempt-1"
+    previous = {"root": str(root), "hosts": ["algo-1", "algo-2"], "spares": ["algo-3", "algo-4"]}
+    root.mkdir(parents=True)
+    (root / "algo-2").mkdir()  # the lost node's folder: its name is never a new spare's
+    spec = JobSpec.from_dict(
+        {"name": "warm", "entrypoint": ["python"], "resources": {"instance_count": 2, "spare_nodes": 2}}
+    )
+    request = dataclasses.replace(
+        _request(previous), spec=spec, replace_nodes={"algo-2": "algo-3"}, exclude_nodes=("algo-2",)
+    )
+    backend = LocalBackend(tmp_path / "jobs")
+    spawned: list[tuple[str, bool]] = []
+    # The new spare's process tree is the e2e test's (tests/e2e/test_spares.py): here, which slot.
+    backend._spawn = lambda req, root, host, hosts, *, spare, peers, key=None, master_port, net=None: spawned.append(  # type: ignore[method-assign]
+        (host, spare)
+    )
+    handle = backend.launch(request)
+    assert handle["hosts"] == ["algo-1", "algo-3"] and handle["replaced_nodes"] == {"algo-2": "algo-3"}
+    # The used spare is replaced from the pool (5 slots: 2 nodes, 2 spares, 1 to spare).
+    assert handle["spares"] == ["algo-4", "algo-5"] and spawned == [("algo-5", True)]
+    assert backend.launch(request) == handle and len(spawned) == 1  # idempotent: spawned once

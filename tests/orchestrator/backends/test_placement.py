@@ -60,3 +60,15 @@ def test_an_attempt_left_without_enough_slots_fails_as_placement_failed_and_spaw
         assert "2 node slot(s) and 1 are excluded after blame (algo-2)" in second.reason["message"]
     assert not (tmp_path / "jobs" / job_id / "attempt-2").exists()  # nothing was started
     db.dispose()
+
+
+def test_hot_spares_take_the_next_free_slots_and_swap_into_a_failed_node_s_slot():
+    from orchestrator.backends.placement import spares, swap
+
+    assert node_slots({}, 2, 1) == 4  # the job, its spare, and one slot to spare
+    assert spares(1, 4, ["algo-1", "algo-2"]) == ["algo-3"]
+    assert spares(2, 5, ["algo-1", "algo-3"], ["algo-2"]) == ["algo-4", "algo-5"]
+    assert spares(3, 4, ["algo-1", "algo-2"]) == ["algo-3", "algo-4"]  # fewer: the pool ran out
+    assert swap(["algo-1", "algo-2"], {"algo-2": "algo-3"}) == ["algo-1", "algo-3"]  # the slot order stays
+    with pytest.raises(ValueError, match="spare_nodes"):
+        node_slots({"node_slots": 2}, 2, 1)
