@@ -51,8 +51,10 @@ from aerie_contracts import env
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from aerie_contracts.failures import FailureKind  # noqa: E402
 from aerie_contracts.goodput import LABELS, Category  # noqa: E402
 from aerie_contracts.health import HealthSettings  # noqa: E402
+from aerie_contracts.states import JobState  # noqa: E402
 from orchestrator.goodput import advice, simulate  # noqa: E402
 
 MB = 1e6
@@ -175,10 +177,14 @@ def measure_recovery() -> dict:
         cp.stop()
         cp.cleanup_nodes()
     faults = [f for f in run.faults if f.get("mode") == "in_place" and f.get("restart_s") is not None]
-    if run.job["state"] != "Completed" or not faults:
+    if run.job["state"] != JobState.COMPLETED or not faults:
         raise RuntimeError(f"the recovery run did not give in-place restarts: {run.job['state']}, {run.faults}")
-    hangs = [f["detect_s"] for f in faults if f.get("reason") == "silent.hang" and f.get("detect_s") is not None]
-    crashes = [f["detect_s"] for f in faults if f.get("reason") == "exit.nonzero" and f.get("detect_s") is not None]
+    hangs = [
+        f["detect_s"] for f in faults if f.get("reason") == FailureKind.SILENT_HANG and f.get("detect_s") is not None
+    ]
+    crashes = [
+        f["detect_s"] for f in faults if f.get("reason") == FailureKind.EXIT_NONZERO and f.get("detect_s") is not None
+    ]
     return {
         "in_place_restart_s": statistics.median(f["restart_s"] + f.get("restore_s", 0.0) for f in faults),
         "hang_detect_s": max(hangs) if hangs else None,

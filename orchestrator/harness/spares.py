@@ -15,6 +15,7 @@ from typing import Any
 from aerie_contracts import env as aerie_env
 from aerie_contracts.checkpoints import CheckpointTier, memory_uri
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES
+from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.backends import local_fence
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import FAST_HEALTH, attempt_step_records, trainer_spec
@@ -64,7 +65,7 @@ def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, An
     first = _wait(
         lambda: switched.exists() and attempt_step_records(cp.home / "jobs" / job_id, 2), 180, "attempt 2's first step"
     )[0]
-    job = cp.wait_state(name, {"Completed", "Failed", "Stopped"}, timeout_s=300)
+    job = cp.wait_state(name, JOB_TERMINAL, timeout_s=300)
     second = next((a for a in job["attempt_list"] if a["number"] == 2), {})
     spare_log = (root / "algo-3" / "logs" / "node.log").read_text(errors="replace")
     return {

@@ -7,7 +7,9 @@ from agent.memckpt.node import NodeMemoryTier
 
 def test_the_ring_follows_the_new_host_list_with_endpoints_learned_at_the_hand_over(tmp_path):
     peers = {"algo-1": ("127.0.0.1", 1), "algo-2": ("127.0.0.1", 2), "algo-3": ("127.0.0.1", 3)}
-    tier = NodeMemoryTier(job="j", host="algo-1", hosts=["algo-1", "algo-2"], peers=dict(peers), root=str(tmp_path))
+    tier = NodeMemoryTier(
+        job="j", host="algo-1", hosts=["algo-1", "algo-2"], peers=dict(peers), root=str(tmp_path), key=bytes(32)
+    )
     assert tier.peer_node == "algo-2"
     tier.retarget(["algo-1", "algo-3"])
     assert tier.peer_node == "algo-3" and tier.hosts == ["algo-1", "algo-3"]
