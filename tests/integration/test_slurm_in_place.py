@@ -72,7 +72,15 @@ def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path
     assert handle_2["slurm_job_id"] == handle_1["slurm_job_id"] and handle_2["attempt_id"] == second["id"]
     assert not (cp.home / "jobs" / job_id / "attempt-2").exists()
     assert _find_job_by_name(second["id"]) is None
-    assert (slurm_job_state(int(handle_1["slurm_job_id"])) or {}).get("state") in {"COMPLETED", "COMPLETING"}
+    # The allocation ends once its agents have exited (each asks the control plane one last time).
+    wait_for(
+        what="the one Slurm job to end",
+        check=lambda: (
+            (slurm_job_state(int(handle_1["slurm_job_id"])) or {}).get("state") in {"COMPLETED", "COMPLETING"}
+        ),
+        timeout_s=30,
+        every_s=0.5,
+    )
 
     # The same agents served both attempts (a new one would have written its own pid), each
     # restarting only its worker group, on the in-place attempt's own rendezvous port.
