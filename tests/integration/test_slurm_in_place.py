@@ -10,6 +10,7 @@ The fallback to a relaunch (a blamed node: a new `sbatch --exclude`) is test_slu
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,13 @@ def _submit(cp, tmp_path: Path, name: str, steps: int) -> None:
     cp.cli("submit", str(spec), check=True)
 
 
+def _queue() -> str:
+    """Slurm's queue and nodes when a wait begins, for the message should the wait time out."""
+    queue = subprocess.run(["squeue", "-h", "-o", "%i %j %T %R"], capture_output=True, text=True).stdout
+    nodes = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %t"], capture_output=True, text=True).stdout
+    return f"queue [{queue.strip()!s:.300}] nodes [{nodes.strip()!s:.200}]"
+
+
 def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path):
     _submit(cp, tmp_path, "slurm-warm", steps=10)
     job_id = wait_for(what="the job", check=lambda: cp.job("slurm-warm")["id"], timeout_s=60)
@@ -53,7 +61,7 @@ def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path
     agents = {h: root / h / "agent" for h in HOSTS}
     # Attempt 1's agents, once both run (each Slurm task execs its agent: the pid is the task's).
     agent_pids = wait_for(
-        what="attempt 1's agents",
+        what=f"attempt 1's agents (Slurm: {_queue()})",
         check=lambda: (found := {h: pids(d, "agent.pid") for h, d in agents.items()}) and all(found.values()) and found,
         timeout_s=120,
         every_s=0.2,
