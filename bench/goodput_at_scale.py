@@ -113,6 +113,7 @@ def measure_restore(connections: int, size_mb: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="aerie-goodput-"))
     server = S3Server.start(log_path=work / "moto.log")
     proxy = None
+    saved = dict(os.environ)
     try:
         os.environ.update(server.env())  # the CRT client reads its credentials from the environment
         client = server.client()
@@ -147,6 +148,9 @@ def measure_restore(connections: int, size_mb: int) -> dict:
             proxy.proc.kill()
             proxy.proc.wait()
         server.stop()
+        # This server's endpoint must not outlive it: the recovery run's control plane starts its own.
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def measure_snapshot(size_mb: int) -> float:
