@@ -12,6 +12,7 @@ that link alone, which names the sender: with two nodes an all-reduce alone coul
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import time
@@ -23,10 +24,16 @@ CHUNKS = 8  # the link probe's buffer goes in this many sends (a throttled sende
 TAG = "PREFLIGHT "
 
 
+def _torch() -> Any:
+    """torch, imported here only, in the probe's own process (the agent that imports this module
+    for its constants stays torch-free, as agent/warm.py's ranks do)."""
+    return importlib.import_module("torch")
+
+
 def burn(cfg: dict[str, Any]) -> dict[str, Any]:
     """Each accelerator's matmul rate over `burn_s`: GPUs in TFLOP/s (bf16), else one CPU core in
     GFLOP/s (float32). `slow_compute` sleeps between matmuls, to a tenth of the minimum rate."""
-    import torch
+    torch = _torch()
 
     out: dict[str, Any] = {}
     n, burn_s = int(cfg["matrix_n"]), float(cfg["burn_s"])
@@ -60,8 +67,8 @@ def _rate(op, flops: float, burn_s: float, sync, cfg: dict[str, Any], unit: floa
 
 
 def collective(cfg: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
+    torch = _torch()
+    dist = importlib.import_module("torch.distributed")
 
     n, rank = int(cfg["nodes"]), int(cfg["node_rank"])
     size = max(CHUNKS, int(float(cfg["collective_mb"]) * MiB) // 4 // CHUNKS * CHUNKS)  # float32 elements
@@ -122,7 +129,7 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     out: dict[str, Any] = {}
     try:
-        import torch  # noqa: F401
+        _torch()
     except Exception as exc:
         print(TAG + json.dumps({"error": f"torch not importable: {exc}"}), flush=True)
         return 0
