@@ -24,9 +24,9 @@ from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, 
 from orchestrator.harness.jobs import FAST_HEALTH
 from tests.helpers.sagemaker_standin import SageMakerStandIn, image_env
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
-# its fault is a SIGKILL (an exit, not a hang), and it asserts the attempts' story, no timing.
-pytestmark = pytest.mark.side_by_side
+# Alone (the serial phase): as on SageMaker, the first container to exit non-zero names the failure,
+# and beside the unit tests the killed rank's peer (its collective broken) once exited first. Which
+# node's exit a SageMaker job reports when two fail together is a known limit (see the closing notes).
 STEPS, EVERY, KILL_AT = 12, 4, 9
 
 
