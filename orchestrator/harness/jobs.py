@@ -44,6 +44,7 @@ def trainer_spec(
     memory_every_steps: int | str | None = None,
     max_restarts: int = 0,
     in_place_restarts: int | None = None,
+    spare_nodes: int = 0,
     health: dict | None = None,
     extra_hps: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
@@ -55,7 +56,8 @@ def trainer_spec(
         "entrypoint": ["python", "-m", "trainer.train"],
         "args": ["--config", "examples/configs/pythia-tiny.yaml"],
         "hyperparameters": {"steps": str(steps), "eval_every": "1000000", "seq_len": "64", **(extra_hps or {})},
-        "resources": {"instance_count": nodes, "procs_per_node": procs},
+        "resources": {"instance_count": nodes, "procs_per_node": procs}
+        | ({"spare_nodes": spare_nodes} if spare_nodes else {}),
         "retry": {"max_restarts": max_restarts}
         | ({} if in_place_restarts is None else {"in_place_restarts": in_place_restarts}),
         "health": {**FAST_HEALTH, **(health or {})},

@@ -6,7 +6,6 @@ in place. Measures the time from the node's death to the first training step aft
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -19,18 +18,9 @@ from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.backends import local_fence
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import FAST_HEALTH, attempt_step_records, trainer_spec
+from orchestrator.harness.wait import wait_for
 
 STEPS, S3_EVERY, MEM_EVERY = 40, 10, 10
-
-
-def _wait(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, Any]:
@@ -42,12 +32,10 @@ def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, An
         every_steps=S3_EVERY,
         memory_every_steps=MEM_EVERY,
         max_restarts=3,
+        spare_nodes=1,
     )
-    spec = json.loads(path.read_text())
-    spec["resources"]["spare_nodes"] = 1
-    path.write_text(json.dumps(spec))
     cp.cli("submit", str(path), check=True)
-    job_id = _wait(lambda: cp.job(name)["id"], 60, "the job")
+    job_id = wait_for(lambda: cp.job(name)["id"], 60, "the job")
     root = cp.home / "jobs" / job_id / "attempt-1"
     want = memory_uri(job_id, MEM_EVERY, 1)
 
@@ -56,13 +44,13 @@ def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, An
         assert isinstance(rows, list)
         return any(r["uri"] == want and r["state"] == "good" and r["tier"] == CheckpointTier.MEMORY for r in rows)
 
-    _wait(good, 180, "the first memory checkpoint")
+    wait_for(good, 180, "the first memory checkpoint")
     died_at = time.time()
     local_fence.kill_node(root / "algo-2")
     shutil.rmtree(Path(cp.env[aerie_env.MEMORY_CHECKPOINT_DIR]) / "algo-2", ignore_errors=True)
     # Attempt 2's stream only once rank 0's agent set attempt 1's aside (until then "metrics" is 1's).
     switched = root / "algo-1" / "output" / "metrics.attempt-1"
-    first = _wait(
+    first = wait_for(
         lambda: switched.exists() and attempt_step_records(cp.home / "jobs" / job_id, 2), 180, "attempt 2's first step"
     )[0]
     job = cp.wait_state(name, JOB_TERMINAL, timeout_s=300)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts import env as aerie_env
 from aerie_contracts.events import DetailType
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from orchestrator.backends import local_fence
@@ -42,14 +43,12 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
         every_steps=S3_EVERY,
         memory_every_steps=MEM_EVERY,
         max_restarts=3,
+        spare_nodes=1,
     )
-    spec = json.loads(path.read_text())
-    spec["resources"]["spare_nodes"] = 1
-    path.write_text(json.dumps(spec))
     cp.cli("submit", str(path), check=True)
     job_id = wait_for(what="the job", check=lambda: cp.job("spare")["id"], timeout_s=60)
     root = cp.home / "jobs" / job_id / "attempt-1"
-    area = Path(cp.env["AERIE_MEMORY_CHECKPOINT_DIR"])
+    area = Path(cp.env[aerie_env.MEMORY_CHECKPOINT_DIR])
 
     first = wait_for(what="attempt 1 with its spare", check=lambda: attempt_of(cp, "spare", 1), timeout_s=60)
     spare_agent = wait_for(what="the spare's agent", check=lambda: pids(root / "algo-3" / "agent", "agent.pid"))
