@@ -7,17 +7,11 @@ megatron-core (dev extra) imports on CPU; it needs torch, which this test may us
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from megatron.core.datasets import helpers as megatron_helpers
-from megatron.core.datasets.gpt_dataset import GPTDataset as MegatronGPTDataset
-from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
-from megatron.core.datasets.indexed_dataset import IndexedDataset as MegatronIndexedDataset
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder as MegatronBuilder
-from megatron.core.datasets.utils import Split
-from megatron.core.tokenizers import MegatronTokenizerBase
 from typer.testing import CliRunner
 
 from trainer.data import GPTDataset, IndexedDataset, IndexedDatasetBuilder, load_tokenizer
@@ -25,7 +19,28 @@ from trainer.data.cli import data_app
 from trainer.data.gpt_dataset import build_blending_indices, build_sample_index
 
 
-def test_preprocess_cli_output_read_by_megatron(tmp_path, corpus, corpus_texts, tokenizer_path):
+@pytest.fixture(scope="module")
+def mcore():
+    """megatron-core, imported by the tests that use it: importing it takes seconds, and every
+    pytest process of `make test` (both workers and the serial phase) collects this module."""
+    from megatron.core.datasets import helpers
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+    from megatron.core.datasets.utils import Split
+    from megatron.core.tokenizers import MegatronTokenizerBase
+
+    return SimpleNamespace(
+        helpers=helpers,
+        GPTDataset=GPTDataset,
+        GPTDatasetConfig=GPTDatasetConfig,
+        IndexedDataset=IndexedDataset,
+        IndexedDatasetBuilder=IndexedDatasetBuilder,
+        Split=Split,
+        tokenizer=_tokenizer_class(MegatronTokenizerBase),
+    )
+
+
+def test_preprocess_cli_output_read_by_megatron(mcore, tmp_path, corpus, corpus_texts, tokenizer_path):
     result = CliRunner().invoke(
         data_app,
         [
@@ -48,7 +63,7 @@ def test_preprocess_cli_output_read_by_megatron(tmp_path, corpus, corpus_texts, 
     prefix = str(tmp_path / "out_text_document")
     assert json.loads(result.stdout.strip().splitlines()[-1])["output_prefix"] == prefix
 
-    theirs = MegatronIndexedDataset(prefix)
+    theirs = mcore.IndexedDataset(prefix)
     tok = load_tokenizer(tokenizer_path)
     assert theirs.index.dtype is np.uint16
     assert len(theirs) == len(corpus_texts)
@@ -59,10 +74,10 @@ def test_preprocess_cli_output_read_by_megatron(tmp_path, corpus, corpus_texts, 
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])
-def test_megatron_builder_output_read_by_ours(tmp_path, dtype):
+def test_megatron_builder_output_read_by_ours(mcore, tmp_path, dtype):
     rng = np.random.default_rng(1)
     vocab = 60_000 if dtype is np.uint16 else 150_000
-    builder = MegatronBuilder(str(tmp_path / "m.bin"), dtype=dtype)
+    builder = mcore.IndexedDatasetBuilder(str(tmp_path / "m.bin"), dtype=dtype)
     sequences = []
     for _ in range(30):
         seq = rng.integers(0, vocab, size=rng.integers(1, 100))
@@ -92,52 +107,55 @@ def test_megatron_builder_output_read_by_ours(tmp_path, dtype):
         assert (tmp_path / f"o{ext}").read_bytes() == (tmp_path / f"m{ext}").read_bytes()
 
 
-class _Tokenizer(MegatronTokenizerBase):
-    """The least a megatron GPTDataset asks of a tokenizer (it only reads eod/pad ids)."""
+def _tokenizer_class(base):
+    class _Tokenizer(base):
+        """The least a megatron GPTDataset asks of a tokenizer (it only reads eod/pad ids)."""
 
-    vocab = {}
-    vocab_size = 1024
+        vocab = {}
+        vocab_size = 1024
 
-    def __init__(self) -> None:
-        self.unique_identifiers = {"class": "_Tokenizer"}
+        def __init__(self) -> None:
+            self.unique_identifiers = {"class": "_Tokenizer"}
 
-    def tokenize(self, text):
-        return []
+        def tokenize(self, text):
+            return []
 
-    def detokenize(self, ids):
-        return ""
+        def detokenize(self, ids):
+            return ""
 
-    def apply_chat_template(self, *args, **kwargs):
-        return None
+        def apply_chat_template(self, *args, **kwargs):
+            return None
 
-    @property
-    def eod(self):
-        return 0
+        @property
+        def eod(self):
+            return 0
 
-    @property
-    def pad(self):
-        return 1
+        @property
+        def pad(self):
+            return 1
+
+    return _Tokenizer
 
 
 # (seq_len, num_samples): one epoch; two epochs with the last shuffled separately (< 80 % used);
 # three epochs shuffled together.
 @pytest.mark.parametrize("seq_len,fraction_of_epoch", [(64, 0.5), (32, 1.3), (100, 2.9)])
-def test_gpt_dataset_matches_megatron(tmp_path, dataset_prefix, seq_len, fraction_of_epoch):
+def test_gpt_dataset_matches_megatron(mcore, tmp_path, dataset_prefix, seq_len, fraction_of_epoch):
     samples_per_epoch = (IndexedDataset(dataset_prefix).num_tokens - 1) // seq_len
     num_samples = int(fraction_of_epoch * samples_per_epoch)
-    config = GPTDatasetConfig(
+    config = mcore.GPTDatasetConfig(
         random_seed=17,
         sequence_length=seq_len,
-        tokenizer=_Tokenizer(),
+        tokenizer=mcore.tokenizer(),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
         path_to_cache=str(tmp_path / "mcache"),
         split="100,0,0",
     )
-    low = MegatronIndexedDataset(dataset_prefix)
-    theirs = MegatronGPTDataset(
-        low, dataset_prefix, np.arange(len(low), dtype=np.int32), num_samples, Split.train, config
+    low = mcore.IndexedDataset(dataset_prefix)
+    theirs = mcore.GPTDataset(
+        low, dataset_prefix, np.arange(len(low), dtype=np.int32), num_samples, mcore.Split.train, config
     )
     ours = GPTDataset(dataset_prefix, seq_len, num_samples, seed=17)
 
@@ -151,22 +169,22 @@ def test_gpt_dataset_matches_megatron(tmp_path, dataset_prefix, seq_len, fractio
         np.testing.assert_array_equal(ours[i][1:], sample["labels"].numpy())
 
 
-def test_sample_index_matches_megatron_helper():
+def test_sample_index_matches_megatron_helper(mcore):
     rng = np.random.default_rng(3)
     lengths = rng.integers(0, 40, size=200).astype(np.int32)
     lengths[[0, 17, 199]] = [5, 0, 9]
     document_index = np.tile(np.arange(200, dtype=np.int32), 2)
     rng.shuffle(document_index)
     for seq_len in (2, 7, 64, 333):
-        theirs = megatron_helpers.build_sample_idx(lengths, document_index, seq_len, 2, int(lengths.sum()), True, 1)
+        theirs = mcore.helpers.build_sample_idx(lengths, document_index, seq_len, 2, int(lengths.sum()), True, 1)
         np.testing.assert_array_equal(build_sample_index(lengths, document_index, seq_len), theirs)
 
 
-def test_blending_indices_match_megatron_helper():
+def test_blending_indices_match_megatron_helper(mcore):
     weights = np.array([0.5, 0.3, 0.2])
     dataset_index = np.zeros(5000, dtype=np.int16)
     dataset_sample_index = np.zeros(5000, dtype=np.int64)
-    megatron_helpers.build_blending_indices(dataset_index, dataset_sample_index, weights, 3, 5000, False)
+    mcore.helpers.build_blending_indices(dataset_index, dataset_sample_index, weights, 3, 5000, False)
     ours_index, ours_sample_index = build_blending_indices(weights, 5000)
     np.testing.assert_array_equal(ours_index, dataset_index)
     np.testing.assert_array_equal(ours_sample_index, dataset_sample_index)
