@@ -169,17 +169,11 @@ def measure_recovery() -> dict:
     """The in-place recovery of the tiny trainer's rank faults on this machine (the harness of
     `bench/chaos.py --only recovery`, its `in place + memory` policy): per fault kind, the agent's
     detection delay (last step -> verdict) and the restart (verdict -> the new ranks restoring)."""
-    from orchestrator.harness.control_plane import ControlPlane
+    from orchestrator.harness.control_plane import started_plane
     from orchestrator.harness.recovery import run_policy
 
-    work = Path(tempfile.mkdtemp(prefix="aerie-goodput-recovery-"))
-    (work / "home").mkdir()
-    cp = ControlPlane(work / "home", s3=True).start()
-    try:
+    with started_plane("aerie-goodput-recovery-") as (cp, work):
         run = run_policy(cp, work, "in place + memory", bucket="s3://aerie/goodput-recovery")
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
     faults = [f for f in run.faults if f.get("mode") == "in_place" and f.get("restart_s") is not None]
     if run.job["state"] != JobState.COMPLETED or not faults:
         raise RuntimeError(f"the recovery run did not give in-place restarts: {run.job['state']}, {run.faults}")

@@ -10,7 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -159,6 +162,20 @@ class ControlPlane:
                 return job
             time.sleep(0.5)
         raise AssertionError(f"job {ref} did not reach {states}: {json.dumps(self.job(ref))[:2000]}")
+
+
+@contextmanager
+def started_plane(prefix: str, s3: bool = True) -> Iterator[tuple[ControlPlane, Path]]:
+    """A control plane started in a fresh work folder (its home is `<work>/home`), for a bench's
+    whole run: yields (the plane, the work folder); stopped and its nodes cleaned up after."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    (work / "home").mkdir()
+    cp = ControlPlane(work / "home", s3=s3).start()
+    try:
+        yield cp, work
+    finally:
+        cp.stop()
+        cp.cleanup_nodes()
 
 
 def event_story(events: list[dict]) -> list[str]:
