@@ -21,6 +21,7 @@ import psutil
 
 from aerie_contracts import DetailType
 from aerie_contracts import env as aerie_env
+from orchestrator.harness.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -150,6 +151,11 @@ class ControlPlane:
 
     def job(self, ref: str) -> dict:
         return self.get(f"/v1/jobs/{ref}")  # type: ignore[return-value]
+
+    def submit(self, spec: Path, name: str, timeout_s: float = 60) -> str:
+        """`aerie submit` the spec of job `name`; its id once the control plane lists it."""
+        self.cli("submit", str(spec), check=True)
+        return wait_for(what="the job", check=lambda: self.job(name)["id"], timeout_s=timeout_s)
 
     def events(self, ref: str) -> list[dict]:
         return [row["event"] for row in self.get(f"/v1/jobs/{ref}/events")]  # type: ignore[union-attr]
