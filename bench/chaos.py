@@ -37,7 +37,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from aerie_contracts.states import JobState  # noqa: E402
 from orchestrator.harness.chaos import TRAINER_FAULTS, run_chaos  # noqa: E402
-from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
+from orchestrator.harness.control_plane import started_plane  # noqa: E402
 from orchestrator.harness.jobs import attempt_step_records, rank_losses  # noqa: E402
 from orchestrator.harness.recovery import MEMORY_EVERY, POLICIES, run_policy  # noqa: E402
 
@@ -83,14 +82,8 @@ def spares() -> int:
     from orchestrator.harness.spares import run_spare
     from orchestrator.settings import Settings
 
-    work = Path(tempfile.mkdtemp(prefix="aerie-bench-spares-"))
-    (work / "home").mkdir()
-    cp = ControlPlane(work / "home", s3=True).start()
-    try:
+    with started_plane("aerie-bench-spares-") as (cp, work):
         run = run_spare(cp, work)
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
     lost_timeout_s = Settings().lost_after_heartbeats * float(run["heartbeat_s"])
     goal_s = lost_timeout_s + 10
     print(
@@ -111,14 +104,8 @@ def spares() -> int:
 
 def recovery() -> int:
     """Both policies in one control plane, one after the other; one JSON line."""
-    work = Path(tempfile.mkdtemp(prefix="aerie-bench-recovery-"))
-    (work / "home").mkdir()
-    cp = ControlPlane(work / "home", s3=True).start()
-    try:
+    with started_plane("aerie-bench-recovery-") as (cp, work):
         runs = [run_policy(cp, work, policy) for policy in POLICIES]
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
     by = {r.policy: r for r in runs}
     memory, s3 = by["in place + memory"], by["relaunch + S3"]
     overhead = memory.median_step_s / s3.median_step_s - 1 if memory.median_step_s and s3.median_step_s else None
@@ -159,14 +146,8 @@ def recovery() -> int:
 
 
 def goodput() -> int:
-    work = Path(tempfile.mkdtemp(prefix="aerie-bench-chaos-"))
-    (work / "home").mkdir()
-    cp = ControlPlane(work / "home", s3=True).start()
-    try:
+    with started_plane("aerie-bench-chaos-") as (cp, work):
         result = run_chaos(cp, work)
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
     job = result.job
     jobs_dir = work / "home" / "jobs"
     attempts = job["attempt_list"]

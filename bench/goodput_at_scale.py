@@ -169,17 +169,11 @@ def measure_recovery() -> dict:
     """The in-place recovery of the tiny trainer's rank faults on this machine (the harness of
     `bench/chaos.py --only recovery`, its `in place + memory` policy): per fault kind, the agent's
     detection delay (last step -> verdict) and the restart (verdict -> the new ranks restoring)."""
-    from orchestrator.harness.control_plane import ControlPlane
+    from orchestrator.harness.control_plane import started_plane
     from orchestrator.harness.recovery import run_policy
 
-    work = Path(tempfile.mkdtemp(prefix="aerie-goodput-recovery-"))
-    (work / "home").mkdir()
-    cp = ControlPlane(work / "home", s3=True).start()
-    try:
+    with started_plane("aerie-goodput-recovery-") as (cp, work):
         run = run_policy(cp, work, "in place + memory", bucket="s3://aerie/goodput-recovery")
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
     faults = [f for f in run.faults if f.get("mode") == "in_place" and f.get("restart_s") is not None]
     if run.job["state"] != JobState.COMPLETED or not faults:
         raise RuntimeError(f"the recovery run did not give in-place restarts: {run.job['state']}, {run.faults}")
@@ -355,12 +349,9 @@ def plot(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--days", type=float, default=30.0)
-    ap.add_argument("--replications", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=24)
-    ap.add_argument("--connections", type=int, default=16)
-    ap.add_argument("--relaunch-s", type=float, default=600.0)
-    ap.add_argument("--measure-mb", type=int, default=64)
+    numbers = {"days": 30.0, "replications": 20, "seed": 24, "connections": 16, "relaunch-s": 600.0, "measure-mb": 64}
+    for name, default in numbers.items():  # each parsed as its default's type
+        ap.add_argument(f"--{name}", type=type(default), default=default)
     ap.add_argument("--no-measure", action="store_true", help="use the stated assumptions only (fast)")
     ap.add_argument("--no-recovery", action="store_true", help="skip the in-place recovery run (about 90 s)")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "goodput.png"), help="'' to skip the plot")

@@ -9,8 +9,20 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+class _InHome:
+    """A path under the settings' `home_dir`, read as an attribute (`settings.jobs_dir`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, settings: Settings | None, owner: type | None = None) -> Path:
+        if settings is None:
+            raise AttributeError(f"{self.name!r} is a path under one Settings' home")
+        return settings.home_dir / self.name
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="AERIE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="AERIE_", extra="ignore", ignored_types=(_InHome,))
 
     home: Path = Path("~/.aerie")
     database_url: str | None = None
@@ -56,21 +68,10 @@ class Settings(BaseSettings):
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home_dir / 'aerie.db'}"
 
-    @property
-    def jobs_dir(self) -> Path:
-        return self.home_dir / "jobs"
-
-    @property
-    def admin_token_path(self) -> Path:
-        return self.home_dir / "admin.token"
-
-    @property
-    def sigv4_key_path(self) -> Path:
-        return self.home_dir / "sigv4.key"
-
-    @property
-    def api_url_path(self) -> Path:
-        return self.home_dir / "api.url"
+    jobs_dir = _InHome("jobs")
+    admin_token_path = _InHome("admin.token")
+    sigv4_key_path = _InHome("sigv4.key")
+    api_url_path = _InHome("api.url")
 
     @property
     def api_url(self) -> str:

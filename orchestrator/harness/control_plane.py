@@ -10,7 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -18,6 +21,7 @@ import psutil
 
 from aerie_contracts import DetailType
 from aerie_contracts import env as aerie_env
+from orchestrator.harness.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,6 +152,11 @@ class ControlPlane:
     def job(self, ref: str) -> dict:
         return self.get(f"/v1/jobs/{ref}")  # type: ignore[return-value]
 
+    def submit(self, spec: Path, name: str, timeout_s: float = 60) -> str:
+        """`aerie submit` the spec of job `name`; its id once the control plane lists it."""
+        self.cli("submit", str(spec), check=True)
+        return wait_for(what="the job", check=lambda: self.job(name)["id"], timeout_s=timeout_s)
+
     def events(self, ref: str) -> list[dict]:
         return [row["event"] for row in self.get(f"/v1/jobs/{ref}/events")]  # type: ignore[union-attr]
 
@@ -159,6 +168,20 @@ class ControlPlane:
                 return job
             time.sleep(0.5)
         raise AssertionError(f"job {ref} did not reach {states}: {json.dumps(self.job(ref))[:2000]}")
+
+
+@contextmanager
+def started_plane(prefix: str, s3: bool = True) -> Iterator[tuple[ControlPlane, Path]]:
+    """A control plane started in a fresh work folder (its home is `<work>/home`), for a bench's
+    whole run: yields (the plane, the work folder); stopped and its nodes cleaned up after."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    (work / "home").mkdir()
+    cp = ControlPlane(work / "home", s3=s3).start()
+    try:
+        yield cp, work
+    finally:
+        cp.stop()
+        cp.cleanup_nodes()
 
 
 def event_story(events: list[dict]) -> list[str]:

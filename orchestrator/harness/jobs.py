@@ -74,6 +74,22 @@ def trainer_spec(
     return path
 
 
+def s3_spec(
+    folder: Path, name: str, *, steps: int, s3_every: int, memory_every: int | None = None, **options: Any
+) -> Path:
+    """`trainer_spec` written to <folder>/<name>.json, checkpointing to the loopback S3 server's
+    bucket (s3://aerie/<name>) every `s3_every` steps and, with `memory_every`, to memory."""
+    return trainer_spec(
+        folder / f"{name}.json",
+        name,
+        steps=steps,
+        checkpoint_uri=f"s3://aerie/{name}",
+        every_steps=s3_every,
+        memory_every_steps=memory_every,
+        **options,
+    )
+
+
 def step_records(attempt_dir: Path, rank: int | None = 0) -> list[dict]:
     """The training-step lines (no events) of one attempt's metrics, for `rank` or every rank (None)."""
     return _steps_in(attempt_dir, "metrics", rank)

@@ -17,25 +17,15 @@ from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES
 from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.backends import local_fence
 from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import FAST_HEALTH, attempt_step_records, trainer_spec
+from orchestrator.harness.jobs import FAST_HEALTH, attempt_step_records, s3_spec
 from orchestrator.harness.wait import wait_for
 
 STEPS, S3_EVERY, MEM_EVERY = 40, 10, 10
 
 
 def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, Any]:
-    path = trainer_spec(
-        work / f"{name}.json",
-        name,
-        steps=STEPS,
-        checkpoint_uri=f"s3://aerie/{name}",
-        every_steps=S3_EVERY,
-        memory_every_steps=MEM_EVERY,
-        max_restarts=3,
-        spare_nodes=1,
-    )
-    cp.cli("submit", str(path), check=True)
-    job_id = wait_for(lambda: cp.job(name)["id"], 60, "the job")
+    path = s3_spec(work, name, steps=STEPS, s3_every=S3_EVERY, memory_every=MEM_EVERY, max_restarts=3, spare_nodes=1)
+    job_id = cp.submit(path, name)
     root = cp.home / "jobs" / job_id / "attempt-1"
     want = memory_uri(job_id, MEM_EVERY, 1)
 

@@ -139,8 +139,7 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
         spec = json.loads(spec_path.read_text())
         spec["entrypoint"] = ["python", "tests/helpers/offnode_rank.py", "--", *spec["entrypoint"]]
         spec_path.write_text(json.dumps(spec))
-        cp.cli("submit", str(spec_path), check=True)
-        job_id = wait_for(what="the job", check=lambda: cp.job("fenced")["id"], timeout_s=180)
+        job_id = cp.submit(spec_path, "fenced", timeout_s=180)
         prefix = f"s3://aerie/fencing/{job_id}"
         node = cp.home / "jobs" / job_id / "attempt-1" / "algo-1"
         step10, zombie = manifest.checkpoint_uri(prefix, 10, 1), manifest.checkpoint_uri(prefix, 20, 1)

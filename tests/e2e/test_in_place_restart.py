@@ -17,7 +17,7 @@ import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from orchestrator.backends import local_fence
-from orchestrator.harness.jobs import step_records, trainer_spec
+from orchestrator.harness.jobs import s3_spec, step_records
 from tests.helpers.attempt_files import attempt_of, pids, running_pids
 from tests.helpers.wait import wait_for
 from trainer.checkpoint import manifest
@@ -29,17 +29,8 @@ STEPS, EVERY, CRASH = 40, 5, 12
 
 def test_a_rank_crash_restarts_in_place_and_a_lost_node_relaunches(s3_plane, tmp_path):
     cp = s3_plane
-    spec = trainer_spec(
-        tmp_path / "spec.json",
-        "warm",
-        steps=STEPS,
-        checkpoint_uri="s3://aerie/warm",
-        every_steps=EVERY,
-        max_restarts=2,
-        faults=[{"kind": "sigkill", "step": CRASH, "rank": 3, "attempt": 1}],
-    )
-    cp.cli("submit", str(spec), check=True)
-    job_id = wait_for(what="the job", check=lambda: cp.job("warm")["id"], timeout_s=60)
+    crash = [{"kind": "sigkill", "step": CRASH, "rank": 3, "attempt": 1}]
+    job_id = cp.submit(s3_spec(tmp_path, "warm", steps=STEPS, s3_every=EVERY, max_restarts=2, faults=crash), "warm")
     root = cp.home / "jobs" / job_id / "attempt-1"
     agents = {h: root / h / "agent" for h in ("algo-1", "algo-2")}
 

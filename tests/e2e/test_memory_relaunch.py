@@ -28,7 +28,7 @@ import pytest
 from aerie_contracts import memckpt
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
 from orchestrator.backends import local_fence
-from orchestrator.harness.jobs import attempt_step_records, trainer_spec
+from orchestrator.harness.jobs import attempt_step_records, s3_spec
 from tests.helpers.attempt_files import attempt_of, good_memory, good_s3, restored_events, s3_requests_since
 from tests.helpers.wait import wait_for
 
@@ -40,18 +40,16 @@ STEPS, S3_EVERY, MEM_EVERY = 40, 10, 4
 def test_a_lost_node_is_replaced_from_its_peers_replica_and_from_s3_when_both_copies_are_gone(s3_plane, tmp_path):
     cp = s3_plane
     s3_log = cp.home / "devstack" / "s3.log"
-    spec = trainer_spec(
-        tmp_path / "spec.json",
+    spec = s3_spec(
+        tmp_path,
         "lost",
         steps=STEPS,
-        checkpoint_uri="s3://aerie/lost",
-        every_steps=S3_EVERY,
-        memory_every_steps=MEM_EVERY,
+        s3_every=S3_EVERY,
+        memory_every=MEM_EVERY,
         max_restarts=3,
         backend_options={"node_slots": 4},
     )
-    cp.cli("submit", str(spec), check=True)
-    job_id = wait_for(what="the job", check=lambda: cp.job("lost")["id"], timeout_s=60)
+    job_id = cp.submit(spec, "lost")
     job_dir = cp.home / "jobs" / job_id
     area = Path(cp.env["AERIE_MEMORY_CHECKPOINT_DIR"])
     prefix = f"s3://aerie/lost/{job_id}"

@@ -30,7 +30,7 @@ import pytest
 from aerie_contracts import memckpt
 from aerie_contracts.checkpoints import memory_uri
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
-from orchestrator.harness.jobs import attempt_step_records, trainer_spec
+from orchestrator.harness.jobs import attempt_step_records, s3_spec
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, restored_events, running_pids, s3_requests_since
 from tests.helpers.wait import wait_for
 from trainer.checkpoint import manifest
@@ -41,16 +41,7 @@ STEPS, S3_EVERY, MEM_EVERY, HANG, STOP = 32, 10, 4, 15, 23
 
 
 def _spec(tmp: Path, name: str, faults: list[dict] | None) -> Path:
-    path = trainer_spec(
-        tmp / f"{name}.json",
-        name,
-        steps=STEPS,
-        checkpoint_uri=f"s3://aerie/{name}",
-        every_steps=S3_EVERY,
-        memory_every_steps=MEM_EVERY,
-        max_restarts=3,
-        faults=faults,
-    )
+    path = s3_spec(tmp, name, steps=STEPS, s3_every=S3_EVERY, memory_every=MEM_EVERY, max_restarts=3, faults=faults)
     spec = json.loads(path.read_text())
     spec["retry"]["exclude_after_blames"] = 3
     path.write_text(json.dumps(spec))
@@ -69,8 +60,7 @@ def test_hang_recovers_in_place_from_memory_and_a_corrupt_copy_is_replaced_by_th
         {"kind": "busy_hang", "step": HANG, "rank": 1, "attempt": 1},
         {"kind": "sigstop", "step": STOP, "rank": 3, "attempt": 2},
     ]
-    cp.cli("submit", str(_spec(tmp_path, "mem", faults)), check=True)
-    job_id = wait_for(what="the job", check=lambda: cp.job("mem")["id"], timeout_s=60)
+    job_id = cp.submit(_spec(tmp_path, "mem", faults), "mem")
     job_dir = cp.home / "jobs" / job_id
     root = job_dir / "attempt-1"
     agents = {h: root / h / "agent" for h in ("algo-1", "algo-2")}

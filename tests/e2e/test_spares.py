@@ -24,7 +24,7 @@ from aerie_contracts import env as aerie_env
 from aerie_contracts.events import DetailType
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from orchestrator.backends import local_fence
-from orchestrator.harness.jobs import attempt_step_records, trainer_spec
+from orchestrator.harness.jobs import attempt_step_records, s3_spec
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, restored_events
 from tests.helpers.wait import wait_for
 
@@ -35,18 +35,10 @@ STEPS, S3_EVERY, MEM_EVERY = 40, 10, 10
 
 def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s3_plane, tmp_path):
     cp = s3_plane
-    path = trainer_spec(
-        tmp_path / "spec.json",
-        "spare",
-        steps=STEPS,
-        checkpoint_uri="s3://aerie/spare",
-        every_steps=S3_EVERY,
-        memory_every_steps=MEM_EVERY,
-        max_restarts=3,
-        spare_nodes=1,
+    path = s3_spec(
+        tmp_path, "spare", steps=STEPS, s3_every=S3_EVERY, memory_every=MEM_EVERY, max_restarts=3, spare_nodes=1
     )
-    cp.cli("submit", str(path), check=True)
-    job_id = wait_for(what="the job", check=lambda: cp.job("spare")["id"], timeout_s=60)
+    job_id = cp.submit(path, "spare")
     root = cp.home / "jobs" / job_id / "attempt-1"
     area = Path(cp.env[aerie_env.MEMORY_CHECKPOINT_DIR])
 

@@ -79,8 +79,7 @@ def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_key
     spec = byo_spec(run, **spec_keys)
     name, steps, save_steps = run.name, run.steps, run.save_steps
     (work / "spec.json").write_text(json.dumps(spec))
-    cp.cli("submit", str(work / "spec.json"), check=True)
-    job_id = wait_for(what="the job", check=lambda: cp.job(name)["id"], timeout_s=60)
+    job_id = cp.submit(work / "spec.json", name)
 
     def good() -> list[dict]:
         return [c for c in cp.get(f"/v1/jobs/{job_id}/checkpoints") if c["state"] == "good"]  # type: ignore[union-attr]

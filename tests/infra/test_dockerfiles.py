@@ -5,8 +5,9 @@ download at install or run time), so it is in the `dev` extra and runs here with
 failing on any finding, info level included; the two DL3008 ignores in the trainer Dockerfile say
 why inline. hadolint does not know this repository, so `dockerfile-parse` checks what it cannot:
 base images pinned, non-root user, exec-form ENTRYPOINT pointing at the copied entrypoint,
-apt hygiene, the torch pin matching pyproject.toml, and every COPY source existing in the repo
-and surviving the Dockerfile's own `.dockerignore`.
+apt hygiene, the torch pin matching pyproject.toml, every COPY source existing in the repo
+and surviving the Dockerfile's own `.dockerignore`, and Aerie installed from the build context
+mounted for that step, which that `.dockerignore` lets Aerie's sources into (and nothing else of note).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ DOCKERFILES = {
     "controlplane": REPO / "containers" / "controlplane" / "Dockerfile",
 }
 HADOLINT = Path(sys.executable).parent / "hadolint"
+# What both images install Aerie from (the build context, mounted): pyproject.toml, the README it
+# names, and the packages.
+SOURCES = ("pyproject.toml", "README.md", "orchestrator", "agent", "trainer", "lambdas", "aerie_contracts", "aerie_s3")
 
 
 def instructions(path: Path) -> list[dict]:
@@ -148,3 +152,22 @@ def test_copy_sources_exist_and_are_not_ignored(name):
             assert (REPO / source).exists(), f"COPY {source}: not in the repository"
             assert _dockerignore_allows(rules, source), f"COPY {source}: excluded by {ignore.name}"
     assert not _dockerignore_allows(rules, ".venv") and not _dockerignore_allows(rules, "tests")
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_aerie_is_installed_from_the_mounted_context_its_dockerignore_lets_the_sources_into(name):
+    path = DOCKERFILES[name]
+    ignore = path.with_name("Dockerfile.dockerignore")
+    rules = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    (install,) = [r for r in values(path, "RUN") if "pip install" in r and "aerie-src" in r]
+    mount = re.search(r"--mount=(\S+)", install)
+    assert mount, install
+    options = dict(o.partition("=")[::2] for o in mount.group(1).split(","))
+    assert options["type"] == "bind" and "source" not in options and "from" not in options  # the build context
+    assert "rw" in options, "setuptools writes its build folders into the source tree"
+    assert f'"{options["target"]}' in install.split("pip install", 1)[1]
+    for source in SOURCES:
+        assert (REPO / source).exists(), source
+        assert _dockerignore_allows(rules, source), f"{source}: excluded by {ignore.name}, the install would miss it"
+    for kept_out in (".venv", ".git", "tests", "bench", "docs"):
+        assert not _dockerignore_allows(rules, kept_out), f"{kept_out} would be in the build context"
