@@ -2,9 +2,14 @@
 
 The tiny trainer on 2 local nodes x 2 processes for `AERIE_CLEAN_RUN_S` seconds (default 600)
 with the spec's *default* health thresholds, asynchronous checkpoints to the loopback S3 server
-every 300 steps (about every 20-30 s on this machine) and an evaluation pause every 500 steps.
-Then the job is stopped: it must end Stopped — not Failed — with no verdict on any node. In
-`make test` it runs beside the unit tests (marker `side_by_side`), not alone.
+every 75 steps (about every 25-40 s) and an evaluation pause every 125 steps. Then the job is
+stopped: it must end Stopped — not Failed — with no verdict on any node. In `make test` it runs
+beside the unit tests (marker `side_by_side`), not alone.
+
+Each step of every rank also waits `STEP_WAIT_S`, as a rank on a GPU node waits on its device (the
+trainer's `slow` fault with no rank: every rank alike, so no straggler either). Without it the four
+ranks kept both of this machine's cores busy for the whole ten minutes, and the unit tests beside
+them ran on what was left: most of `make test`'s first phase was this run's CPU, not its length.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import pytest
 from orchestrator.harness.jobs import rank_losses, trainer_spec
 
 RUN_S = float(os.environ.get("AERIE_CLEAN_RUN_S", "600"))
+STEP_WAIT_S = 0.25
 
 # Side by side: it runs on one worker of `make test`'s parallel phase while the other worker runs
 # the unit tests, so the host is busy as a real node's host often is, and no verdict may follow.
@@ -36,8 +42,9 @@ def test_clean_long_run_raises_no_verdict(s3_plane, tmp_path):
         "clean-run",
         steps=10**7,
         checkpoint_uri="s3://aerie/clean",
-        every_steps=300,
-        extra_hps={"eval_every": "500", "eval_iters": "40"},
+        every_steps=75,
+        extra_hps={"eval_every": "125", "eval_iters": "40"},
+        faults=[{"kind": "slow", "step": 1, "seconds": STEP_WAIT_S}],
     )
     # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests.
     data = json.loads(spec.read_text())
