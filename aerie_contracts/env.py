@@ -109,7 +109,7 @@ SPARE = _var(
     "AERIE_SPARE",
     "1 on a hot spare node (resources.spare_nodes): its agent runs no ranks until the control plane "
     "hands it a failed node's rank slot in an in-place attempt",
-    "local backend",
+    "local and slurm backends",
     "agent",
 )
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")

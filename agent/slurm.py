@@ -8,6 +8,10 @@ It writes SageMaker's `resourceconfig.json`, which the agent then reads as on an
 becomes (exec) `python -m agent.entrypoint` with the same environment the local backend gives a
 node, output appended to the node's `logs/node.log`.
 
+With hot spares (`resources.spare_nodes`) the allocation holds more nodes than the attempt: the
+first `nodes` of the sorted hosts are the attempt's, the rest spares (`AERIE_SPARE=1`, a contract
+naming themselves alone); `hosts.json` records both for the control plane.
+
 LAUNCH_JSON (written by `orchestrator.backends.slurm` beside the batch script) carries every user
 value, so nothing a user wrote is ever pasted into shell text. Torch-free, and it imports nothing
 from `orchestrator` (the agent speaks HTTP and reads files).
@@ -38,10 +42,17 @@ def main(argv: list[str]) -> int:
     host = current_host()
     try:
         slurm_vars = {k: v for k, v in os.environ.items() if k.startswith(("SLURM", "SLURMD"))}
-        ident = from_slurm(slurm_vars, expand=job_hosts, root=root / host)
-        master_addr = node_address(ident.master_host)
+        everyone = from_slurm(slurm_vars, expand=job_hosts, root=root / host).hosts  # sorted
+        hosts, spares = split_hosts(everyone, launch.get("nodes"))
+        # A hot spare is a node of no attempt yet: its own host alone, until it is handed a slot.
+        spare = host in spares
+        ident = from_slurm(slurm_vars, expand=lambda _: [host] if spare else hosts, root=root / host)
+        master_addr = node_address(hosts[0])
         master_port = int(launch.get("master_port") or ident.master_port)
-        write_json(root / "hosts.json", {"hosts": list(ident.hosts), "slurm_job_id": int(os.environ["SLURM_JOB_ID"])})
+        record: dict[str, Any] = {"hosts": hosts, "slurm_job_id": int(os.environ["SLURM_JOB_ID"])}
+        if spares:
+            record["spares"] = spares
+        write_json(root / "hosts.json", record)
         contract = NodeContract(
             ml_root=root / ident.current_host,
             hosts=ident.hosts,
@@ -53,6 +64,8 @@ def main(argv: list[str]) -> int:
         )
         contract.write()
         env = compose_env(os.environ, launch.get("env") or {}, contract.env(), master_addr, master_port)
+        if spare:
+            env[aerie_env.SPARE] = "1"
     except Exception as exc:  # the node never started: say why where the backend looks
         _record_failure(root / host, host, f"slurm bootstrap failed on {host}: {exc!r}")
         print(f"aerie slurm bootstrap failed on {host}: {exc!r}", file=sys.stderr, flush=True)
@@ -82,6 +95,13 @@ def compose_env(
     env.update(layers.get("attempt") or {})
     env.update({aerie_env.MASTER_ADDR: master_addr, aerie_env.MASTER_PORT: str(master_port)})
     return env
+
+
+def split_hosts(everyone: tuple[str, ...] | list[str], nodes: Any) -> tuple[list[str], list[str]]:
+    """The job's sorted hosts as (the attempt's, the hot spares'): the first `nodes` (launch.json's
+    `instance_count`) and the rest (`resources.spare_nodes`); every node computes the same split."""
+    count = int(nodes) if nodes else len(everyone)
+    return list(everyone[:count]), list(everyone[count:])
 
 
 def current_host() -> str:
