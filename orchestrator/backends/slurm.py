@@ -25,6 +25,11 @@ blamed or lost node's slot goes to a spare in an in-place attempt of the same jo
 allocation cannot grow, so spares are not replenished: the pool shrinks, and a relaunch (a new
 `sbatch`) asks for K again.
 
+The in-memory checkpoint tier (issue #22) runs here too: the attempt's replication key travels in
+`launch.json` (and the handle), and each node derives every node's replication endpoint from the
+job id, as the rendezvous port is derived (`agent.slurm.memory_peers`); the nodes record them in
+`hosts.json`, and `poll` adds them to the handle for the in-place hand-over.
+
 Over 400 lines on purpose: one Backend implementation (launch, poll, stop, fence) and the
 validation of every value that reaches a batch script, which must stay next to the script it guards.
 """
@@ -43,8 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aerie_contracts import FailureKind
+from aerie_contracts import FailureKind, memckpt
 from aerie_contracts import env as aerie_env
+from aerie_contracts.restarts import memory_tier_off
 from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
 from orchestrator.backends import base, placement
@@ -161,6 +167,8 @@ class SlurmBackend(Backend):
         }
         if spare_nodes(spec):
             handle["spare_nodes"] = spare_nodes(spec)
+        if memory_tier_off(spec.model_dump(), self.name) is None:
+            handle[memckpt.HANDLE_KEY] = memckpt.new_key()  # the attempt's replication key
         root.mkdir(parents=True, exist_ok=True)
         recorded = read_json(root / "handle.json")
         if isinstance(recorded, dict) and recorded.get("slurm_job_id"):
@@ -171,7 +179,11 @@ class SlurmBackend(Backend):
             options = SlurmOptions.resolve(spec, self.defaults)
             workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
             launch_path = root / "launch.json"
-            write_json(launch_path, launch_document(request, root, workdir, options, self.in_place_wait_s))
+            document = launch_document(request, root, workdir, options, self.in_place_wait_s)
+            if handle.get(memckpt.HANDLE_KEY):
+                document["env"]["attempt"].update(memory_env(spec, handle[memckpt.HANDLE_KEY]))
+                document["memory_root"] = str(memckpt.root_dir())  # each node's folder beneath
+            write_json(launch_path, document)
             os.chmod(launch_path, 0o600)  # it holds the agent token
             script = root / "job.sbatch"
             script.write_text(render_script(request, options))
@@ -223,6 +235,9 @@ class SlurmBackend(Backend):
             used = set(request.replace_nodes.values())
             handle["spares"] = [h for h in previous.get("spares") or [] if h not in used]
             handle["replaced_nodes"] = dict(request.replace_nodes)
+        if memckpt.HANDLE_KEY in handle:
+            # A key of this attempt's own (GET .../next hands it to each agent as it switches).
+            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
         write_json(path, handle)
         return handle
 
@@ -498,9 +513,17 @@ def _learned(handle: dict[str, Any], root: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not data.get("hosts"):
         return None
     learned = {**handle, "hosts": list(data["hosts"])}
-    if data.get("spares"):
-        learned["spares"] = list(data["spares"])
+    for key in ("spares", "memory_peers"):
+        if data.get(key):
+            learned[key] = data[key]
     return learned
+
+
+def memory_env(spec: Any, key: str) -> dict[str, str]:
+    """The memory tier's settings that are the same on every node (its interval and the attempt's
+    key); each node adds its own area and the ring's endpoints (`agent.slurm.memory_env`)."""
+    every = spec.checkpoint.memory_every_steps if spec.checkpoint else "auto"
+    return {aerie_env.MEMORY_CHECKPOINT_EVERY: str(every), aerie_env.MEMORY_CHECKPOINT_KEY: key}
 
 
 def spare_nodes(spec: Any) -> int:

@@ -1,16 +1,28 @@
-"""The slurm backend's hot spares (issue #23) without a cluster: the allocation asks for them, the
-nodes split the job's hosts alike, the handle learns them once the job runs, and an in-place
-attempt gives a blamed node's slot to a spare without replenishing. The whole job on the real
+"""The slurm backend's hot spares (issue #23) and memory tier (issue #22) without a cluster: the
+allocation asks for spares, the nodes split the job's hosts alike, the handle learns them once the
+job runs, an in-place attempt gives a blamed node's slot to a spare without replenishing, and every
+node derives the same replication ring. The whole job on the real
 one-host cluster: tests/integration/test_slurm_spares.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from aerie_contracts import env as aerie_env
+from aerie_contracts.env import SLURM_PORT_BASE, SLURM_PORT_SPAN
+from aerie_contracts.restarts import memory_tier_off
 from agent.contract import write_json
-from agent.slurm import split_hosts
+from agent.slurm import memory_env as node_memory_env
+from agent.slurm import memory_port, split_hosts
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.backends.slurm import SlurmBackend, SlurmOptions, _learned, launch_document, render_script
+from orchestrator.backends.slurm import (
+    SlurmBackend,
+    SlurmOptions,
+    _learned,
+    launch_document,
+    memory_env,
+    render_script,
+)
 from orchestrator.spec import JobSpec
 
 
@@ -67,3 +79,27 @@ def test_the_handle_learns_hosts_and_spares_then_a_spare_takes_a_blamed_slot(tmp
     assert second["slurm_job_id"] == 77 and second["hosts"] == ["node3", "node2"]  # node1's rank slot
     assert second["spares"] == [] and second["replaced_nodes"] == {"node1": "node3"}  # not replenished
     assert not (tmp_path / "jobs" / "spare-abc" / "attempt-2").exists()
+
+
+def test_every_node_derives_the_same_memory_ring_from_the_job_id(monkeypatch, tmp_path):
+    """Issue #22 on Slurm: the key in launch.json's attempt layer, each node's area under the
+    control plane's root, and one replication port per node of the allocation (spares too)."""
+    monkeypatch.setenv(aerie_env.MEMORY_CHECKPOINT_DIR, str(tmp_path / "shm"))
+    spec = JobSpec.model_validate(
+        {"name": "m", "entrypoint": ["python", "t.py"], "resources": {"instance_count": 2}, "backend": "slurm"}
+    )
+    spec = spec.model_copy(update={"retry": spec.retry.model_copy(update={"max_restarts": 2})})
+    assert memory_tier_off(spec.model_dump(), "slurm") is None
+    layer = memory_env(spec, "k" * 64)
+    assert layer == {aerie_env.MEMORY_CHECKPOINT_EVERY: "auto", aerie_env.MEMORY_CHECKPOINT_KEY: "k" * 64}
+
+    launch = {"memory_root": str(tmp_path / "shm")}
+    everyone = ["node1", "node2", "node3"]
+    mine = node_memory_env(launch, "node2", 4242, everyone)
+    assert mine[aerie_env.MEMORY_CHECKPOINT_DIR] == str(tmp_path / "shm" / "node2")
+    ports = [memory_port(4242, i) for i in range(3)]
+    assert len(set(ports)) == 3 and all(SLURM_PORT_BASE <= p < SLURM_PORT_BASE + SLURM_PORT_SPAN for p in ports)
+    assert memory_port(4242, 0) != SLURM_PORT_BASE + 4242 % SLURM_PORT_SPAN  # not the rendezvous port
+    peers = mine[aerie_env.MEMORY_CHECKPOINT_PEERS].split(",")
+    assert [p.split("=")[0] for p in peers] == everyone and [int(p.rsplit(":")[1]) for p in peers] == ports
+    assert node_memory_env({}, "node2", 4242, everyone) == {}  # the tier is off
