@@ -109,7 +109,7 @@ SPARE = _var(
     "AERIE_SPARE",
     "1 on a hot spare node (resources.spare_nodes): its agent runs no ranks until the control plane "
     "hands it a failed node's rank slot in an in-place attempt",
-    "local backend",
+    "local and slurm backends",
     "agent",
 )
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")
@@ -159,9 +159,9 @@ MEMORY_CHECKPOINT_EVERY = _var(
 )
 MEMORY_CHECKPOINT_DIR = _var(
     "AERIE_MEMORY_CHECKPOINT_DIR",
-    "the node's shared-memory area for in-memory checkpoints (default /dev/shm/aerie-memckpt; on local, "
+    "the node's shared-memory area for in-memory checkpoints (default /dev/shm/aerie-memckpt; on local and slurm, "
     "the control plane's value is the base of every node's own folder)",
-    "local backend (a folder per node), operator",
+    "local and slurm backends (a folder per node), operator",
     "agent, trainer",
 )
 MEMORY_CHECKPOINT_PEERS = _var(
@@ -176,7 +176,7 @@ MEMORY_CHECKPOINT_KEY = _var(
     "the attempt's replication secret (hex): every replication request and answer between the "
     "attempt's agents carries an HMAC made with it, and a stream without one is refused; a new one "
     "per attempt (an in-place successor's comes with GET .../next); never passed to the ranks",
-    "backend (local: in the attempt's handle), agent (an in-place switch)",
+    "backend (local, slurm: in the attempt's handle), agent (an in-place switch)",
     "agent",
 )
 MEMORY_RESUME_NODES = _var(

@@ -46,8 +46,8 @@ CAUSE_REPLACED_NODES = "replaced_nodes"
 IN_PLACE_BACKENDS = frozenset({"local", "slurm"})
 
 # Backends that give their nodes the in-memory checkpoint tier (its replication ring needs each
-# node's endpoint at launch: Slurm picks its nodes only once the job starts).
-MEMORY_TIER_BACKENDS = frozenset({"local"})
+# node's endpoint: the local backend picks them at launch, Slurm's nodes derive them from the job id).
+MEMORY_TIER_BACKENDS = frozenset({"local", "slurm"})
 
 # Backends whose relaunched attempt may still find the nodes' shared memory: the local backend's
 # nodes are folders of one host, so a relaunch finds every snapshot and replica that was not

@@ -8,6 +8,10 @@ It writes SageMaker's `resourceconfig.json`, which the agent then reads as on an
 becomes (exec) `python -m agent.entrypoint` with the same environment the local backend gives a
 node, output appended to the node's `logs/node.log`.
 
+With hot spares (`resources.spare_nodes`) the allocation holds more nodes than the attempt: the
+first `nodes` of the sorted hosts are the attempt's, the rest spares (`AERIE_SPARE=1`, a contract
+naming themselves alone); `hosts.json` records both for the control plane.
+
 LAUNCH_JSON (written by `orchestrator.backends.slurm` beside the batch script) carries every user
 value, so nothing a user wrote is ever pasted into shell text. Torch-free, and it imports nothing
 from `orchestrator` (the agent speaks HTTP and reads files).
@@ -25,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aerie_contracts import FailureKind
+from aerie_contracts import FailureKind, memckpt
 from aerie_contracts import env as aerie_env
 from agent.contract import NodeContract, write_json
 from agent.identity import from_slurm
@@ -38,10 +42,21 @@ def main(argv: list[str]) -> int:
     host = current_host()
     try:
         slurm_vars = {k: v for k, v in os.environ.items() if k.startswith(("SLURM", "SLURMD"))}
-        ident = from_slurm(slurm_vars, expand=job_hosts, root=root / host)
-        master_addr = node_address(ident.master_host)
+        everyone = from_slurm(slurm_vars, expand=job_hosts, root=root / host).hosts  # sorted
+        hosts, spares = split_hosts(everyone, launch.get("nodes"))
+        # A hot spare is a node of no attempt yet: its own host alone, until it is handed a slot.
+        spare = host in spares
+        ident = from_slurm(slurm_vars, expand=lambda _: [host] if spare else hosts, root=root / host)
+        master_addr = node_address(hosts[0])
         master_port = int(launch.get("master_port") or ident.master_port)
-        write_json(root / "hosts.json", {"hosts": list(ident.hosts), "slurm_job_id": int(os.environ["SLURM_JOB_ID"])})
+        job_id = int(os.environ["SLURM_JOB_ID"])
+        record: dict[str, Any] = {"hosts": hosts, "slurm_job_id": job_id}
+        if spares:
+            record["spares"] = spares
+        memory = memory_env(launch, host, job_id, list(everyone))
+        if memory:
+            record["memory_peers"] = dict(p.split("=", 1) for p in memory[aerie_env.MEMORY_CHECKPOINT_PEERS].split(","))
+        write_json(root / "hosts.json", record)
         contract = NodeContract(
             ml_root=root / ident.current_host,
             hosts=ident.hosts,
@@ -53,6 +68,9 @@ def main(argv: list[str]) -> int:
         )
         contract.write()
         env = compose_env(os.environ, launch.get("env") or {}, contract.env(), master_addr, master_port)
+        if spare:
+            env[aerie_env.SPARE] = "1"
+        env.update(memory)
     except Exception as exc:  # the node never started: say why where the backend looks
         _record_failure(root / host, host, f"slurm bootstrap failed on {host}: {exc!r}")
         print(f"aerie slurm bootstrap failed on {host}: {exc!r}", file=sys.stderr, flush=True)
@@ -82,6 +100,51 @@ def compose_env(
     env.update(layers.get("attempt") or {})
     env.update({aerie_env.MASTER_ADDR: master_addr, aerie_env.MASTER_PORT: str(master_port)})
     return env
+
+
+def split_hosts(everyone: tuple[str, ...] | list[str], nodes: Any) -> tuple[list[str], list[str]]:
+    """The job's sorted hosts as (the attempt's, the hot spares'): the first `nodes` (launch.json's
+    `instance_count`) and the rest (`resources.spare_nodes`); every node computes the same split."""
+    count = int(nodes) if nodes else len(everyone)
+    return list(everyone[:count]), list(everyone[count:])
+
+
+def memory_env(launch: dict[str, Any], host: str, job_id: int, everyone: list[str]) -> dict[str, str]:
+    """This node's part of the in-memory checkpoint tier's settings (the control plane put the
+    interval and the key in launch.json's attempt layer, and `memory_root` where it is on): its own
+    folder under the root, and the ring's endpoints of every node of the allocation, spares too."""
+    root = launch.get("memory_root")
+    if not root:
+        return {}
+    addresses = node_addresses(everyone)
+    peers = ",".join(f"{h}={addresses.get(h, h)}:{memory_port(job_id, i)}" for i, h in enumerate(everyone))
+    return {
+        aerie_env.MEMORY_CHECKPOINT_DIR: str(Path(root) / memckpt.safe_name(host, "host")),
+        aerie_env.MEMORY_CHECKPOINT_PEERS: peers,
+    }
+
+
+def memory_port(job_id: int, index: int) -> int:
+    """The replication endpoint's port of the job's `index`-th node (sorted): derived from the job
+    id as the rendezvous port is, half the range away from it, one port per node (all of the
+    emulated cluster's nodes share one address), so every node computes every node's."""
+    low, span = aerie_env.SLURM_PORT_BASE, aerie_env.SLURM_PORT_SPAN
+    return low + (job_id % span + span // 2 + index) % span
+
+
+def node_addresses(hosts: list[str]) -> dict[str, str]:
+    """{node: NodeAddr} for `hosts`, from one `scontrol show node -o` (a host it does not list is
+    reached by its name)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("NodeName") in hosts and fields.get("NodeAddr"):
+            found[fields["NodeName"]] = fields["NodeAddr"]
+    return found
 
 
 def current_host() -> str:

@@ -347,6 +347,8 @@ class Controller:
     def _record_poll(self, attempt_id: str, result: PollResult) -> None:
         with self.db.session() as s:
             attempt = repo.get_attempt(s, attempt_id)
+            if result.handle is not None and result.handle != attempt.handle:
+                attempt.handle = result.handle  # the backend learned where the attempt runs
             # What the agents reported themselves (POST .../exit, with "t") outranks the backend's view.
             reported = {n.host: n.exit for n in attempt.nodes if "t" in (n.exit or {})}
             for node in result.nodes:

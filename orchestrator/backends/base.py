@@ -63,6 +63,10 @@ class PollResult:
     # SageMaker provisioning instances): nodes are not expected to report, and the controller's
     # `health.first_heartbeat_s` clock has not started. Keyword-only, so subclasses keep their order.
     queued: bool = field(default=False, kw_only=True)
+    # The handle with what the backend learned of the attempt since launch (Slurm: which nodes of
+    # the allocation are its hosts and which its hot spares, known once the job starts); the
+    # controller stores it in place of the old one. None: unchanged.
+    handle: dict[str, Any] | None = field(default=None, kw_only=True)
 
     @property
     def terminal(self) -> bool:

@@ -17,12 +17,26 @@ allocation and restart their worker groups for it. Its handle is the allocation'
 attempt's id (only that attempt's node outcomes count, not the Slurm job's end) and a rendezvous
 port of its own; every stop still ends the whole allocation, and a relaunch is a new `sbatch`.
 
+Hot spares (`resources.spare_nodes: K`, issue #23) are K more nodes of the same allocation
+(`--nodes=N+K`): the nodes sort the job's hosts and take the first N as the attempt's, the last K
+as spares (`agent.slurm`), which wait without ranks for the control plane's word. The nodes are
+known only once the job starts, so `poll` returns the handle with them (`PollResult.handle`). A
+blamed or lost node's slot goes to a spare in an in-place attempt of the same job. A fixed
+allocation cannot grow, so spares are not replenished: the pool shrinks, and a relaunch (a new
+`sbatch`) asks for K again.
+
+The in-memory checkpoint tier (issue #22) runs here too: the attempt's replication key travels in
+`launch.json` (and the handle), and each node derives every node's replication endpoint from the
+job id, as the rendezvous port is derived (`agent.slurm.memory_peers`); the nodes record them in
+`hosts.json`, and `poll` adds them to the handle for the in-place hand-over.
+
 Over 400 lines on purpose: one Backend implementation (launch, poll, stop, fence) and the
 validation of every value that reaches a batch script, which must stay next to the script it guards.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -34,13 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aerie_contracts import FailureKind
+from aerie_contracts import FailureKind, memckpt
 from aerie_contracts import env as aerie_env
+from aerie_contracts.restarts import memory_tier_off
 from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
-from orchestrator.backends import base
+from orchestrator.backends import base, placement
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
-from orchestrator.backends.nodeenv import attempt_env, channels, in_place_env, inherited_env
+from orchestrator.backends.nodeenv import attempt_env, channels, in_place_env, in_place_on, inherited_env
 from orchestrator.backends.placement import PlacementError
 
 # A value that may appear on an #SBATCH line: no spaces, quotes, newlines or shell syntax.
@@ -150,6 +165,10 @@ class SlurmBackend(Backend):
             "job_name": request.attempt_id,
             "nodes": spec.resources.instance_count,
         }
+        if spare_nodes(spec):
+            handle["spare_nodes"] = spare_nodes(spec)
+        if memory_tier_off(spec.model_dump(), self.name) is None:
+            handle[memckpt.HANDLE_KEY] = memckpt.new_key()  # the attempt's replication key
         root.mkdir(parents=True, exist_ok=True)
         recorded = read_json(root / "handle.json")
         if isinstance(recorded, dict) and recorded.get("slurm_job_id"):
@@ -160,7 +179,11 @@ class SlurmBackend(Backend):
             options = SlurmOptions.resolve(spec, self.defaults)
             workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
             launch_path = root / "launch.json"
-            write_json(launch_path, launch_document(request, root, workdir, options, self.in_place_wait_s))
+            document = launch_document(request, root, workdir, options, self.in_place_wait_s)
+            if handle.get(memckpt.HANDLE_KEY):
+                document["env"]["attempt"].update(memory_env(spec, handle[memckpt.HANDLE_KEY]))
+                document["memory_root"] = str(memckpt.root_dir())  # each node's folder beneath
+            write_json(launch_path, document)
             os.chmod(launch_path, 0o600)  # it holds the agent token
             script = root / "job.sbatch"
             script.write_text(render_script(request, options))
@@ -193,7 +216,7 @@ class SlurmBackend(Backend):
         existing = read_json(path)
         if isinstance(existing, dict) and existing.get("attempt_id") == request.attempt_id:
             return existing
-        hosts = _hosts(root) or list(previous.get("hosts") or [])
+        hosts = list(previous.get("hosts") or []) or _hosts(root)
         if not hosts or not previous.get("slurm_job_id"):
             raise SlurmError(f"no running allocation to restart {request.attempt_id} in place (handle {previous})")
         restarts = int(previous.get("in_place_restarts") or 0) + 1
@@ -205,6 +228,16 @@ class SlurmBackend(Backend):
             "in_place_restarts": restarts,
             "master_port": in_place_port(root, int(previous["slurm_job_id"]), restarts),
         }
+        if request.replace_nodes:
+            # Hot spares take the replaced nodes' rank slots. Not replenished: the allocation's
+            # node count is fixed, so the pool shrinks (a relaunch asks for spare_nodes again).
+            handle["hosts"] = placement.swap(hosts, request.replace_nodes)
+            used = set(request.replace_nodes.values())
+            handle["spares"] = [h for h in previous.get("spares") or [] if h not in used]
+            handle["replaced_nodes"] = dict(request.replace_nodes)
+        if memckpt.HANDLE_KEY in handle:
+            # A key of this attempt's own (GET .../next hands it to each agent as it switches).
+            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
         write_json(path, handle)
         return handle
 
@@ -214,7 +247,9 @@ class SlurmBackend(Backend):
         root = Path(handle["root"])
         job = slurm_job_state(int(handle["slurm_job_id"]))
         stop = read_json(root / "stop.json")
-        hosts = _hosts(root) or list(handle.get("hosts") or [])
+        # The handle's hosts once known (an in-place attempt's, a spare in a failed node's slot).
+        hosts = list(handle.get("hosts") or []) or _hosts(root)
+        learned = _learned(handle, root)
         slurm_state = job["state"] if job else None
         if slurm_state is None:
             # Neither scontrol nor sacct knows it (yet): give a fresh submission time to show up.
@@ -222,7 +257,7 @@ class SlurmBackend(Backend):
             slurm_state = "PENDING" if age < FORGOTTEN_AFTER_S else "LOST"
         if slurm_state in PENDING:
             queued = tuple(NodeStatus(h, AttemptState.STARTING) for h in hosts)
-            return PollResult(AttemptState.STARTING, queued, queued=True)
+            return PollResult(AttemptState.STARTING, queued, queued=True, handle=learned)
 
         ended = slurm_state not in RUNNING
         # An allocation serves several attempts in place: only this attempt's outcomes count.
@@ -239,7 +274,7 @@ class SlurmBackend(Backend):
             result = PollResult(AttemptState.STOPPED, result.nodes)  # nodes that died of our own stop request
         if ended and not result.terminal:
             result = PollResult(AttemptState.FAILED, result.nodes, _slurm_reason(slurm_state, job, root), 1)
-        return result
+        return dataclasses.replace(result, handle=learned) if learned else result
 
     # --- stop and logs ----------------------------------------------------------------------
 
@@ -301,7 +336,7 @@ def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
         "# Rendered by orchestrator/backends/slurm.py. Every user value is in launch.json beside",
         "# this script ($AERIE_SLURM_LAUNCH); agent.slurm reads it on each node.",
         f"#SBATCH --job-name={_safe(request.attempt_id, 'attempt id')}",
-        f"#SBATCH --nodes={int(spec.resources.instance_count)}",
+        f"#SBATCH --nodes={int(spec.resources.instance_count) + spare_nodes(spec)}",
         "#SBATCH --ntasks-per-node=1",
         "#SBATCH --output=slurm-%j.out",
         "#SBATCH --open-mode=append",
@@ -318,10 +353,14 @@ def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
         lines.append(f"#SBATCH --gres=gpu:{int(options.gpus_per_node)}")
     if options.cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={int(options.cpus_per_task)}")
+    # One task per node; if one node's agent fails, Slurm ends the others (the attempt has failed).
+    # Not with hot spares: a failed or replaced node's agent exits while the others and a spare go
+    # on in place (the control plane ends the allocation: `stop`).
+    kill = 0 if spare_nodes(spec) else 1
     lines += [
         "set -eu",
-        # One task per node; if one node's agent fails, Slurm ends the others (the attempt has failed).
-        'exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 "$AERIE_SLURM_PYTHON" -m agent.slurm "$AERIE_SLURM_LAUNCH"',
+        f"exec srun --kill-on-bad-exit={kill} --ntasks-per-node=1"
+        ' "$AERIE_SLURM_PYTHON" -m agent.slurm "$AERIE_SLURM_LAUNCH"',
         "",
     ]
     return "\n".join(lines)
@@ -343,6 +382,8 @@ def launch_document(
         "channels": channels(spec),
         "network_interface": options.network_interface,
         "master_port": options.master_port,
+        # The first `nodes` of the job's sorted hosts run the attempt; the others are hot spares.
+        "nodes": int(spec.resources.instance_count),
         "env": {"user": dict(spec.env), "extra": dict(request.extra_env), "attempt": attempt},
     }
 
@@ -461,6 +502,34 @@ def _find_job_by_name(name: str) -> int | None:
 
 
 # --- reading the nodes' files ----------------------------------------------------------------------
+
+
+def _learned(handle: dict[str, Any], root: Path) -> dict[str, Any] | None:
+    """The launched handle with its allocation's hosts and hot spares as the nodes recorded them
+    (hosts.json), once they have and the handle does not say yet; None otherwise."""
+    if handle.get("hosts") or handle.get("in_place"):
+        return None
+    data = read_json(root / "hosts.json")
+    if not isinstance(data, dict) or not data.get("hosts"):
+        return None
+    learned = {**handle, "hosts": list(data["hosts"])}
+    for key in ("spares", "memory_peers"):
+        if data.get(key):
+            learned[key] = data[key]
+    return learned
+
+
+def memory_env(spec: Any, key: str) -> dict[str, str]:
+    """The memory tier's settings that are the same on every node (its interval and the attempt's
+    key); each node adds its own area and the ring's endpoints (`agent.slurm.memory_env`)."""
+    every = spec.checkpoint.memory_every_steps if spec.checkpoint else "auto"
+    return {aerie_env.MEMORY_CHECKPOINT_EVERY: str(every), aerie_env.MEMORY_CHECKPOINT_KEY: key}
+
+
+def spare_nodes(spec: Any) -> int:
+    """How many hot spares the allocation holds: `resources.spare_nodes` where the agents wait
+    between attempts (in-place restarts possible), else none (as on the local backend)."""
+    return int(spec.resources.spare_nodes) if in_place_on(spec) else 0
 
 
 def _hosts(root: Path) -> list[str]:

@@ -29,10 +29,11 @@ def pids(folder: Path, pattern: str) -> set[int]:
     return out
 
 
-def restored_events(attempt_dir: Path) -> list[dict]:
-    """The `restored` events of the live metrics stream of every rank under an attempt directory."""
+def restored_events(attempt_dir: Path, nodes: str = "algo-*") -> list[dict]:
+    """The `restored` events of the live metrics stream of every rank under an attempt directory
+    (`nodes`: its node folders, e.g. `node*` on Slurm)."""
     out = []
-    for f in attempt_dir.glob("algo-*/output/metrics/rank-*.jsonl"):
+    for f in attempt_dir.glob(f"{nodes}/output/metrics/rank-*.jsonl"):
         for line in f.read_text().splitlines():
             try:
                 rec = json.loads(line)

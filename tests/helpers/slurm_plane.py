@@ -12,10 +12,10 @@ from orchestrator.harness.control_plane import ControlPlane
 
 
 @contextmanager
-def slurm_control_plane(home: Path, env: dict[str, str]) -> Iterator[ControlPlane]:
-    """A started control plane (`env`: the Slurm cluster's and more); afterwards its jobs' Slurm
-    allocations are cancelled, so none outlives the test."""
-    plane = ControlPlane(home, extra_env=env)
+def slurm_control_plane(home: Path, env: dict[str, str], s3: bool = False) -> Iterator[ControlPlane]:
+    """A started control plane (`env`: the Slurm cluster's and more; `s3`: with the loopback S3
+    server); afterwards its jobs' Slurm allocations are cancelled, so none outlives the test."""
+    plane = ControlPlane(home, extra_env=env, s3=s3)
     plane.home.mkdir()
     plane.start()
     try:

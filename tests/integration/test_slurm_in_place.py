@@ -4,7 +4,8 @@ attempt 1 -> chaining restarts in place: no new `sbatch` (both attempts' handles
 job), the same agent processes (they waited in the allocation), a new worker group, and the job
 completes with the Slurm job itself; a stop during the in-place attempt cancels that allocation.
 The fallback to a relaunch (a blamed node: a new `sbatch --exclude`) is test_slurm_jobs.py's
-`test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude`.
+`test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude`. The last test shows the
+in-memory checkpoint tier on Slurm (the stepper takes no snapshots: the tiny trainer does).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from orchestrator.backends.slurm import _find_job_by_name, slurm_job_state
 from orchestrator.harness.control_plane import write_spec
-from tests.helpers.attempt_files import attempt_of, job_processes, pids
+from orchestrator.harness.jobs import trainer_spec
+from tests.helpers.attempt_files import attempt_of, job_processes, pids, restored_events, s3_requests_since
 from tests.helpers.slurm_plane import slurm_control_plane
 from tests.helpers.wait import wait_for
 
@@ -124,3 +127,60 @@ def test_a_stop_during_an_in_place_attempt_cancels_the_allocation(cp, tmp_path):
         timeout_s=30,
         every_s=0.5,
     )
+
+
+@pytest.mark.slow
+def test_an_in_place_slurm_attempt_resumes_from_the_memory_tier(tmp_path, slurm_cluster):
+    """Issue #22's memory tier on Slurm: 2 nodes x 1 rank of the tiny trainer, memory checkpoints
+    every 4 steps (each node's agent replicates to the other on the endpoint it derives from the job
+    id), S3's every 20 (none before the fault); rank 1 exits at step 11 (three steps after the last
+    snapshot, which both nodes have replicated by then) -> attempt 2 in place in the same allocation
+    resumes from the memory checkpoint of step 8, and no request reaches the S3 server while it
+    restores."""
+    with slurm_control_plane(tmp_path / "home", slurm_cluster, s3=True) as cp:
+        path = trainer_spec(
+            tmp_path / "slurm-mem.json",
+            "slurm-mem",
+            steps=14,
+            procs=1,
+            checkpoint_uri="s3://aerie/slurm-mem",
+            every_steps=20,
+            memory_every_steps=4,
+            max_restarts=2,
+            faults=[{"kind": "exit", "step": 11, "rank": 1, "attempt": 1}],
+        )
+        spec = json.loads(path.read_text())
+        # On a loaded host the peer's hang verdict may come first and blame the exiting rank's node:
+        # kept (in place) all the same, as test_memory_tier.py keeps it.
+        spec["retry"]["exclude_after_blames"] = 3
+        path.write_text(json.dumps({**spec, "backend": "slurm"}))
+        cp.cli("submit", str(path), check=True)
+        job_id = wait_for(what="the job", check=lambda: cp.job("slurm-mem")["id"], timeout_s=60)
+        root = cp.home / "jobs" / job_id / "attempt-1"
+        s3_log = cp.home / "devstack" / "s3.log"
+        wait_for(
+            what="attempt 1 failed",
+            check=lambda: (a := attempt_of(cp, "slurm-mem", 1)) and a["state"] == "Failed",
+            timeout_s=300,
+        )
+        second = wait_for(what="attempt 2", check=lambda: attempt_of(cp, "slurm-mem", 2), timeout_s=60)
+        mark = s3_log.stat().st_size  # chaining's S3 listing is done: what follows is the restore
+        assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+        assert tier_of_uri(second["resume_from"]) == CheckpointTier.MEMORY, second
+        assert step_of_uri(second["resume_from"]) == 8, second
+        restored = wait_for(
+            what="attempt 2's ranks restored",
+            check=lambda: len(r := restored_events(root, "node*")) == 2 and r,
+            timeout_s=120,
+        )
+        during = s3_requests_since(s3_log, mark)
+        assert during == [], f"S3 requests while the ranks restored from memory: {during}"
+        assert {r["uri"] for r in restored} == {second["resume_from"]}, restored
+        job = cp.wait_state("slurm-mem", {"Completed", "Failed", "Stopped"}, timeout_s=240)
+        assert job["state"] == "Completed", json.dumps(job)[:3000]
+        assert len(job["attempt_list"]) == 2
+        # One allocation, and its nodes' replication endpoints in the handle (for a spare's hand-over).
+        handle_1 = json.loads((root / "handle.json").read_text())
+        handle_2 = json.loads((root / "handle-2.json").read_text())
+        assert handle_2["slurm_job_id"] == handle_1["slurm_job_id"]
+        assert sorted(handle_2["memory_peers"]) == list(HOSTS)

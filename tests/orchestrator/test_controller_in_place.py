@@ -102,3 +102,14 @@ def test_a_lost_node_with_a_hot_spare_waiting_keeps_the_survivors(aerie_home):
     Controller(db, Settings(), {"local": backend}, chaining=True).reconcile_once()
     assert backend.calls == [("fence", ["algo-1"])]
     db.dispose()
+
+
+def test_a_handle_the_backend_learned_more_of_is_stored(aerie_home):
+    """Slurm knows its nodes only once the job runs: `PollResult.handle` replaces the stored one."""
+    db = Database(Settings().db_url)
+    job_id = _job(db)
+    learned = {**HANDLE, "spares": ["algo-3"]}
+    backend = Recorder(PollResult("Running", (NodeStatus("algo-1", "Running"),), handle=learned))
+    Controller(db, Settings(), {"local": backend}, chaining=True).reconcile_once()
+    with db.session() as s:
+        assert repo.get_job(s, "default", job_id).attempts[0].handle == learned
