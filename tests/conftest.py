@@ -21,6 +21,20 @@ TESTS = Path(__file__).resolve().parent
 SERIAL_DIRS = {"e2e", "integration", "chaos", "browser"}
 
 
+def pytest_ignore_collect(collection_path, config):
+    """`make test`'s serial phase (`-m serial`) does not import the modules that cannot hold a
+    serial test: outside SERIAL_DIRS only a `slow` mark makes one, and importing the rest (the
+    API fuzzer's schemathesis, torch, transformers) was most of that phase's collection time."""
+    if config.getoption("markexpr", "") != "serial" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    parts = collection_path.resolve().relative_to(TESTS).parts
+    if parts[0] in SERIAL_DIRS or "mark.slow" in collection_path.read_text():
+        return None
+    return True
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark `serial` every test that runs whole jobs (see SERIAL_DIRS, and anything `slow`) unless
