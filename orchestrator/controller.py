@@ -13,8 +13,10 @@ import logging
 import threading
 import time
 
+from aerie_contracts.events import DetailType
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason
 from aerie_contracts.health import HealthSettings
+from aerie_contracts.preflight import HANDLE_SPARE_PREFLIGHT
 from aerie_contracts.restarts import (
     CAUSE_REPLACED_NODES,
     DEFAULT_IN_PLACE_RESTARTS,
@@ -208,7 +210,11 @@ class Controller:
                 continue
             with self.db.session() as s:
                 attempt = repo.get_attempt(s, attempt_id)
-                attempt.handle = handle
+                # Spares' own pre-flight results are this attempt's (an in-place handle, copied from
+                # the last one, drops the last one's); a spare may have reported before this.
+                handle = {k: v for k, v in handle.items() if k != HANDLE_SPARE_PREFLIGHT}
+                early = (attempt.handle or {}).get(HANDLE_SPARE_PREFLIGHT)
+                attempt.handle = {**handle, HANDLE_SPARE_PREFLIGHT: early} if early else handle
                 repo.set_attempt_state(s, attempt, AttemptState.RUNNING)
 
     def _poll_running(self) -> None:
@@ -221,6 +227,8 @@ class Controller:
             except Exception:
                 log.exception("poll of %s failed", attempt_id)
                 continue
+            if result.spares_replaced:
+                self._spares_replaced(attempt_id, result)
             if not result.terminal:
                 result = self._check_heartbeats(attempt_id, result)
             if result.state == AttemptState.FAILED:
@@ -235,6 +243,20 @@ class Controller:
                 self.stragglers.forget(attempt_id)
             if result.state == AttemptState.FAILED and not self._keeps_warm(attempt_id, backend_name, result):
                 backend.stop(handle)  # the surviving nodes would only wait for their dead peer
+
+    def _spares_replaced(self, attempt_id: str, result: PollResult) -> None:
+        """The backend replaced hot spares that died while they waited: the attempt's new handle
+        (its spares' own pre-flight results kept) and an event for each."""
+        with self.db.session() as s:
+            attempt = repo.get_attempt(s, attempt_id)
+            kept = (attempt.handle or {}).get(HANDLE_SPARE_PREFLIGHT)
+            if result.handle is not None:
+                attempt.handle = {**result.handle, **({HANDLE_SPARE_PREFLIGHT: kept} if kept else {})}
+            for dead, new in result.spares_replaced.items():
+                why = f"hot spare {dead} died while it waited" + (f"; {new} started" if new else "; no free node")
+                log.warning("%s: %s", attempt_id, why)
+                detail = {"attempt_id": attempt.id, "attempt": attempt.number, "host": dead, "replacement": new}
+                repo.emit(s, attempt.job, DetailType.SPARE_REPLACED, {**detail, "why": why})
 
     def _keeps_warm(self, attempt_id: str, backend_name: str, result: PollResult) -> bool:
         """Whether a failed attempt's agents stay up for chaining to restart it in place: they stop

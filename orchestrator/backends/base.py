@@ -63,6 +63,10 @@ class PollResult:
     # SageMaker provisioning instances): nodes are not expected to report, and the controller's
     # `health.first_heartbeat_s` clock has not started. Keyword-only, so subclasses keep their order.
     queued: bool = field(default=False, kw_only=True)
+    # Hot spares that died while they waited and what replaced each ({dead: new}, "" for none): the
+    # backend started the new ones, and `handle` (the attempt's, changed) is for the controller to store.
+    spares_replaced: dict[str, str] = field(default_factory=dict, kw_only=True)
+    handle: dict[str, Any] | None = field(default=None, kw_only=True)
 
     @property
     def terminal(self) -> bool:

@@ -8,6 +8,7 @@ ended: the handle is only the attempt's directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -57,6 +58,10 @@ class LocalBackend(Backend):
         # Every local node is on this host: one cache of downloaded channel objects for all of
         # them, beside the jobs (AERIE_CHANNEL_CACHE, set for the control plane, wins).
         self.channel_cache = Path(channel_cache) if channel_cache else self.jobs_dir.parent / "cache" / "channels"
+        # What launched each running attempt ((root, in-place attempt id) -> request, rendezvous
+        # port): a spare that dies while it waits is replaced with it. Not kept across a restart of
+        # the control plane (its spares are then not replaced).
+        self._launched: dict[tuple[str, str | None], tuple[LaunchRequest, int]] = {}
 
     # --- launch -----------------------------------------------------------------------------
 
@@ -122,6 +127,7 @@ class LocalBackend(Backend):
                 net=net,
             )
         write_json(root / "handle.json", handle)
+        self._launched[(str(root), None)] = (request, master_port)
         return handle
 
     def _spawn(
@@ -233,14 +239,16 @@ class LocalBackend(Backend):
                 key=handle.get(memckpt.HANDLE_KEY),
                 master_port=handle["master_port"],
             )
+        self._launched[(str(root), request.attempt_id)] = (request, int(handle["master_port"]))
         return handle
 
-    def _replenish(self, request: LaunchRequest, handle: dict[str, Any]) -> list[str]:
+    def _replenish(self, request: LaunchRequest, handle: dict[str, Any], count: int | None = None) -> list[str]:
         """The pool refilled (`resources.spare_nodes`): as many new spares as took slots, on the
         next free slots (never a name a node of this tree had: its folder is the old node's), added
-        to the handle and to its memory ring's endpoints. Fewer when the pool runs out."""
+        to the handle and to its memory ring's endpoints. Fewer when the pool runs out. `count`:
+        that many instead (spares that died while they waited)."""
         spec = request.spec
-        used = len(request.replace_nodes)
+        used = len(request.replace_nodes) if count is None else count
         slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
         root = Path(handle["root"])
         had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
@@ -265,12 +273,42 @@ class LocalBackend(Backend):
             for host in _all_nodes(handle):
                 _kill_node(root / host, signal.SIGKILL)
         result = summarize_nodes(nodes)
+        if not stop and not result.terminal and handle.get("spares"):
+            result = self._replace_dead_spares(handle, result)
+        if result.terminal:
+            self._launched.pop((str(root), handle.get("attempt_id")), None)
         if stop and result.state == AttemptState.FAILED:
             # A node that died of our own stop request did not fail.
             result = PollResult(AttemptState.STOPPED, result.nodes)
         if result.terminal and handle.get("netns") and all(n.state != AttemptState.RUNNING for n in result.nodes):
             netns.destroy(handle["netns"])
         return result
+
+    def _replace_dead_spares(self, handle: dict[str, Any], result: PollResult) -> PollResult:
+        """A hot spare whose tree died while it waited (its agent's pid gone: killed, or it failed
+        its own pre-flight) is replaced on the next free slot, as `_replenish` refills the pool
+        after a swap; the changed handle goes back in the poll's result for the controller."""
+        root = Path(handle["root"])
+        dead = [h for h in handle["spares"] if _dead(root / h / "agent" / "agent.pid")]
+        launched = self._launched.get((str(root), handle.get("attempt_id")))
+        if not dead or launched is None or handle.get("netns"):
+            return result
+        request, master_port = launched
+        new = {**handle, "spares": [h for h in handle["spares"] if h not in dead]}
+        fresh = self._replenish(request, new, len(dead))
+        for host in fresh:
+            self._spawn(
+                request,
+                root,
+                host,
+                new["hosts"],
+                spare=True,
+                peers=new.get("memory_peers") or {},
+                key=new.get(memckpt.HANDLE_KEY),
+                master_port=master_port,
+            )
+        replaced = {h: fresh[i] if i < len(fresh) else "" for i, h in enumerate(dead)}
+        return dataclasses.replace(result, spares_replaced=replaced, handle=new)
 
     def _node_status(
         self, ml_root: Path, host: str, launched_at: float, stop: Any, attempt_id: str | None = None
@@ -381,6 +419,12 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _dead(pid_file: Path) -> bool:
+    """A node whose agent wrote its pid and is gone (not one still starting)."""
+    pid = _read_pid(pid_file)
+    return pid is not None and not _alive(pid, "agent")
 
 
 def _alive(pid: int, needle: str) -> bool:
