@@ -189,8 +189,11 @@ class Controller:
                     replaced = {str(k): str(v) for k, v in swaps.items()}
                     request = dataclasses.replace(request, in_place_of=previous_handle, replace_nodes=replaced)
                 elif previous_handle is not None and job.backend in IN_PLACE_BACKENDS:
-                    # A relaunch after a failure whose agents were kept up for a warm restart.
-                    self._backend(job).stop(previous_handle)
+                    # A relaunch after a failure whose agents were kept up for a warm restart; its
+                    # hot spares still waiting are the new attempt's (local), not stopped.
+                    self._stop(job.backend, previous_handle)
+                    kept = _waiting_spares(self._backend(job), previous_handle)
+                    request = dataclasses.replace(request, reuse_spares=kept)
             failpoints.hit("controller.before_launch")
             # Outside the transaction: launching can take a while and must not hold locks.
             try:
@@ -242,7 +245,15 @@ class Controller:
                 self._booted_at.pop(attempt_id, None)
                 self.stragglers.forget(attempt_id)
             if result.state == AttemptState.FAILED and not self._keeps_warm(attempt_id, backend_name, result):
-                backend.stop(handle)  # the surviving nodes would only wait for their dead peer
+                self._stop(backend_name, handle)  # the surviving nodes would only wait for their dead peer
+
+    def _stop(self, backend_name: str, handle: dict) -> None:
+        """Stop a failed attempt's nodes. A local attempt's hot spares go on waiting: a relaunch
+        keeps them (`_waiting_spares`); otherwise GET .../next ends them (the job ended, or the
+        relaunch did not keep them)."""
+        backend = self.backends[backend_name]
+        keep = getattr(backend, "keeps_spares", False) and handle.get("spares")
+        backend.stop({**handle, "spares": []} if keep else handle)
 
     def _spares_replaced(self, attempt_id: str, result: PollResult) -> None:
         """The backend replaced hot spares that died while they waited: the attempt's new handle
@@ -408,3 +419,15 @@ class Controller:
             return self.backends[job.backend]
         except KeyError:
             raise RuntimeError(f"backend {job.backend!r} is not configured on this control plane") from None
+
+
+def _waiting_spares(backend: Backend, handle: dict) -> dict[str, dict[str, str]]:
+    """The hot spares of a failed local attempt, for the relaunch to keep ({host: {"root": the
+    folder their tree is under, "peer": their memory-tier endpoint}}); the backend checks they live."""
+    if not getattr(backend, "keeps_spares", False):
+        return {}
+    roots, peers = handle.get("node_roots") or {}, handle.get("memory_peers") or {}
+    return {
+        h: {"root": str(roots.get(h) or handle["root"]), "peer": str(peers.get(h) or "")}
+        for h in handle.get("spares") or []
+    }

@@ -42,6 +42,9 @@ class LaunchRequest:
     in_place_of: dict[str, Any] | None = None
     # With `in_place_of`: hot spares that take failed nodes' rank slots ({failed host: spare host}).
     replace_nodes: dict[str, str] = field(default_factory=dict)
+    # A relaunch's hot spares still waiting from the attempt before ({host: {"root": its attempt's
+    # directory, "peer": its memory-tier endpoint}}): kept as this attempt's where the backend can.
+    reuse_spares: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

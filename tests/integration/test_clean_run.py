@@ -42,6 +42,7 @@ def test_clean_long_run_raises_no_verdict(s3_plane, tmp_path):
         every_steps=300,
         extra_hps={"eval_every": "500", "eval_iters": "40"},
         spare_nodes=1,
+        max_restarts=1,  # spares wait only where a failed node's slot can be handed over in place
     )
     # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests; pre-flight on.
     data = json.loads(spec.read_text())
