@@ -181,7 +181,9 @@ class Supervisor:
         env = self._group_env()
         cmd = rank_command(cfg)
         self._begin_memory_group()
-        warm = self.warm.take(env, cfg.master_addr, cfg.master_port)
+        warm = self.warm.take(
+            env, cfg.master_addr, cfg.master_port, tick=lambda: self.reporter.heartbeat(self._summary())
+        )
         log.info(
             "starting %d rank(s) on %s%s: %s",
             cfg.procs_per_node,
