@@ -9,7 +9,8 @@ but a 2 MiB collective and the links' floor at 0.05 Gbit/s (this loopback, share
 Gbit/s). The whole job's view, with the control plane's barrier, is `tests/e2e/test_preflight.py`
 (it prints its time). Here (2 cores, shared): with the torch probe (load 5-13) p50 8.7 / 8.4 s,
 max 16.4 / 15.0 s, a torch import 5-10 s of it; torch-free (numpy burn per CPU second, TCP
-collective) with a 0.5 s burn, at load 15-24: 20/20 passed, p50 3.8 s, max 5.7 s.
+collective): 20/20 passed, p50 3.8 s, max 5.7 s at load 15-24 (1 s burn); p50 3.3 s, max 4.0 s
+at load 31-36 (0.5 s burn).
 
     .venv/bin/python bench/preflight.py [--runs 20]
 """
