@@ -27,6 +27,7 @@ class DetailType(StrEnum):
     VERDICT_RAISED = "Aerie Verdict Raised"
     CHAOS_INJECTED = "Aerie Chaos Injected"  # audit: who asked for which fault on which rank
     PREFLIGHT_CHECKED = "Aerie Preflight Checked"  # a node's pre-flight result (aerie_contracts.preflight)
+    SPARE_REPLACED = "Aerie Spare Replaced"  # a hot spare died while it waited; the backend started another
     # Published by SageMaker itself (EventBridge, source aws.sagemaker); chain_restart accepts it.
     SAGEMAKER_TRAINING_JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 
@@ -90,6 +91,15 @@ class PreflightCheckedDetail(_JobDetail, _Delivered, total=False):
     elapsed_s: float
     failed: list[str]  # names of the checks that failed (aerie_contracts.preflight.Check)
     summary: str  # aerie_contracts.preflight.summary_line
+    spare: bool  # a hot spare's own checks (no attempt node: no verdict, the attempt goes on)
+
+
+class SpareReplacedDetail(_JobDetail, _Delivered, total=False):
+    attempt_id: str
+    attempt: int
+    host: str  # the spare that died while it waited
+    replacement: str  # the spare started in its place ("" when the node pool ran out)
+    why: str
 
 
 DETAIL_SHAPES: dict[str, type] = {
@@ -99,6 +109,7 @@ DETAIL_SHAPES: dict[str, type] = {
     DetailType.VERDICT_RAISED: VerdictRaisedDetail,
     DetailType.CHAOS_INJECTED: ChaosInjectedDetail,
     DetailType.PREFLIGHT_CHECKED: PreflightCheckedDetail,
+    DetailType.SPARE_REPLACED: SpareReplacedDetail,
 }
 
 

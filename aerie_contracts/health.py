@@ -83,9 +83,9 @@ class PreflightSettings:
     (agent/preflight/). A node that fails one is never given ranks: the attempt fails with
     `preflight.failed` naming it, and chaining relaunches without it.
 
-    Off by default: every check is cheap on its own, but the compute burn and the all-reduce run
-    in a torch subprocess (an interpreter start and a torch import, 2-5 s on a loaded machine) and
-    every node waits for its peers' results before starting ranks, which would add seconds to
+    Off by default: every check is cheap on its own (a 2-node pre-flight takes ~2 s here, the
+    burn most of it), but every node waits for its peers' results before starting ranks, which
+    would add seconds to
     every job of the test suite and to every in-place restart. Turn it on per job (`enabled:
     true`); the thresholds are floors that only broken hardware misses, not performance targets.
     """
@@ -93,7 +93,7 @@ class PreflightSettings:
     enabled: bool = _f(False, "run the pre-flight checks before each attempt's ranks start")
     in_place: bool = _f(True, "... also before an in-place restart's worker group (a warm attempt)")
     budget_s: float = _f(60.0, "time budget of one node's checks (each check's limit is what is left)", gt=0, le=600)
-    burn_s: float = _f(1.0, "compute burn: how long the matmul loop runs on each accelerator", gt=0, le=60)
+    burn_s: float = _f(0.5, "compute burn: how long the matmul loop runs on each accelerator", gt=0, le=60)
     matrix_n: int = _f(256, "compute burn: side of the square float32 matrices multiplied", ge=16, le=16384)
     min_cpu_gflops: float = _f(0.5, "compute burn on CPU: the node fails below this rate (0: report only)", ge=0)
     min_gpu_tflops: float = _f(1.0, "compute burn on each GPU: the node fails below this rate (0: report only)", ge=0)

@@ -70,6 +70,12 @@ class PreflightResult(TypedDict, total=False):
     budget_s: float
     t: float  # when it finished (UNIX seconds)
     faults: list[str]  # injected faults in force (tests)
+    spare: bool  # a hot spare's own checks, alone, while it waits (a node of no attempt yet)
+
+
+# A hot spare's result is no attempt node's: the control plane keeps it in the attempt's handle
+# under this key ({host: PreflightResult}); the API shows it as the attempt's `spare_preflight`.
+HANDLE_SPARE_PREFLIGHT = "spare_preflight"
 
 
 def failed_checks(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:

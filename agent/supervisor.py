@@ -181,7 +181,9 @@ class Supervisor:
         env = self._group_env()
         cmd = rank_command(cfg)
         self._begin_memory_group()
-        warm = self.warm.take(env, cfg.master_addr, cfg.master_port)
+        warm = self.warm.take(
+            env, cfg.master_addr, cfg.master_port, tick=lambda: self.reporter.heartbeat(self._summary())
+        )
         log.info(
             "starting %d rank(s) on %s%s: %s",
             cfg.procs_per_node,
@@ -343,6 +345,8 @@ class Supervisor:
         result = run_checks(settings, node, dict(os.environ))
         write_json(cfg.node_dir / RESULT_FILE, {**result, "attempt": cfg.attempt, "spare": True})
         log.info("pre-flight on hot spare %s %s", cfg.host, summary_line(result))
+        if self.reporter.enabled:  # for the API and `aerie describe` (no attempt node: no verdict)
+            self.reporter.preflight({**result, "spare": True})
         return bool(result.get("passed"))
 
     def _take_hosts(self, hosts: list[str], peers: dict[str, str] | None = None) -> None:

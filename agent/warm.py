@@ -31,9 +31,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 POLL_S = 0.05  # a waiting rank looks for its go file this often (idle otherwise)
-READY_WAIT_S = 15.0  # a group still warming up is waited for (still sooner than a cold start), this long
+# A group still warming up is waited for (still sooner than a cold start: its torch import is under
+# way), this long; the agent heartbeats meanwhile (`take(tick=)`). 15 s was too short on a loaded
+# host: a node then started cold beside a warm peer (they cannot rendezvous) after waiting in vain.
+READY_WAIT_S = 120.0
 TERM_GRACE_S = 10.0
 # Set per rank by `group` (torchrun's names); every other variable comes from the go file.
 PER_RANK = (
@@ -143,16 +147,26 @@ class WarmGroup:
             return "not started: " + ("no warm group wanted" if warmable(self.entrypoint) else "entrypoint runs cold")
         return f"pid {self.proc.pid}" if self.proc.poll() is None else f"exited {self.proc.returncode}"
 
-    def take(self, env: dict[str, str], master_addr: str, master_port: int) -> subprocess.Popen[bytes] | None:
-        """The warm group, told to run as the group `env` describes; None if there is none alive."""
+    def take(
+        self, env: dict[str, str], master_addr: str, master_port: int, tick: Any = None
+    ) -> subprocess.Popen[bytes] | None:
+        """The warm group, told to run as the group `env` describes; None if there is none alive.
+        `tick()` is called about every second while it waits (the agent's heartbeat: a wait of up
+        to READY_WAIT_S, plus a discard, may outlast the control plane's lost-node limit)."""
         proc = self.proc
         if proc is None:
             return None
         deadline = time.time() + READY_WAIT_S
+        next_tick = time.time() + 1.0
         while proc.poll() is None and len(list(self.go.parent.glob(self.go.name + ".ready-*"))) < self.procs:
             if time.time() > deadline:
                 break
+            if tick is not None and time.time() >= next_tick:
+                tick()
+                next_tick = time.time() + 1.0
             time.sleep(POLL_S)
+        if tick is not None:
+            tick()
         if proc.poll() is not None or len(list(self.go.parent.glob(self.go.name + ".ready-*"))) < self.procs:
             self.discard()  # it died or stalled warming up: a cold start reports why, if it is the code's fault
             return None

@@ -1,14 +1,16 @@
 """Pre-flight on a healthy 2-node job (issue #23, acceptance 3's figure): one JSON line.
 
 Runs `--runs` (default 20) pre-flights of two nodes of this machine, each node's checks as its agent
-runs them (`agent.preflight.run_checks`: the torch subprocess's CPU burn and gloo all-reduce + link
+runs them (`agent.preflight.run_checks`: the probe subprocess's CPU burn and TCP all-reduce + link
 probe between the two, host memory, /dev/shm; the store probe is skipped, no S3 here), the two nodes
 side by side in threads. Goal: every run passes on both nodes and the slower node's pre-flight
-takes <= 15 s. The default settings but a 2 MiB collective and the links' floor at 0.05 Gbit/s
-(this loopback, shared, moves 0.6-7 Gbit/s). The whole job's view, with the control plane's
-barrier, is `tests/e2e/test_preflight.py` (it prints its time). Two runs here (2 cores, shared,
-load 5-13): 20/20 passed both times, p50 8.7 / 8.4 s, max 16.4 / 15.0 s; the slowest node's probe
-spent 5-10 s starting Python and importing torch.
+takes <= 15 s (tests/bench/test_preflight.py holds it to that: acceptance 3). The default settings
+but a 2 MiB collective and the links' floor at 0.05 Gbit/s (this loopback, shared, moves 0.6-8
+Gbit/s). The whole job's view, with the control plane's barrier, is `tests/e2e/test_preflight.py`
+(it prints its time). Here (2 cores, shared): with the torch probe (load 5-13) p50 8.7 / 8.4 s,
+max 16.4 / 15.0 s, a torch import 5-10 s of it; torch-free (numpy burn per CPU second, TCP
+collective): 20/20 passed, p50 3.8 s, max 5.7 s at load 15-24 (1 s burn); p50 3.3 s, max 4.0 s
+at load 31-36 (0.5 s burn).
 
     .venv/bin/python bench/preflight.py [--runs 20]
 """
@@ -47,7 +49,7 @@ def main() -> None:
             res = one_run(area)
             slowest = max(r["elapsed_s"] for r in res.values())
             took.append(slowest)
-            for r in res.values():  # where the probe's time went (interpreter + torch import, burn, collective)
+            for r in res.values():  # where the probe's time went (interpreter + numpy import, burn, collective)
                 compute = next(c for c in r["checks"] if c["check"] == "compute")
                 timings.append((r["elapsed_s"], (compute.get("details") or {}).get("timings")))
             bad = {h: summary_line(r) for h, r in res.items() if not r["passed"]}

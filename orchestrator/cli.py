@@ -257,12 +257,13 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
 def _preflight_table(attempts: list[dict]) -> None:
     """One row per node that ran the pre-flight checks: each check's measured value against its
     threshold, and, for a node that failed, why (the evidence to send bad hardware back)."""
-    rows = [(a, n) for a in attempts for n in a["nodes"] if n.get("preflight")]
+    rows = [(a, n["host"], n["preflight"]) for a in attempts for n in a["nodes"] if n.get("preflight")]
+    # Hot spares check themselves alone while they wait (no attempt node yet).
+    rows += [(a, f"{h} (spare)", r) for a in attempts for h, r in (a.get("spare_preflight") or {}).items()]
     if not rows:
         return
     table = Table("PRE-FLIGHT", "ATTEMPT", "HOST", "TOOK", "CHECKS", "WHY")
-    for a, n in rows:
-        res = n["preflight"]
+    for a, host, res in rows:
         checks = []
         for c in res.get("checks") or []:
             value = c.get("value")
@@ -274,7 +275,7 @@ def _preflight_table(attempts: list[dict]) -> None:
         table.add_row(
             "passed" if res.get("passed") else "[red]FAILED[/red]",
             str(a["number"]),
-            n["host"],
+            host,
             f"{took:.1f}s" if isinstance(took, (int, float)) else "",
             " ".join(checks),
             "" if res.get("passed") else preflight.summary_line(res).split(": ", 1)[-1],

@@ -13,8 +13,10 @@ import logging
 import threading
 import time
 
+from aerie_contracts.events import DetailType
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason
 from aerie_contracts.health import HealthSettings
+from aerie_contracts.preflight import HANDLE_SPARE_PREFLIGHT
 from aerie_contracts.restarts import (
     CAUSE_REPLACED_NODES,
     DEFAULT_IN_PLACE_RESTARTS,
@@ -187,8 +189,11 @@ class Controller:
                     replaced = {str(k): str(v) for k, v in swaps.items()}
                     request = dataclasses.replace(request, in_place_of=previous_handle, replace_nodes=replaced)
                 elif previous_handle is not None and job.backend in IN_PLACE_BACKENDS:
-                    # A relaunch after a failure whose agents were kept up for a warm restart.
-                    self._backend(job).stop(previous_handle)
+                    # A relaunch after a failure whose agents were kept up for a warm restart; its
+                    # hot spares still waiting are the new attempt's (local), not stopped.
+                    self._stop_nodes(job.backend, previous_handle)
+                    kept = _waiting_spares(self._backend(job), previous_handle)
+                    request = dataclasses.replace(request, reuse_spares=kept)
             failpoints.hit("controller.before_launch")
             # Outside the transaction: launching can take a while and must not hold locks.
             try:
@@ -208,7 +213,11 @@ class Controller:
                 continue
             with self.db.session() as s:
                 attempt = repo.get_attempt(s, attempt_id)
-                attempt.handle = handle
+                # Spares' own pre-flight results are this attempt's (an in-place handle, copied from
+                # the last one, drops the last one's); a spare may have reported before this.
+                handle = {k: v for k, v in handle.items() if k != HANDLE_SPARE_PREFLIGHT}
+                early = (attempt.handle or {}).get(HANDLE_SPARE_PREFLIGHT)
+                attempt.handle = {**handle, HANDLE_SPARE_PREFLIGHT: early} if early else handle
                 repo.set_attempt_state(s, attempt, AttemptState.RUNNING)
 
     def _poll_running(self) -> None:
@@ -221,6 +230,8 @@ class Controller:
             except Exception:
                 log.exception("poll of %s failed", attempt_id)
                 continue
+            if result.spares_replaced:
+                self._spares_replaced(attempt_id, result)
             if not result.terminal:
                 result = self._check_heartbeats(attempt_id, result)
             if result.state == AttemptState.FAILED:
@@ -234,7 +245,26 @@ class Controller:
                 self._booted_at.pop(attempt_id, None)
                 self.stragglers.forget(attempt_id)
             if result.state == AttemptState.FAILED and not self._keeps_warm(attempt_id, backend_name, result):
-                backend.stop(handle)  # the surviving nodes would only wait for their dead peer
+                self._stop_nodes(backend_name, handle)  # the surviving nodes would only wait for their dead peer
+
+    def _stop_nodes(self, backend_name: str, handle: dict) -> None:
+        """Stop a failed attempt's nodes. A local attempt's hot spares go on waiting: a relaunch
+        keeps them (`_waiting_spares`); otherwise GET .../next ends them (the job ended, or the
+        relaunch did not keep them)."""
+        backend = self.backends[backend_name]
+        keep = getattr(backend, "keeps_spares", False) and handle.get("spares")
+        backend.stop({**handle, "spares": []} if keep else handle)
+
+    def _spares_replaced(self, attempt_id: str, result: PollResult) -> None:
+        """The backend replaced hot spares that died while they waited: an event for each (the
+        attempt's new handle is stored by `_record_poll`)."""
+        with self.db.session() as s:
+            attempt = repo.get_attempt(s, attempt_id)
+            for dead, new in result.spares_replaced.items():
+                why = f"hot spare {dead} died while it waited" + (f"; {new} started" if new else "; no free node")
+                log.warning("%s: %s", attempt_id, why)
+                detail = {"attempt_id": attempt.id, "attempt": attempt.number, "host": dead, "replacement": new}
+                repo.emit(s, attempt.job, DetailType.SPARE_REPLACED, {**detail, "why": why})
 
     def _keeps_warm(self, attempt_id: str, backend_name: str, result: PollResult) -> bool:
         """Whether a failed attempt's agents stay up for chaining to restart it in place: they stop
@@ -347,8 +377,13 @@ class Controller:
     def _record_poll(self, attempt_id: str, result: PollResult) -> None:
         with self.db.session() as s:
             attempt = repo.get_attempt(s, attempt_id)
-            if result.handle is not None and result.handle != attempt.handle:
-                attempt.handle = result.handle  # the backend learned where the attempt runs
+            if result.handle is not None:
+                # The backend learned where the attempt runs, or replaced a dead spare; the spares'
+                # own pre-flight results (posted by the spares, not the backend's) are kept.
+                kept = (attempt.handle or {}).get(HANDLE_SPARE_PREFLIGHT)
+                handle = {**result.handle, **({HANDLE_SPARE_PREFLIGHT: kept} if kept else {})}
+                if handle != attempt.handle:
+                    attempt.handle = handle
             # What the agents reported themselves (POST .../exit, with "t") outranks the backend's view.
             reported = {n.host: n.exit for n in attempt.nodes if "t" in (n.exit or {})}
             for node in result.nodes:
@@ -388,3 +423,15 @@ class Controller:
             return self.backends[job.backend]
         except KeyError:
             raise RuntimeError(f"backend {job.backend!r} is not configured on this control plane") from None
+
+
+def _waiting_spares(backend: Backend, handle: dict) -> dict[str, dict[str, str]]:
+    """The hot spares of a failed local attempt, for the relaunch to keep ({host: {"root": the
+    folder their tree is under, "peer": their memory-tier endpoint}}); the backend checks they live."""
+    if not getattr(backend, "keeps_spares", False):
+        return {}
+    roots, peers = handle.get("node_roots") or {}, handle.get("memory_peers") or {}
+    return {
+        h: {"root": str(roots.get(h) or handle["root"]), "peer": str(peers.get(h) or "")}
+        for h in handle.get("spares") or []
+    }

@@ -7,6 +7,7 @@ a field (steps redone, time to resume) is computed once and means the same on bo
 from __future__ import annotations
 
 from aerie_contracts.checkpoints import step_of_uri
+from aerie_contracts.preflight import HANDLE_SPARE_PREFLIGHT
 from orchestrator.api.schemas import AttemptOut, NodeOut
 from orchestrator.store.models import Attempt, Job, columns
 
@@ -39,6 +40,7 @@ def attempt_out(a: Attempt, previous: Attempt | None = None) -> AttemptOut:
             NodeOut(**columns(n, "host", "state", "last_heartbeat_at", "summary", "exit", "preflight")) for n in a.nodes
         ],
         spares=[str(h) for h in (a.handle or {}).get("spares") or []],
+        spare_preflight=dict((a.handle or {}).get(HANDLE_SPARE_PREFLIGHT) or {}),
     )
 
 

@@ -3,16 +3,16 @@
 `run_checks` measures, within the spec's time budget (`health.preflight.budget_s`), and judges:
 
 - `compute`: a matmul burn (`burn_s`) on each accelerator: one CPU core's GFLOP/s against
-  `min_cpu_gflops`, or each GPU's TFLOP/s against `min_gpu_tflops` (agent/preflight/torchprobe.py,
-  a subprocess: the agent never imports torch); skipped where torch is missing;
+  `min_cpu_gflops`, or each GPU's TFLOP/s against `min_gpu_tflops` (agent/preflight/probe.py,
+  a subprocess: numpy on CPU, torch on a GPU node only); skipped where that is missing;
 - `gpu_health`: NVML ECC / retired pages / hardware slowdown / XIDs (agent/preflight/gpu.py);
 - `host_memory` and `shm`: available memory, and free space where the memory checkpoint tier
   writes (agent/preflight/host.py);
 - `store`: PUT + HEAD + DELETE of a probe object under the job's checkpoint prefix (store.py);
 - `collective`: with more than one node, an all-reduce of `collective_mb` and each node's
-  outgoing link rate to its ring successor against `min_link_gbps` (torchprobe.py).
+  outgoing link rate to its ring successor against `min_link_gbps` (probe.py: TCP, no torch).
 
-The torch subprocess starts first and runs beside the host checks. Faults for tests come from
+The probe subprocess starts first and runs beside the host checks. Faults for tests come from
 `AERIE_PREFLIGHT_FAULT` (aerie_contracts.preflight.Fault). agent/preflight/node.py reports the
 result and waits for the attempt's decision.
 """
@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as E
@@ -35,7 +36,7 @@ from agent.preflight import gpu as gpu_check
 from agent.preflight import host as host_checks
 from agent.preflight import store as store_check
 from agent.preflight.checks import at_least, result, skipped
-from agent.preflight.torchprobe import TAG
+from agent.preflight.probe import TAG
 
 log = logging.getLogger("aerie.agent")
 
@@ -124,7 +125,7 @@ def _start_probe(
         "throttle_bps": (settings.min_link_gbps or 0.2) / 4 * 1e9 / 8,
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "agent.preflight.torchprobe", json.dumps(cfg)],
+        [sys.executable, str(Path(__file__).with_name("probe.py")), json.dumps(cfg)],  # a script: no package imports
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -155,7 +156,7 @@ def _judge_compute(settings: PreflightSettings, measured: dict[str, Any], second
     burn = measured.get("burn")
     if not isinstance(burn, dict):
         why = measured.get("burn_error") or measured.get("error") or "no measurement"
-        if str(why).startswith("torch not importable"):
+        if "not importable" in str(why):
             return skipped(Check.COMPUTE, str(why), seconds)
         return result(Check.COMPUTE, False, f"burn failed: {why}", seconds=seconds)
     if "gpu_tflops" in burn:
@@ -181,7 +182,7 @@ def _judge_compute(settings: PreflightSettings, measured: dict[str, Any], second
         seconds,
         "one CPU core",
         gpus_seen=gpus,
-        timings=measured.get("timings"),  # the probe's interpreter and torch import, burn, collective
+        timings=measured.get("timings"),  # the probe: interpreter and numpy import, burn, collective
     )
 
 
@@ -191,7 +192,7 @@ def _judge_collective(settings: PreflightSettings, node: Node, measured: dict[st
     got = measured.get("collective")
     if not isinstance(got, dict):
         why = measured.get("collective_error") or measured.get("error") or "no measurement"
-        if str(why).startswith("torch not importable"):
+        if "not importable" in str(why):
             return skipped(Check.COLLECTIVE, str(why), seconds)
         # A peer that never joined (or died) is not this node's fault: the peer's own result, or
         # its loss, says whose it is.

@@ -48,6 +48,8 @@ class AttemptOut(BaseModel):
     nodes: list[NodeOut] = Field(default_factory=list)
     # Hot spares (resources.spare_nodes) waiting beside the attempt's nodes, without ranks.
     spares: list[str] = Field(default_factory=list)
+    # Each spare's own pre-flight result (aerie_contracts.preflight.PreflightResult), by host.
+    spare_preflight: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class JobOut(BaseModel):

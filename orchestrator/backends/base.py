@@ -42,6 +42,9 @@ class LaunchRequest:
     in_place_of: dict[str, Any] | None = None
     # With `in_place_of`: hot spares that take failed nodes' rank slots ({failed host: spare host}).
     replace_nodes: dict[str, str] = field(default_factory=dict)
+    # A relaunch's hot spares still waiting from the attempt before ({host: {"root": its attempt's
+    # directory, "peer": its memory-tier endpoint}}): kept as this attempt's where the backend can.
+    reuse_spares: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class PollResult:
     # SageMaker provisioning instances): nodes are not expected to report, and the controller's
     # `health.first_heartbeat_s` clock has not started. Keyword-only, so subclasses keep their order.
     queued: bool = field(default=False, kw_only=True)
+    # Hot spares that died while they waited and what replaced each ({dead: new}, "" for none): the
+    # backend started the new ones, and `handle` (the attempt's, changed) is for the controller to store.
+    spares_replaced: dict[str, str] = field(default_factory=dict, kw_only=True)
     # The handle with what the backend learned of the attempt since launch (Slurm: which nodes of
     # the allocation are its hosts and which its hot spares, known once the job starts); the
     # controller stores it in place of the old one. None: unchanged.

@@ -8,6 +8,7 @@ ended: the handle is only the attempt's directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -51,12 +52,19 @@ class LocalBackend(Backend):
     name = "local"
     # After a failed worker group, an agent waits this long for an in-place successor, then exits.
     in_place_wait_s = 120.0
+    # A failed attempt's hot spares are left waiting (the controller stops the rest): a relaunch
+    # keeps them (`LaunchRequest.reuse_spares`).
+    keeps_spares = True
 
     def __init__(self, jobs_dir: Path, channel_cache: Path | None = None):
         self.jobs_dir = Path(jobs_dir)
         # Every local node is on this host: one cache of downloaded channel objects for all of
         # them, beside the jobs (AERIE_CHANNEL_CACHE, set for the control plane, wins).
         self.channel_cache = Path(channel_cache) if channel_cache else self.jobs_dir.parent / "cache" / "channels"
+        # What launched each running attempt ((root, in-place attempt id) -> request, rendezvous
+        # port): a spare that dies while it waits is replaced with it. Not kept across a restart of
+        # the control plane (its spares are then not replaced).
+        self._launched: dict[tuple[str, str | None], tuple[LaunchRequest, int]] = {}
 
     # --- launch -----------------------------------------------------------------------------
 
@@ -67,17 +75,28 @@ class LocalBackend(Backend):
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
         # The first free slots of the job's node pool: excluded (blamed) nodes are left out.
         slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
-        hosts = placement.place(spec.resources.instance_count, slots, request.exclude_nodes)
         in_place = in_place_on(spec)
         # Hot spares wait for the control plane's word between attempts, as in-place agents do:
         # without in-place restarts there is no way to hand one a rank slot.
         wanted = spec.resources.spare_nodes if in_place else 0
-        spares = placement.spares(wanted, slots, hosts, request.exclude_nodes)
+        net = spec.backend_options.get("netns")
+        # A relaunch keeps the spares still waiting from the attempt before (their trees stay in
+        # that attempt's folder: `node_roots`), and starts only the missing ones.
+        reused = _reusable(request, wanted) if not net else {}
+        try:
+            hosts = placement.place(spec.resources.instance_count, slots, [*request.exclude_nodes, *reused])
+        except placement.PlacementError:
+            reused = {}  # the pool is too small to keep them apart: they end (GET .../next says so)
+            hosts = placement.place(spec.resources.instance_count, slots, request.exclude_nodes)
+        fresh = placement.spares(wanted - len(reused), slots, [*hosts, *reused], request.exclude_nodes)
+        spares = [*reused, *fresh]
         # Namespaces are planned from the attempt id alone, so a re-adopted handle names them too.
-        net = netns.plan(request.attempt_id, hosts) if spec.backend_options.get("netns") else None
+        net = netns.plan(request.attempt_id, hosts) if net else None
         handle: dict[str, Any] = {"root": str(root), "hosts": hosts}
         if spares:
             handle["spares"] = spares
+        if reused:
+            handle["node_roots"] = {h: info["root"] for h, info in reused.items()}
         if net:
             handle["netns"] = net.to_dict()
         root.mkdir(parents=True, exist_ok=True)
@@ -103,13 +122,15 @@ class LocalBackend(Backend):
         memory_on = memory_tier_off(spec.model_dump(), self.name) is None
         # Areas in this host's /dev/shm that failed or killed agents of other jobs left behind.
         memory_lease.sweep_nodes(memckpt.root_dir(), keep=request.job_id)
-        peers = {h: f"127.0.0.1:{_free_port()}" for h in [*hosts, *spares]} if memory_on else {}
+        peers = {h: f"127.0.0.1:{_free_port()}" for h in [*hosts, *fresh]} if memory_on else {}
+        if peers:
+            peers.update({h: info["peer"] for h, info in reused.items() if info.get("peer")})  # where they serve
         if peers:
             handle["memory_peers"] = peers  # a spare started later joins the ring through it
             # The attempt's replication key: its agents prove every request with it (the handle
             # keeps it for the control plane alone; the API never shows a handle).
             handle[memckpt.HANDLE_KEY] = memckpt.new_key()
-        for host in [*hosts, *spares]:
+        for host in [*hosts, *fresh]:
             self._spawn(
                 request,
                 root,
@@ -122,6 +143,7 @@ class LocalBackend(Backend):
                 net=net,
             )
         write_json(root / "handle.json", handle)
+        self._launched[(str(root), None)] = (request, master_port)
         return handle
 
     def _spawn(
@@ -233,18 +255,21 @@ class LocalBackend(Backend):
                 key=handle.get(memckpt.HANDLE_KEY),
                 master_port=handle["master_port"],
             )
+        self._launched[(str(root), request.attempt_id)] = (request, int(handle["master_port"]))
         return handle
 
-    def _replenish(self, request: LaunchRequest, handle: dict[str, Any]) -> list[str]:
+    def _replenish(self, request: LaunchRequest, handle: dict[str, Any], count: int | None = None) -> list[str]:
         """The pool refilled (`resources.spare_nodes`): as many new spares as took slots, on the
         next free slots (never a name a node of this tree had: its folder is the old node's), added
-        to the handle and to its memory ring's endpoints. Fewer when the pool runs out."""
+        to the handle and to its memory ring's endpoints. Fewer when the pool runs out. `count`:
+        that many instead (spares that died while they waited)."""
         spec = request.spec
-        used = len(request.replace_nodes)
+        used = len(request.replace_nodes) if count is None else count
         slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
         root = Path(handle["root"])
         had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-        taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had]
+        kept = handle.get("node_roots") or {}  # spares kept from an earlier attempt, dead ones too
+        taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had, *kept]
         fresh = placement.spares(used, slots, taken, request.exclude_nodes)
         if fresh:
             handle["spares"] = [*handle.get("spares", []), *fresh]
@@ -260,17 +285,49 @@ class LocalBackend(Backend):
         launched_at = float(marker.get("t", 0.0)) if isinstance(marker, dict) else 0.0
         stop = read_json(root / "stop.json")
         attempt_id = handle.get("attempt_id")
-        nodes = [self._node_status(root / host, host, launched_at, stop, attempt_id) for host in handle["hosts"]]
+        nodes = [
+            self._node_status(_node_dir(handle, host), host, launched_at, stop, attempt_id) for host in handle["hosts"]
+        ]
         if stop and isinstance(stop, dict) and time.time() - stop["t"] > STOP_GRACE_S:
             for host in _all_nodes(handle):
-                _kill_node(root / host, signal.SIGKILL)
+                _kill_node(_node_dir(handle, host), signal.SIGKILL)
         result = summarize_nodes(nodes)
+        if not stop and not result.terminal and handle.get("spares"):
+            result = self._replace_dead_spares(handle, result)
+        if result.terminal:
+            self._launched.pop((str(root), handle.get("attempt_id")), None)
         if stop and result.state == AttemptState.FAILED:
             # A node that died of our own stop request did not fail.
             result = PollResult(AttemptState.STOPPED, result.nodes)
         if result.terminal and handle.get("netns") and all(n.state != AttemptState.RUNNING for n in result.nodes):
             netns.destroy(handle["netns"])
         return result
+
+    def _replace_dead_spares(self, handle: dict[str, Any], result: PollResult) -> PollResult:
+        """A hot spare whose tree died while it waited (its agent's pid gone: killed, or it failed
+        its own pre-flight) is replaced on the next free slot, as `_replenish` refills the pool
+        after a swap; the changed handle goes back in the poll's result for the controller."""
+        root = Path(handle["root"])
+        dead = [h for h in handle["spares"] if _dead(_node_dir(handle, h) / "agent" / "agent.pid")]
+        launched = self._launched.get((str(root), handle.get("attempt_id")))
+        if not dead or launched is None or handle.get("netns"):
+            return result
+        request, master_port = launched
+        new = {**handle, "spares": [h for h in handle["spares"] if h not in dead]}
+        fresh = self._replenish(request, new, len(dead))
+        for host in fresh:
+            self._spawn(
+                request,
+                root,
+                host,
+                new["hosts"],
+                spare=True,
+                peers=new.get("memory_peers") or {},
+                key=new.get(memckpt.HANDLE_KEY),
+                master_port=master_port,
+            )
+        replaced = {h: fresh[i] if i < len(fresh) else "" for i, h in enumerate(dead)}
+        return dataclasses.replace(result, spares_replaced=replaced, handle=new)
 
     def _node_status(
         self, ml_root: Path, host: str, launched_at: float, stop: Any, attempt_id: str | None = None
@@ -294,7 +351,7 @@ class LocalBackend(Backend):
 
         if host not in handle["hosts"]:
             raise ValueError(f"{host} is not a node of this attempt ({', '.join(handle['hosts'])})")
-        directory = Path(handle["root"]) / host / "agent" / byo.CHAOS_DIR
+        directory = _node_dir(handle, host) / "agent" / byo.CHAOS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         write_json(directory / f"{request['id']}.json", request)
 
@@ -308,7 +365,7 @@ class LocalBackend(Backend):
             backstop.daemon = True
             backstop.start()
         for host in _all_nodes(handle):
-            _kill_node(root / host, signal.SIGTERM)
+            _kill_node(_node_dir(handle, host), signal.SIGTERM)
         if handle.get("netns"):
             # The controller stops polling a finished attempt: tear the network down once its
             # nodes have had their grace period.
@@ -319,10 +376,9 @@ class LocalBackend(Backend):
     def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
         """SIGKILL every process of the lost nodes now, wherever they sit and stopped or not
         (`local_fence`); the other nodes get the usual stop, unless hot spares wait beside them."""
-        root = Path(handle["root"])
         for host in hosts:
             if host in handle["hosts"]:
-                local_fence.kill_node(root / host)
+                local_fence.kill_node(_node_dir(handle, host))
         if handle.get("spares"):
             # A hot spare may take the lost node's slot in place: the survivors stay up (the
             # controller stops them, spares included, if chaining cannot keep them).
@@ -331,16 +387,33 @@ class LocalBackend(Backend):
 
     def _kill_all(self, handle: dict[str, Any]) -> None:
         for host in _all_nodes(handle):
-            local_fence.kill_node(Path(handle["root"]) / host)
+            local_fence.kill_node(_node_dir(handle, host))
 
     def logs(
         self, handle: dict[str, Any], offsets: dict[str, int] | None = None, max_bytes: int = 1 << 20
     ) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for host in handle["hosts"]:
-            path = Path(handle["root"]) / host / "logs" / "node.log"
+            path = _node_dir(handle, host) / "logs" / "node.log"
             out[host] = read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes)
         return out
+
+
+def _node_dir(handle: dict[str, Any], host: str) -> Path:
+    """A node's folder: under the attempt's, or, for a spare a relaunch kept, under the attempt
+    that started it (`node_roots`)."""
+    return Path((handle.get("node_roots") or {}).get(host) or handle["root"]) / host
+
+
+def _reusable(request: LaunchRequest, wanted: int) -> dict[str, dict[str, str]]:
+    """The spares of the attempt before (`request.reuse_spares`) a relaunch can keep: alive, not
+    excluded, at most `wanted`."""
+    out = {}
+    for host, info in request.reuse_spares.items():
+        pid = _read_pid(Path(info["root"]) / host / "agent" / "agent.pid")
+        if len(out) < wanted and host not in request.exclude_nodes and pid is not None and _alive(pid, "agent"):
+            out[host] = info
+    return out
 
 
 def _all_nodes(handle: dict[str, Any]) -> list[str]:
@@ -381,6 +454,12 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _dead(pid_file: Path) -> bool:
+    """A node whose agent wrote its pid and is gone (not one still starting)."""
+    pid = _read_pid(pid_file)
+    return pid is not None and not _alive(pid, "agent")
 
 
 def _alive(pid: int, needle: str) -> bool:

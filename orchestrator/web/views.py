@@ -292,8 +292,11 @@ def _event_text(e: Event) -> str:
         return f"checkpoint step {d.get('step')} committed"
     if e.detail_type == DetailType.VERDICT_RAISED:
         return f"verdict {d.get('kind')} on {d.get('host')}: {d.get('message', '')}"
+    if e.detail_type == DetailType.SPARE_REPLACED:
+        return str(d.get("why") or f"hot spare {d.get('host')} replaced")
     if e.detail_type == DetailType.PREFLIGHT_CHECKED:
-        return f"pre-flight on {d.get('host')} (attempt {d.get('attempt')}): {d.get('summary', '')}"
+        spare = " (hot spare)" if d.get("spare") else ""
+        return f"pre-flight on {d.get('host')}{spare} (attempt {d.get('attempt')}): {d.get('summary', '')}"
     return e.detail_type
 
 

@@ -34,7 +34,7 @@ def _by_check(result) -> dict:
 def test_the_spec_s_preflight_section_reaches_the_agent_and_defaults_off():
     assert HealthSettings().preflight.enabled is False
     got = HealthSettings.from_dict({"preflight": {"enabled": True, "min_cpu_gflops": 2, "budget_s": 30}}).preflight
-    assert got.enabled and got.min_cpu_gflops == 2.0 and got.budget_s == 30.0 and got.burn_s == 1.0
+    assert got.enabled and got.min_cpu_gflops == 2.0 and got.budget_s == 30.0 and got.burn_s == 0.5
     assert HealthSettings.from_dict(HealthSettings(preflight=got).to_dict()).preflight == got
 
 

@@ -1,12 +1,14 @@
 """Issue #23 acceptance 1: a hot spare takes a lost node's place, in place.
 
 A 2-node x 2-rank job of the tiny trainer on the local backend with `resources.spare_nodes: 1`:
-algo-1 and algo-2 train, algo-3's agent waits without ranks. Once attempt 1's memory checkpoint of
-step 10 is good, algo-2's whole tree (agent and ranks) is killed with SIGKILL and its shared-memory
-folder removed (the machine is gone) -> `node.lost`, algo-2 blamed and excluded -> attempt 2 runs
-**in place** on algo-1 and algo-3 (algo-3 in algo-2's rank slot): algo-1's agent is the same
-process, algo-3's agent is the spare's, already running; algo-3 restores ranks 2-3 from the
-replicas algo-1 holds, and the backend starts a new spare (algo-4) in the background. The job
+algo-1 and algo-2 train, algo-3's agent waits without ranks. The spare dies first (its tree
+SIGKILLed): the backend's poll starts algo-4 in its place (`Aerie Spare Replaced`). Once attempt
+1's memory checkpoint of step 10 is good, algo-2's whole tree (agent and ranks) is killed with
+SIGKILL and its shared-memory folder removed (the machine is gone) -> `node.lost`, algo-2 blamed
+and excluded -> attempt 2 runs **in place** on algo-1 and algo-4 (algo-4 in algo-2's rank slot):
+algo-1's agent is the same process, algo-4's agent is the spare's, already running; algo-4
+restores ranks 2-3 from the replicas algo-1 holds, and the backend starts a new spare (algo-5) in
+the background. The job
 completes, and the unused spare ends. The time from the node's death to the first step after
 is printed (bench/chaos.py carries the figure).
 """
@@ -36,20 +38,38 @@ STEPS, S3_EVERY, MEM_EVERY = 40, 10, 10
 def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s3_plane, tmp_path):
     cp = s3_plane
     path = s3_spec(
-        tmp_path, "spare", steps=STEPS, s3_every=S3_EVERY, memory_every=MEM_EVERY, max_restarts=3, spare_nodes=1
+        tmp_path,
+        "spare",
+        steps=STEPS,
+        s3_every=S3_EVERY,
+        memory_every=MEM_EVERY,
+        max_restarts=3,
+        spare_nodes=1,
+        backend_options={"node_slots": 5},  # a slot for the dead spare's replacement and one for the swap's
     )
     job_id = cp.submit(path, "spare")
     root = cp.home / "jobs" / job_id / "attempt-1"
     area = Path(cp.env[aerie_env.MEMORY_CHECKPOINT_DIR])
 
     first = wait_for(what="attempt 1 with its spare", check=lambda: attempt_of(cp, "spare", 1), timeout_s=60)
-    spare_agent = wait_for(what="the spare's agent", check=lambda: pids(root / "algo-3" / "agent", "agent.pid"))
+    wait_for(what="the spare's agent", check=lambda: pids(root / "algo-3" / "agent", "agent.pid"))
+    # A spare that dies while it waits is replaced: the backend's poll sees its tree gone and
+    # starts algo-4 in its place (an event says so); algo-4 is the spare from here on.
+    local_fence.kill_node(root / "algo-3")
+    replaced = wait_for(
+        what="the dead spare's replacement",
+        check=lambda: [e["detail"] for e in cp.events("spare") if e["detail-type"] == DetailType.SPARE_REPLACED],
+        timeout_s=60,
+    )
+    assert [(d["host"], d["replacement"], d["attempt"]) for d in replaced] == [("algo-3", "algo-4", 1)], replaced
+    spare_agent = wait_for(what="the new spare's agent", check=lambda: pids(root / "algo-4" / "agent", "agent.pid"))
+    wait_for(what="the new spare waiting", check=lambda: "is a hot spare" in _log(root / "algo-4"), timeout_s=90)
     survivor_agent = wait_for(what="algo-1's agent", check=lambda: pids(root / "algo-1" / "agent", "agent.pid"))
     wait_for(what="first memory checkpoint", check=lambda: good_memory(cp, job_id, MEM_EVERY, 1), timeout_s=180)
     first = attempt_of(cp, "spare", 1)
-    assert first["spares"] == ["algo-3"], first
+    assert first["spares"] == ["algo-4"], first
     assert sorted(n["host"] for n in first["nodes"]) == ["algo-1", "algo-2"]  # the spare has no ranks
-    assert not list((root / "algo-3" / "agent" / "ranks").glob("rank-*.pid"))
+    assert not list((root / "algo-4" / "agent" / "ranks").glob("rank-*.pid"))
 
     died_at = time.time()
     local_fence.kill_node(root / "algo-2")
@@ -57,7 +77,7 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
     second = wait_for(what="attempt 2", check=lambda: attempt_of(cp, "spare", 2), timeout_s=120)
     assert attempt_of(cp, "spare", 1)["reason"]["kind"] == "node.lost", attempt_of(cp, "spare", 1)["reason"]
     assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
-    assert second["cause"][CAUSE_REPLACED_NODES] == {"algo-2": "algo-3"}, second["cause"]
+    assert second["cause"][CAUSE_REPLACED_NODES] == {"algo-2": "algo-4"}, second["cause"]
     assert second["resume_from"].startswith(f"mem://{job_id}/"), second
     restored = wait_for(
         what="attempt 2 restored", check=lambda: len(r := restored_events(root)) == 4 and r, timeout_s=120
@@ -73,25 +93,25 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
     print(f"\nnode death -> first step after: {first_step['t'] - died_at:.1f}s (attempt 2, step {first_step['step']})")
     # In place: no attempt-2 directory; the survivor's and the spare's agents are the same processes.
     assert not (root.parent / "attempt-2").exists()
-    assert pids(root / "algo-3" / "agent", "agent.pid") == spare_agent
+    assert pids(root / "algo-4" / "agent", "agent.pid") == spare_agent
     assert pids(root / "algo-1" / "agent", "agent.pid") == survivor_agent
-    spare_log = (root / "algo-3" / "logs" / "node.log").read_text()
+    spare_log = (root / "algo-4" / "logs" / "node.log").read_text()
     for rank in (2, 3):
         assert f"rank {rank}: restoring from the replica copy" in spare_log, spare_log[-3000:]
 
-    # The pool is replenished: a new spare tree (algo-4) waits beside attempt 2.
-    assert attempt_of(cp, "spare", 2)["spares"] == ["algo-4"], attempt_of(cp, "spare", 2)
+    # The pool is replenished: a new spare tree (algo-5) waits beside attempt 2.
+    assert attempt_of(cp, "spare", 2)["spares"] == ["algo-5"], attempt_of(cp, "spare", 2)
     wait_for(
         what="the new spare waiting",
-        check=lambda: "is a hot spare" in _log(root / "algo-4"),
+        check=lambda: "is a hot spare" in _log(root / "algo-5"),
         timeout_s=60,
     )
 
     job = cp.wait_state("spare", {"Completed", "Failed", "Stopped"}, timeout_s=240)
     assert job["state"] == "Completed", json.dumps(job)[:3000]
-    assert sorted(n["host"] for n in attempt_of(cp, "spare", 2)["nodes"]) == ["algo-1", "algo-3"]
+    assert sorted(n["host"] for n in attempt_of(cp, "spare", 2)["nodes"]) == ["algo-1", "algo-4"]
     describe = cp.cli("describe", "spare", check=True).stdout
-    assert "SPARES" in describe and "algo-3" in describe, describe
+    assert "SPARES" in describe and "algo-4" in describe, describe
     # The record of which node was a spare: attempt 1's Running event names it, attempt 2's the swap.
     running = [
         e["detail"]
@@ -100,9 +120,9 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
     ]
     assert [(d["attempt"], d["hosts"], d.get("spares"), d.get("replaced_nodes")) for d in running] == [
         (1, ["algo-1", "algo-2"], ["algo-3"], None),
-        (2, ["algo-1", "algo-3"], ["algo-4"], {"algo-2": "algo-3"}),
+        (2, ["algo-1", "algo-4"], ["algo-5"], {"algo-2": "algo-4"}),
     ], running
-    wait_for(what="the unused spare's exit", check=lambda: "not needed" in _log(root / "algo-4"), timeout_s=30)
+    wait_for(what="the unused spare's exit", check=lambda: "not needed" in _log(root / "algo-5"), timeout_s=30)
 
 
 def _log(node: Path) -> str:
@@ -151,3 +171,7 @@ def test_a_node_that_fails_preflight_is_replaced_by_a_spare_in_place(s3_plane, t
     assert not (root.parent / "attempt-2").exists()  # in place
     alone = json.loads((root / "algo-3" / "agent" / "preflight.json").read_text())
     assert alone["passed"], alone  # the last result: with algo-1, in attempt 2
+    # Its own result as a spare, alone, while it waited: shown with attempt 1 (no node of it).
+    assert first["spare_preflight"]["algo-3"]["passed"] and first["spare_preflight"]["algo-3"]["spare"], first
+    described = cp.cli("describe", "pf-spare", check=True).stdout
+    assert "(spare)" in described, described

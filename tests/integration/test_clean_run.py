@@ -2,9 +2,12 @@
 
 The tiny trainer on 2 local nodes x 2 processes for `AERIE_CLEAN_RUN_S` seconds (default 600)
 with the spec's *default* health thresholds, asynchronous checkpoints to the loopback S3 server
-every 75 steps (about every 25-40 s) and an evaluation pause every 125 steps. Then the job is
-stopped: it must end Stopped — not Failed — with no verdict on any node. In `make test` it runs
-beside the unit tests (marker `side_by_side`), not alone.
+every 75 steps (about every 25-40 s) and an evaluation pause every 125 steps.
+Pre-flight is on (`health.preflight`, its default thresholds) and one hot spare waits
+(`resources.spare_nodes: 1`, issue #23 acceptance 5): both nodes' pre-flight results are recorded,
+the spare (algo-3) runs its own and waits without ranks the whole run, and neither raises a
+verdict. Then the job is stopped: it must end Stopped — not Failed — with no verdict on any node.
+In `make test` it runs beside the unit tests (marker `side_by_side`), not alone.
 
 Each step of every rank also waits `STEP_WAIT_S`, as a rank on a GPU node waits on its device (the
 trainer's `slow` fault with no rank: every rank alike, so no straggler either). Without it the four
@@ -45,10 +48,12 @@ def test_clean_long_run_raises_no_verdict(s3_plane, tmp_path):
         every_steps=75,
         extra_hps={"eval_every": "125", "eval_iters": "40"},
         faults=[{"kind": "slow", "step": 1, "seconds": STEP_WAIT_S}],
+        spare_nodes=1,
+        max_restarts=1,  # spares wait only where a failed node's slot can be handed over in place
     )
-    # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests.
+    # The spec's default thresholds, not the tight ones trainer_spec uses for fault tests; pre-flight on.
     data = json.loads(spec.read_text())
-    data["health"] = {}
+    data["health"] = {"preflight": {"enabled": True}}
     spec.write_text(json.dumps(data))
     cp.cli("submit", str(spec), check=True)
     started = time.time()
@@ -62,6 +67,16 @@ def test_clean_long_run_raises_no_verdict(s3_plane, tmp_path):
     assert job["state"] == "Stopped", job
     assert job["verdicts"] == []
     assert len(job["attempt_list"]) == 1
+    (attempt,) = job["attempt_list"]
+    assert sorted(n["host"] for n in attempt["nodes"]) == ["algo-1", "algo-2"], attempt["nodes"]
+    assert all(n["preflight"] and n["preflight"]["passed"] for n in attempt["nodes"]), attempt["nodes"]
+    # The spare checked itself, then waited: never a rank, still the attempt's spare at the end.
+    assert attempt["spares"] == ["algo-3"], attempt
+    assert attempt["spare_preflight"]["algo-3"]["passed"], attempt["spare_preflight"]
+    spare = cp.home / "jobs" / job["id"] / "attempt-1" / "algo-3"
+    assert not list((spare / "agent" / "ranks").glob("rank-*.pid"))
+    assert "is a hot spare" in (spare / "logs" / "node.log").read_text(errors="replace")
+    assert json.loads((spare / "agent" / "preflight.json").read_text())["passed"]
     checkpoints = cp.get("/v1/jobs/clean-run/checkpoints")
     assert len(checkpoints) >= 2, checkpoints
     events = [

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Body, HTTPException, Request, status
 
 from aerie_contracts import memckpt
+from aerie_contracts.preflight import Decision
 from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK, NextAction, RestartMode, mode_of
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState
 from orchestrator.api.deps import AgentDep, AttemptDep, SessionDep
@@ -73,7 +74,11 @@ def verdict(s: SessionDep, attempt: AttemptDep, host: str, body: VerdictIn) -> d
 def preflight(s: SessionDep, attempt: AttemptDep, host: str, body: PreflightIn) -> PreflightOut:
     """The node's pre-flight result (agent/preflight/): stored on its row, emitted as `Aerie
     Preflight Checked`, and, failed, recorded as its `preflight.failed` verdict. The answer is the
-    attempt's decision so far (as `GET`)."""
+    attempt's decision so far (as `GET`). A hot spare's own result (`spare`) is kept apart: it is no
+    node of the attempt yet (`repo.record_spare_preflight`)."""
+    if (body.model_extra or {}).get("spare"):
+        repo.record_spare_preflight(s, attempt, host, {**body.model_dump(), "host": host})
+        return PreflightOut(action=Decision.WAIT, why=f"{host} is a hot spare: it waits for a slot")
     repo.record_preflight(s, attempt, host, {**body.model_dump(), "host": host})
     s.flush()
     return _decision(attempt)

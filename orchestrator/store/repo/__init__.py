@@ -42,6 +42,7 @@ from orchestrator.store.repo.nodes import (
     record_blames,
     record_heartbeat,
     record_preflight,
+    record_spare_preflight,
     record_verdict,
     verdicts_of,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "record_metrics",
     "record_preflight",
     "record_rating",
+    "record_spare_preflight",
     "record_verdict",
     "revoke_token",
     "sagemaker_instances_in_use",

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from aerie_contracts import DetailType
 from aerie_contracts.failures import FailureKind
-from aerie_contracts.preflight import Decision, failed_checks, summary_line
+from aerie_contracts.preflight import HANDLE_SPARE_PREFLIGHT, Decision, failed_checks, summary_line
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, NodeState
 from orchestrator.store.models import (
     Attempt,
@@ -101,6 +101,31 @@ def record_preflight(s: Session, attempt: Attempt, host: str, result: dict[str, 
             s, attempt, host, FailureKind.PREFLIGHT_FAILED, f"pre-flight {summary_line(result)}", {"preflight": result}
         )
     return row
+
+
+def record_spare_preflight(s: Session, attempt: Attempt, host: str, result: dict[str, Any]) -> None:
+    """A hot spare's own pre-flight, run alone while it waits: a node of no attempt yet, so no node
+    row (the attempt's decision and nodes are its ranked nodes'), no verdict (the attempt goes on; a
+    spare that failed never takes a slot), but kept in the attempt's handle for the API and
+    `aerie describe`, and emitted as every node's result is."""
+    handle = dict(attempt.handle or {})
+    handle[HANDLE_SPARE_PREFLIGHT] = {**(handle.get(HANDLE_SPARE_PREFLIGHT) or {}), host: result}
+    attempt.handle = handle  # a new dict: the JSON column sees the change
+    emit(
+        s,
+        attempt.job,
+        DetailType.PREFLIGHT_CHECKED,
+        {
+            "attempt_id": attempt.id,
+            "attempt": attempt.number,
+            "host": host,
+            "passed": bool(result.get("passed")) and not failed_checks(result),
+            "elapsed_s": result.get("elapsed_s"),
+            "failed": [str(c.get("check")) for c in failed_checks(result)],
+            "summary": summary_line(result),
+            "spare": True,
+        },
+    )
 
 
 def preflight_decision(attempt: Attempt) -> tuple[Decision, str, list[str]]:

@@ -91,3 +91,28 @@ def test_the_reporter_asks_for_the_decision_and_an_older_control_plane_cannot_ho
     assert answer["action"] == Decision.START and rep.preflight_decision()["action"] == Decision.START
     rep.base = "/v1/no-such-route"  # a control plane older than pre-flight
     assert rep.preflight_decision()["action"] == Decision.START
+
+
+def test_a_hot_spare_s_own_result_is_shown_with_the_attempt_but_is_no_node_of_it(api):
+    """A spare checks itself alone while it waits: its result is kept for the API (the attempt's
+    `spare_preflight`) and emitted, but it makes no node row, no verdict and no part of the decision."""
+    from orchestrator.read_model import attempt_out
+
+    client, app, _admin = api
+    a1, token = _running_attempt(app)
+    url = f"/v1/attempts/{a1}/nodes/{{}}/preflight"
+    bad = {**_result("algo-3", False), "spare": True}
+    answer = client.post(url.format("algo-3"), json=bad, headers=auth_header(token)).json()
+    assert answer["action"] == Decision.WAIT and "hot spare" in answer["why"]
+    client.post(url.format("algo-1"), json=_result("algo-1", True), headers=auth_header(token))
+    answer = client.post(url.format("algo-2"), json=_result("algo-2", True), headers=auth_header(token)).json()
+    assert answer["action"] == Decision.START  # the spare's failure is not the attempt's
+    with app.state.db.session() as s:
+        attempt = repo.get_attempt(s, a1)
+        out = attempt_out(attempt)
+        assert repo.verdicts_of(s, [a1]) == []
+        events = [e.detail for e in s.query(Event).filter(Event.detail_type == DetailType.PREFLIGHT_CHECKED)]
+    assert sorted(n.host for n in out.nodes) == ["algo-1", "algo-2"]
+    assert out.spare_preflight["algo-3"]["spare"] is True and not out.spare_preflight["algo-3"]["passed"]
+    (spare,) = [e for e in events if e.get("spare")]
+    assert spare["host"] == "algo-3" and not spare["passed"] and spare["failed"] == ["compute"]
