@@ -43,7 +43,8 @@ CAUSE_REPLACED_NODES = "replaced_nodes"
 
 # Backends whose agents outlive a worker group; the others relaunch every attempt. Slurm's agents
 # stay up inside the job's one allocation (`sbatch`): the next attempt is served by the same `srun`.
-IN_PLACE_BACKENDS = frozenset({"local", "slurm"})
+# SageMaker's stay up inside the running training job: the next attempt is served by the same job.
+IN_PLACE_BACKENDS = frozenset({"local", "slurm", "sagemaker"})
 
 # Backends that give their nodes the in-memory checkpoint tier (its replication ring needs each
 # node's endpoint at launch: Slurm picks its nodes only once the job starts).
