@@ -102,7 +102,7 @@ RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty
 IN_PLACE_WAIT_S = _var(
     "AERIE_IN_PLACE_WAIT_S",
     "after its worker group ends, how long the agent waits for an in-place successor attempt (0 or unset: it exits)",
-    "local and slurm backends",
+    "local, slurm and sagemaker backends",
     "agent",
 )
 SPARE = _var(
@@ -110,6 +110,13 @@ SPARE = _var(
     "1 on a hot spare node (resources.spare_nodes): its agent runs no ranks until the control plane "
     "hands it a failed node's rank slot in an in-place attempt",
     "local backend",
+    "agent",
+)
+SPARE_HOSTS = _var(
+    "AERIE_SPARE_HOSTS",
+    "comma-separated hosts of the training job that are hot spares (resources.spare_nodes), the same on "
+    "every instance: the agent of one of them is a spare (AERIE_SPARE), the others leave them out of the attempt",
+    "sagemaker backend",
     "agent",
 )
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")

@@ -29,6 +29,11 @@ class NextAction(StrEnum):
     EXIT = "exit"  # nothing for this node (a relaunch, the job is over): end the agent
 
 
+# In `GET .../next`'s `why` for `exit`: the in-place successor goes on without the asking node (a
+# hot spare took its slot). Its agent then exits 0: the job goes on, and a backend that ends its
+# job when one node's program fails (SageMaker, Slurm's `srun --kill-on-bad-exit`) must not.
+LEFT_OUT = "does not run on"
+
 # Keys of an attempt's `cause` that carry the decision.
 CAUSE_MODE = "mode"
 CAUSE_MODE_REASON = "mode_reason"

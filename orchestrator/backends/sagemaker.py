@@ -19,6 +19,14 @@ instance, `<job>/algo-N-<epoch>`). `event_from_sagemaker` turns SageMaker's Even
 "SageMaker Training Job State Change" into Aerie's "Aerie Attempt State Change", so chaining reacts
 to either the same way.
 
+Hot spares (`resources.spare_nodes`, issue #23) are extra instances of the training job
+(`InstanceCount` = nodes + spares): `AERIE_SPARE_HOSTS` names them (`algo-N+1..`) on every
+instance, their agents wait for a failed node's rank slot, and an in-place attempt's handle swaps
+them in. A running training job cannot grow, so a used spare comes back only with a relaunch.
+
+Over 400 lines on purpose: one Backend (launch anew or in place, poll, stop, fence, logs) beside
+the one request it sends, which must stay together.
+
 AWS cannot be reached from this project's machines: the tests drive this module through
 botocore's `Stubber`, which checks every request against the real SageMaker and CloudWatch Logs
 service models.
@@ -155,10 +163,14 @@ class SageMakerBackend(Backend):
             # Idempotent: the controller may launch an attempt again after a crash.
             if _error_code(exc) != "ResourceInUse":
                 raise
-        hosts = [f"algo-{i + 1}" for i in range(request.spec.resources.instance_count)]
-        handle = {"training_job_name": name, "hosts": hosts, "region": self.region}
+        count = request.spec.resources.instance_count
+        hosts = [f"algo-{i + 1}" for i in range(count)]
+        handle: dict[str, Any] = {"training_job_name": name, "hosts": hosts, "region": self.region}
         if in_place_on(request.spec):
             handle["agents_wait"] = True  # they outlive worker groups: outcomes_from_agents
+        spares = spare_hosts(request.spec)
+        if spares:
+            handle["spares"] = spares
         return handle
 
     def _in_place(self, request: LaunchRequest) -> dict[str, Any] | None:
@@ -176,13 +188,20 @@ class SageMakerBackend(Backend):
             log.warning("training job %s is %s: %s is launched anew, not in place", name, status, request.attempt_id)
             return None
         restarts = int(previous.get("in_place_restarts") or 0) + 1
-        return {
+        handle = {
             **previous,
             "attempt_id": request.attempt_id,
             "in_place": True,
             "in_place_restarts": restarts,
             "master_port": in_place_port(request.spec, restarts),
         }
+        if request.replace_nodes:
+            # Hot spares take the replaced nodes' rank slots and are spares no more. A running
+            # training job cannot grow: the pool is refilled only by the next relaunch.
+            handle["hosts"] = [request.replace_nodes.get(h, h) for h in previous["hosts"]]
+            handle["spares"] = [h for h in previous.get("spares", []) if h not in request.replace_nodes.values()]
+            handle["replaced_nodes"] = dict(request.replace_nodes)
+        return handle
 
     def outcomes_from_agents(self, handle: dict[str, Any]) -> bool:
         """The training job outlives a failed worker group while its agents wait in place, so the
@@ -273,6 +292,16 @@ def training_job_name(request: LaunchRequest) -> str:
     return request.job_id[: NAME_MAX - len(suffix)].rstrip("-") + suffix
 
 
+def spare_hosts(spec: Any) -> list[str]:
+    """The training job's hot spares (`resources.spare_nodes`): extra instances after the attempt's
+    own (`algo-N+1..`), whose agents wait for a failed node's rank slot (AERIE_SPARE_HOSTS). None
+    without in-place restarts: there would be no way to hand one a slot."""
+    if not in_place_on(spec):
+        return []
+    count = spec.resources.instance_count
+    return [f"algo-{count + i + 1}" for i in range(spec.resources.spare_nodes)]
+
+
 def in_place_port(spec: Any, restarts: int) -> int:
     """The rendezvous port of the training job's `restarts`-th in-place attempt: the job's own
     (`backend_options.master_port`, else the agents' default) moved up by `restarts`, so that a
@@ -319,6 +348,10 @@ def create_training_job_request(
     aerie.update(log_metrics_env(spec))
     aerie.update(checkpoint_marker_env(spec))
     aerie.update(in_place_env(spec, in_place_wait_s))
+    spares = spare_hosts(spec)
+    if spares:
+        body["ResourceConfig"]["InstanceCount"] = spec.resources.instance_count + len(spares)
+        aerie[aerie_env.SPARE_HOSTS] = ",".join(spares)
     environment = {**body.get("Environment", {}), **request.extra_env, **aerie}
     too_long = sorted(k for k, v in environment.items() if len(v) > ENV_VALUE_MAX)
     if too_long:

@@ -6,6 +6,8 @@ tests/e2e/test_sagemaker_in_place.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import boto3
 from botocore.stub import Stubber
 
@@ -146,3 +148,33 @@ def test_a_training_job_that_ends_under_waiting_agents_lost_a_node():
     assert waiting.state == plain.state == AttemptState.FAILED
     assert waiting.reason["kind"] == "node.lost" and "exit code -9" in waiting.reason["message"]
     assert plain.reason["kind"] == "exit.nonzero"
+
+
+def test_hot_spares_are_extra_instances_of_the_training_job_and_take_slots_in_place():
+    """Issue #23 on SageMaker: InstanceCount = nodes + `resources.spare_nodes`, the spares named on
+    every instance (AERIE_SPARE_HOSTS); an in-place attempt gives a spare a failed node's slot."""
+    spec = _request(1).spec.model_copy(
+        update={"resources": _request(1).spec.resources.model_copy(update={"spare_nodes": 1})}
+    )
+    request = dataclasses.replace(_request(1), spec=spec)
+    body = create_training_job_request(request)
+    assert body["ResourceConfig"]["InstanceCount"] == 3 and body["Environment"]["AERIE_SPARE_HOSTS"] == "algo-3"
+    client = _client()
+    backend = SageMakerBackend(client=client)
+    with Stubber(client) as stub:
+        stub.add_response(
+            "create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"}, body
+        )
+        first = backend.launch(request)
+        stub.add_response("describe_training_job", _described("InProgress"), {"TrainingJobName": f"{JOB}-a1"})
+        swapped = dataclasses.replace(_request(2, in_place_of=first), spec=spec, replace_nodes={"algo-1": "algo-3"})
+        second = backend.launch(swapped)
+        stub.assert_no_pending_responses()
+    assert first["hosts"] == ["algo-1", "algo-2"] and first["spares"] == ["algo-3"]
+    # The spare takes algo-1's rank slot (rank 0: the rendezvous moves with it); none is left.
+    assert second["hosts"] == ["algo-3", "algo-2"] and second["spares"] == []
+    assert second["replaced_nodes"] == {"algo-1": "algo-3"} and second["training_job_name"] == f"{JOB}-a1"
+    # Without in-place restarts no spare could ever be handed a slot: none is asked for.
+    off = spec.model_copy(update={"retry": spec.retry.model_copy(update={"in_place_restarts": 0})})
+    body = create_training_job_request(dataclasses.replace(request, spec=off))
+    assert body["ResourceConfig"]["InstanceCount"] == 2 and "AERIE_SPARE_HOSTS" not in body["Environment"]
