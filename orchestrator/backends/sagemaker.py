@@ -234,7 +234,14 @@ class SageMakerBackend(Backend):
     def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
         """StopTrainingJob of the attempt's job: SageMaker owns the instances and stops them its
         way (SIGTERM, SIGKILL after 120 s); a lost instance's writes meanwhile are fenced by the
-        store (its attempt's checkpoints are never recorded)."""
+        store (its attempt's checkpoints are never recorded). Not while a hot spare waits in the
+        job to take the lost node's slot: SageMaker cannot stop one instance, so the store alone
+        fences it, and its agent, if it comes back, is told it is left out and exits."""
+        if handle.get("spares"):
+            log.warning(
+                "%s lost in %s: not stopped, a hot spare may take its place", hosts, handle["training_job_name"]
+            )
+            return
         self.stop(handle)
 
     def logs(

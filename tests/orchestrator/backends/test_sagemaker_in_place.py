@@ -178,3 +178,12 @@ def test_hot_spares_are_extra_instances_of_the_training_job_and_take_slots_in_pl
     off = spec.model_copy(update={"retry": spec.retry.model_copy(update={"in_place_restarts": 0})})
     body = create_training_job_request(dataclasses.replace(request, spec=off))
     assert body["ResourceConfig"]["InstanceCount"] == 2 and "AERIE_SPARE_HOSTS" not in body["Environment"]
+
+
+def test_a_lost_node_with_a_spare_waiting_does_not_stop_the_training_job():
+    """Fencing one instance would stop them all (StopTrainingJob); with a spare waiting to take its
+    slot the store alone fences it."""
+    client = _client()
+    with Stubber(client) as stub:  # no StopTrainingJob expected
+        SageMakerBackend(client=client).fence({"training_job_name": f"{JOB}-a1", "spares": ["algo-3"]}, ["algo-2"])
+        stub.assert_no_pending_responses()
