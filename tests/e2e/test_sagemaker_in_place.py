@@ -8,6 +8,9 @@ boto3, SageMaker's container contract inside; root). Two instances, one rank eac
 2. in attempt 2 the algo-2 instance goes away (its container's whole process tree killed) ->
    SageMaker fails the training job -> `node.lost` -> a **relaunch**: a new training job;
 3. attempt 3 completes.
+
+And issue #23: a hot spare is an extra instance of the training job that takes the slot of a node
+whose pre-flight fails, in place.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import json
 import psutil
 import pytest
 
-from aerie_contracts.restarts import CAUSE_MODE, RestartMode
+from aerie_contracts import FailureKind
+from aerie_contracts import env as E
+from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from agent.proctree import kill_subtree
 from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
 from orchestrator.harness.jobs import FAST_HEALTH
 from tests.helpers.attempt_files import attempt_of, pids, running_pids
+from tests.helpers.contract_jobs import CONTRACT
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -130,3 +136,52 @@ def test_a_rank_crash_restarts_inside_the_training_job_and_a_lost_instance_relau
     a3 = sagemaker.jobs[f"{job_id}-a3"]
     for host in ("algo-1", "algo-2"):
         assert json.loads((a3.host_root(host) / "agent" / "exit.json").read_text())["exit_code"] == 0
+
+
+def test_a_spare_instance_takes_the_slot_of_a_node_that_fails_preflight(tmp_path, s3_bucket, s3_env, sagemaker):
+    """Issue #23 on SageMaker: 2 instances + 1 spare in ONE training job (InstanceCount 3); algo-2's
+    pre-flight fails (a full /dev/shm injected) -> attempt 2 in place on algo-1 + the spare algo-3,
+    inside the same training job; algo-2's agent, left out, exits 0, and the job completes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    aws = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url, "AERIE_SAGEMAKER_ROLE_ARN": "arn:aws:iam::1:role/aerie"}
+    preflight = {"enabled": True, "burn_s": 0.5, "collective_mb": 2, "min_link_gbps": 0.05, "budget_s": 60}
+    cp = ControlPlane(home, extra_env=aws).start()
+    try:
+        spec = write_spec(
+            tmp_path / "spare.json",
+            name="sm-spare",
+            image="123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
+            entrypoint=CONTRACT,
+            args=["--steps", "2"],
+            output={"s3_uri": f"s3://{s3_bucket}/output"},
+            resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1, "spare_nodes": 1},
+            checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints"},
+            retry={"max_restarts": 2},
+            health={**FAST_HEALTH, "preflight": preflight},
+            env={E.PREFLIGHT_FAULT.name: "shm_full@algo-2"},
+            backend="sagemaker",
+            backend_options={"container_workdir": str(REPO), "master_port": free_port()},
+        )
+        cp.cli("submit", str(spec), check=True)
+        job = cp.wait_state("sm-spare", {"Completed", "Failed", "Stopped"}, timeout_s=240)
+        # The agents report their exits before their containers end: SageMaker's status follows.
+        (tj,) = sagemaker.jobs.values()
+        wait_for(what="the training job's end", check=lambda: tj.status != "InProgress", timeout_s=60)
+    finally:
+        cp.stop()
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    assert len(job["attempt_list"]) == 2, job["attempt_list"]
+    first, second = job["attempt_list"]
+    assert first["reason"]["kind"] == FailureKind.PREFLIGHT_FAILED and first["reason"]["host"] == "algo-2"
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    assert second["cause"][CAUSE_REPLACED_NODES] == {"algo-2": "algo-3"}, second["cause"]
+    assert sorted(n["host"] for n in second["nodes"]) == ["algo-1", "algo-3"], second["nodes"]
+    # One training job of three instances for both attempts; every container ended 0.
+    assert sagemaker.requests.count("CreateTrainingJob") == 1, sagemaker.requests
+    assert tj.request["ResourceConfig"]["InstanceCount"] == 3 and tj.status == "Completed"
+    assert {h: p.returncode for h, p in tj.procs.items()} == {"algo-1": 0, "algo-2": 0, "algo-3": 0}
+    # The spare ran rank 1 in algo-2's slot, and its ranks saw the attempt's hosts only.
+    assert (tj.host_root("algo-3") / "output" / "metrics" / "rank-00001.jsonl").exists()
+    log = (tj.root / "algo-3.log").read_text()
+    assert "contract ok=True host=algo-3 rank=1 world=2 hosts=['algo-1', 'algo-3']" in log, log[-3000:]
