@@ -80,6 +80,8 @@ MASTER_PORT = _var(
 # (the emulated cluster) do not collide and every node of a job agrees on it; the slurm backend
 # moves an in-place attempt's port within the same range.
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000
+# Without AERIE_MASTER_PORT or Slurm: the rendezvous port every node uses (agent.identity).
+DEFAULT_MASTER_PORT = 29500
 HEALTH = _var("AERIE_HEALTH", "JSON of the spec's health section (aerie_contracts.health)", "backend", "agent")
 SECTIONS = _var(
     "AERIE_SECTIONS",

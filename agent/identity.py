@@ -39,7 +39,7 @@ DEFAULT_ML_ROOT = Path("/opt/ml")
 RESOURCE_CONFIG = Path("input") / "config" / "resourceconfig.json"
 DEFAULT_HOST = "algo-1"
 DEFAULT_GROUP = "homogeneousCluster"  # SageMaker's group name when the job has no instance groups
-DEFAULT_MASTER_PORT = 29500
+DEFAULT_MASTER_PORT = E.DEFAULT_MASTER_PORT
 # Slurm: the port is derived from the job id (aerie_contracts.env.SLURM_PORT_BASE, _SPAN).
 SLURM_PORT_BASE, SLURM_PORT_SPAN = E.SLURM_PORT_BASE, E.SLURM_PORT_SPAN
 

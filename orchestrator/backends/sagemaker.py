@@ -44,7 +44,6 @@ from aerie_contracts import env as aerie_env
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.restarts import NOT_REUSABLE
 from aerie_contracts.states import AttemptState
-from agent.identity import DEFAULT_MASTER_PORT
 
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
 from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-exported for callers
@@ -313,7 +312,7 @@ def in_place_port(spec: Any, restarts: int) -> int:
     """The rendezvous port of the training job's `restarts`-th in-place attempt: the job's own
     (`backend_options.master_port`, else the agents' default) moved up by `restarts`, so that a
     new worker group never joins a store the last group's rank 0 may still serve."""
-    base = int((spec.backend_options or {}).get("master_port") or DEFAULT_MASTER_PORT)
+    base = int((spec.backend_options or {}).get("master_port") or aerie_env.DEFAULT_MASTER_PORT)
     return 1024 + (base - 1024 + restarts) % (65536 - 1024)
 
 
