@@ -81,7 +81,7 @@ def test_a_rank_crash_restarts_inside_the_training_job_and_a_lost_instance_relau
             check=lambda: all(
                 len(p := pids(d, "ranks/rank-*.pid")) == 1 and not p & rank_pids[h] for h, d in agents.items()
             ),
-            timeout_s=90,
+            timeout_s=180,
         )
 
         def past_resume() -> dict | None:
