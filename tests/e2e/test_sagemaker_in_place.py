@@ -158,7 +158,9 @@ def test_a_spare_instance_takes_the_slot_of_a_node_that_fails_preflight(tmp_path
             resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1, "spare_nodes": 1},
             checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints"},
             retry={"max_restarts": 2},
-            health={**FAST_HEALTH, "preflight": preflight},
+            # Heartbeats every 5 s (15 s to node.lost): at load ~25 an agent once went 7 s without
+            # one between its in-place pre-flight and its warm ranks' start.
+            health={**FAST_HEALTH, "heartbeat_s": 5, "preflight": preflight},
             env={E.PREFLIGHT_FAULT.name: "shm_full@algo-2"},
             backend="sagemaker",
             backend_options={"container_workdir": str(REPO), "master_port": free_port()},
