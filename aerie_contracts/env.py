@@ -80,6 +80,8 @@ MASTER_PORT = _var(
 # (the emulated cluster) do not collide and every node of a job agrees on it; the slurm backend
 # moves an in-place attempt's port within the same range.
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000
+# Without AERIE_MASTER_PORT or Slurm: the rendezvous port every node uses (agent.identity).
+DEFAULT_MASTER_PORT = 29500
 HEALTH = _var("AERIE_HEALTH", "JSON of the spec's health section (aerie_contracts.health)", "backend", "agent")
 SECTIONS = _var(
     "AERIE_SECTIONS",
@@ -102,7 +104,7 @@ RESUME_FROM = _var("AERIE_RESUME_FROM", "checkpoint URI to resume from, or empty
 IN_PLACE_WAIT_S = _var(
     "AERIE_IN_PLACE_WAIT_S",
     "after its worker group ends, how long the agent waits for an in-place successor attempt (0 or unset: it exits)",
-    "local and slurm backends",
+    "local, slurm and sagemaker backends",
     "agent",
 )
 SPARE = _var(
@@ -110,6 +112,13 @@ SPARE = _var(
     "1 on a hot spare node (resources.spare_nodes): its agent runs no ranks until the control plane "
     "hands it a failed node's rank slot in an in-place attempt",
     "local and slurm backends",
+    "agent",
+)
+SPARE_HOSTS = _var(
+    "AERIE_SPARE_HOSTS",
+    "comma-separated hosts of the training job that are hot spares (resources.spare_nodes), the same on "
+    "every instance: the agent of one of them is a spare (AERIE_SPARE), the others leave them out of the attempt",
+    "sagemaker backend",
     "agent",
 )
 CHECKPOINT_URI = _var("AERIE_CHECKPOINT_URI", "<checkpoint.s3_uri>/<job id>, or empty", "backend", "trainer")

@@ -29,6 +29,11 @@ class NextAction(StrEnum):
     EXIT = "exit"  # nothing for this node (a relaunch, the job is over): end the agent
 
 
+# In `GET .../next`'s `why` for `exit`: the in-place successor goes on without the asking node (a
+# hot spare took its slot). Its agent then exits 0: the job goes on, and a backend that ends its
+# job when one node's program fails (SageMaker, Slurm's `srun --kill-on-bad-exit`) must not.
+LEFT_OUT = "does not run on"
+
 # Keys of an attempt's `cause` that carry the decision.
 CAUSE_MODE = "mode"
 CAUSE_MODE_REASON = "mode_reason"
@@ -43,7 +48,8 @@ CAUSE_REPLACED_NODES = "replaced_nodes"
 
 # Backends whose agents outlive a worker group; the others relaunch every attempt. Slurm's agents
 # stay up inside the job's one allocation (`sbatch`): the next attempt is served by the same `srun`.
-IN_PLACE_BACKENDS = frozenset({"local", "slurm"})
+# SageMaker's stay up inside the running training job: the next attempt is served by the same job.
+IN_PLACE_BACKENDS = frozenset({"local", "slurm", "sagemaker"})
 
 # Backends that give their nodes the in-memory checkpoint tier (its replication ring needs each
 # node's endpoint: the local backend picks them at launch, Slurm's nodes derive them from the job id).

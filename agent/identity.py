@@ -23,6 +23,7 @@ value with nothing passed. Torch-free and standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -38,7 +39,7 @@ DEFAULT_ML_ROOT = Path("/opt/ml")
 RESOURCE_CONFIG = Path("input") / "config" / "resourceconfig.json"
 DEFAULT_HOST = "algo-1"
 DEFAULT_GROUP = "homogeneousCluster"  # SageMaker's group name when the job has no instance groups
-DEFAULT_MASTER_PORT = 29500
+DEFAULT_MASTER_PORT = E.DEFAULT_MASTER_PORT
 # Slurm: the port is derived from the job id (aerie_contracts.env.SLURM_PORT_BASE, _SPAN).
 SLURM_PORT_BASE, SLURM_PORT_SPAN = E.SLURM_PORT_BASE, E.SLURM_PORT_SPAN
 
@@ -136,12 +137,33 @@ def resolve_identity(env: Mapping[str, str] | None = None) -> NodeIdentity:
     root = ml_root(env)
     rc = _read_resource_config(root / RESOURCE_CONFIG)
     if rc is not None:
-        return from_resource_config(rc, env, root)
+        return without_spares(from_resource_config(rc, env, root), spare_hosts(env))
     if env.get("SLURM_JOB_NODELIST") and (env.get("SLURMD_NODENAME") or env.get("SLURM_NODEID")):
         return from_slurm(env, root=root)
     if env.get("SM_HOSTS") or env.get("SM_CURRENT_HOST"):
         return _from_sm_env(env, root)
     return _build(env, root, [DEFAULT_HOST], DEFAULT_HOST, source="default")
+
+
+def spare_hosts(env: Mapping[str, str] | None = None) -> list[str]:
+    """The job's hot spares among its hosts (AERIE_SPARE_HOSTS: a SageMaker training job's extra
+    instances, the same list on every one)."""
+    env = os.environ if env is None else env
+    return [h.strip() for h in (env.get(E.SPARE_HOSTS) or "").split(",") if h.strip()]
+
+
+def without_spares(ident: NodeIdentity, spares: list[str]) -> NodeIdentity:
+    """The attempt's identity once the hot spares are set apart: a spare is a node of no attempt
+    yet (its own host alone, until the control plane hands it a slot); the others' hosts (their
+    ranks, the rendezvous) leave the spares out."""
+    spare = [h for h in ident.hosts if h in spares]
+    if not spare:
+        return ident
+    hosts = (ident.current_host,) if ident.current_host in spare else tuple(h for h in ident.hosts if h not in spare)
+    groups = tuple({**g, "hosts": [h for h in g.get("hosts") or [] if h in hosts]} for g in ident.instance_groups)
+    # The rendezvous host stays the first of all (a spare never sorts first); a slot handed over
+    # later moves it where needed (the supervisor's `_take_hosts`).
+    return dataclasses.replace(ident, hosts=hosts, instance_groups=groups)
 
 
 def from_resource_config(rc: dict[str, Any], env: Mapping[str, str], root: Path) -> NodeIdentity:

@@ -44,9 +44,10 @@ from aerie_contracts import metrics as metric_keys
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind
 from aerie_contracts.goodput import SUMMARY_RESTORE_S, SUMMARY_RESTORED_STEP, SUMMARY_SNAPSHOT_S
 from aerie_contracts.metrics import MetricEvent
-from aerie_contracts.restarts import NextAction
+from aerie_contracts.restarts import LEFT_OUT, NextAction
 from agent.config import AgentConfig, rank_command, write_failure
 from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
+from agent.identity import master_address, spare_hosts
 from agent.proctree import become_subreaper, kill_tree, killpg
 from agent.progress_sources import make_monitor, make_tb_progress
 from agent.warm import WarmGroup
@@ -100,6 +101,7 @@ class Supervisor:
             nnodes=len(cfg.hosts),
         )
         self._job_over = False  # the control plane said the job ended (its memory area can go)
+        self._left_out = False  # the in-place successor goes on without this node: it exits 0
         self.groups = 0  # worker groups started by this agent (the second and later are in place)
         self.preflight_outcome: dict[str, Any] | None = None  # why this group's ranks never started
 
@@ -131,7 +133,7 @@ class Supervisor:
                     self._prewarm()
                 successor = self._await_in_place() if code != 0 else None
                 if successor is None:
-                    return code
+                    return 0 if self._left_out else code
                 self._switch(successor)
         finally:
             self.warm.discard()
@@ -290,6 +292,7 @@ class Supervisor:
             if action == NextAction.EXIT:
                 self.warm.discard()
                 self._job_over = str((answer or {}).get("why", "")).startswith("job ")
+                self._left_out = LEFT_OUT in str((answer or {}).get("why", ""))  # a spare took its slot
                 log.info("node %s: no in-place restart (%s)", self.cfg.host, (answer or {}).get("why"))
                 return None
             self._stop.wait(poll_s)  # wakes at once on SIGTERM
@@ -299,7 +302,7 @@ class Supervisor:
 
     @property
     def spare(self) -> bool:
-        return E.SPARE.get() == "1"
+        return E.SPARE.get() == "1" or self.cfg.host in spare_hosts()
 
     def _await_slot(self, poll_s: float = 0.5) -> dict[str, Any] | None:
         """A spare's wait: pre-flight (node-local checks), then `GET .../next` until an in-place
@@ -361,7 +364,10 @@ class Supervisor:
                 groups = ({**groups[0], "hosts": list(hosts)},)
             ident = dataclasses.replace(ident, hosts=tuple(hosts), instance_groups=groups)
             write_json(cfg.ml_root / "input" / "config" / "resourceconfig.json", ident.resource_config())
-        self.cfg = dataclasses.replace(cfg, hosts=tuple(hosts), identity=ident)
+        # The rendezvous host is the first of the attempt's (unless AERIE_MASTER_ADDR names one).
+        master = master_address(os.environ, tuple(hosts))
+        ident = ident if ident is None else dataclasses.replace(ident, master_addr=master)
+        self.cfg = dataclasses.replace(cfg, hosts=tuple(hosts), identity=ident, master_addr=master)
         if self.memory is not None:
             self.memory.retarget(list(hosts), peers)
         # A warm group takes its place from the go file (`agent.warm.regrouped`): a spare's, warm

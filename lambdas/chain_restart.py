@@ -112,8 +112,15 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         )
 
     exclude = excluded_hosts(job, recorded, spec)
+    left_out = exclude
+    if job.get("backend") in REPLACES_NODES_ITSELF:
+        # Nothing to exclude from a new launch, but in place a node this failure blamed (often
+        # enough) is the same machine again: it rules the in-place restart out.
+        now = {b.get("host") for b in blames}
+        left_out = [h for h in excluded_hosts({**job, "backend": ""}, recorded, spec) if h in now]
     # Hot spares (resources.spare_nodes) of the failed attempt may take failed nodes' slots in place.
-    mode, mode_why, replaced = restart_mode.with_spares(job, failed, reason, exclude, list(failed.get("spares") or []))
+    spares = list(failed.get("spares") or [])
+    mode, mode_why, replaced = restart_mode.with_spares(job, failed, reason, left_out, spares)
     resume_from, fallback = last_good(spec, job, api, failed=number, mode=mode)
     body = {
         "number": number + 1,

@@ -30,6 +30,7 @@ from aerie_contracts.restarts import (
 from aerie_contracts.states import ATTEMPT_ACTIVE, AttemptState, JobState
 from lambdas import nan_replay
 from orchestrator import failpoints, liveness
+from orchestrator.backends import base
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
 from orchestrator.backends.nodeenv import memory_resume_env
 from orchestrator.events import Dispatcher
@@ -232,6 +233,8 @@ class Controller:
                 continue
             if result.spares_replaced:
                 self._spares_replaced(attempt_id, result)
+            if backend.outcomes_from_agents(handle):
+                result = base.with_reported_exits(result, self._reported_exits(attempt_id))
             if not result.terminal:
                 result = self._check_heartbeats(attempt_id, result)
             if result.state == AttemptState.FAILED:
@@ -282,6 +285,11 @@ class Controller:
         return may_restart_in_place(backend_name, result.reason, budget) or may_take_spare(
             backend_name, result.reason, budget, spares
         )
+
+    def _reported_exits(self, attempt_id: str) -> dict[str, dict]:
+        """What the attempt's agents reported of their own exits (POST .../exit, with "t")."""
+        with self.db.session() as s:
+            return {n.host: n.exit for n in repo.get_attempt(s, attempt_id).nodes if "t" in (n.exit or {})}
 
     @staticmethod
     def _previous_handle(job: Job, attempt: Attempt) -> dict | None:

@@ -62,8 +62,8 @@ class Resources(_Strict):
     procs_per_node: int = Field(default=1, ge=1, le=64)
     volume_gb: int = Field(default=30, ge=1, le=16384)
     # Hot spares (issue #23): extra nodes launched with the attempt whose agents wait without ranks;
-    # a lost or blamed node's rank slot goes to one of them in the next attempt. Local and Slurm
-    # backends (SageMaker ignores it for now).
+    # a lost or blamed node's rank slot goes to one of them in the next attempt. Local, Slurm and
+    # SageMaker backends.
     spare_nodes: int = Field(default=0, ge=0, le=64)
 
 

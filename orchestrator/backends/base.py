@@ -8,6 +8,7 @@ returns, which the controller stores, so a restarted control plane re-adopts run
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 import os
 import time
@@ -99,6 +100,11 @@ class Backend(abc.ABC):
         nodes' agents raise NotImplementedError."""
         raise NotImplementedError(f"the {self.name} backend cannot deliver faults to its nodes")
 
+    def outcomes_from_agents(self, handle: dict[str, Any]) -> bool:
+        """Whether the attempt's node outcomes come from its agents' exit reports rather than from
+        `poll` (which cannot see them: `with_reported_exits`). Default: poll sees them."""
+        return False
+
     def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
         """Kill what is left of lost nodes now, without a grace period (a paused or partitioned node
         must not come back and act for its attempt). What a backend cannot reach is fenced by the
@@ -139,6 +145,12 @@ def node_outcome(ml_root: Path, host: str, attempt_id: str | None = None) -> Nod
         return None
     if attempt_id is not None and outcome.get("attempt") != attempt_id:
         return None  # the outcome of the attempt before, whose agent has not switched yet
+    return outcome_status(host, outcome)
+
+
+def outcome_status(host: str, outcome: dict[str, Any]) -> NodeStatus:
+    """A node's status from its agent's outcome ({"exit_code", "reason", "t"}: exit.json, or the
+    agent's own `POST .../exit`)."""
     code = int(outcome.get("exit_code", 1))
     reason = outcome.get("reason")
     if reason and reason.get("kind") == FailureKind.USER_STOP:
@@ -146,6 +158,24 @@ def node_outcome(ml_root: Path, host: str, attempt_id: str | None = None) -> Nod
     else:
         state = AttemptState.COMPLETED if code == 0 else AttemptState.FAILED
     return NodeStatus(host, state, code, reason if code else None, outcome.get("t"))
+
+
+def with_reported_exits(result: PollResult, reported: dict[str, dict[str, Any]]) -> PollResult:
+    """The attempt's state from its agents' own exit reports (`POST .../exit`), for a backend that
+    cannot read its nodes' outcomes while its job runs on (`Backend.outcomes_from_agents`: a
+    SageMaker training job whose agents wait in place after a worker group ended stays InProgress).
+    A failure an agent reported is the attempt's failure (the first, as in `summarize_nodes`),
+    whatever the backend saw end after it; otherwise the reports end the attempt once they all say so."""
+    if not reported:
+        return result
+    nodes = tuple(outcome_status(n.host, reported[n.host]) if n.host in reported else n for n in result.nodes)
+    failed = [n for n in nodes if n.host in reported and n.state == AttemptState.FAILED]
+    merged = summarize_nodes(failed) if failed else summarize_nodes(list(nodes))
+    if not failed and (result.terminal or not merged.terminal):
+        return result
+    return dataclasses.replace(
+        result, state=merged.state, nodes=nodes, reason=merged.reason, exit_code=merged.exit_code
+    )
 
 
 def ended_without_outcome(host: str, stop: bool, message: str) -> NodeStatus:

@@ -1,4 +1,12 @@
-"""The `sagemaker` backend: one SageMaker training job per attempt, through boto3.
+"""The `sagemaker` backend: one SageMaker training job per launched attempt, through boto3.
+
+An in-place attempt (issue #22) creates no training job: the failed attempt's agents are still up
+inside its running job (`AERIE_IN_PLACE_WAIT_S`) and restart their worker groups for it, told so by
+the control plane (GET .../next). Its handle names the same training job, with the attempt's id
+and a rendezvous port of its own; while the job runs on, the attempt's outcome is what its agents
+report (`outcomes_from_agents`). The training job ends when the Aerie job does (the agents exit),
+on a relaunch (StopTrainingJob, then a new job), or when an instance is lost; an in-place attempt
+whose training job has ended meanwhile is launched as a new one.
 
 Launch sends `CreateTrainingJob` built from `sagemaker_mapping.request_from_spec`, with an
 attempt-unique `TrainingJobName`, Aerie's environment (API URL, agent token, attempt, resume
@@ -11,6 +19,14 @@ instance, `<job>/algo-N-<epoch>`). `event_from_sagemaker` turns SageMaker's Even
 "SageMaker Training Job State Change" into Aerie's "Aerie Attempt State Change", so chaining reacts
 to either the same way.
 
+Hot spares (`resources.spare_nodes`, issue #23) are extra instances of the training job
+(`InstanceCount` = nodes + spares): `AERIE_SPARE_HOSTS` names them (`algo-N+1..`) on every
+instance, their agents wait for a failed node's rank slot, and an in-place attempt's handle swaps
+them in. A running training job cannot grow, so a used spare comes back only with a relaunch.
+
+Over 400 lines on purpose: one Backend (launch anew or in place, poll, stop, fence, logs) beside
+the one request it sends, which must stay together.
+
 AWS cannot be reached from this project's machines: the tests drive this module through
 botocore's `Stubber`, which checks every request against the real SageMaker and CloudWatch Logs
 service models.
@@ -18,11 +34,15 @@ service models.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.failures import FailureKind
+from aerie_contracts.restarts import NOT_REUSABLE
 from aerie_contracts.states import AttemptState
 
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
@@ -34,14 +54,24 @@ from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-e
     transitions,
 )
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
-from orchestrator.backends.nodeenv import attempt_env, checkpoint_marker_env, log_metrics_env, sagemaker_sync_uri
+from orchestrator.backends.nodeenv import (
+    attempt_env,
+    checkpoint_marker_env,
+    in_place_env,
+    in_place_on,
+    log_metrics_env,
+    sagemaker_sync_uri,
+)
 from orchestrator.sagemaker_mapping import request_from_spec
+
+log = logging.getLogger("aerie.sagemaker")
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 NAME_MAX = 63
 # The Aerie image's entrypoint: PID 1 wrapper -> agent -> the user's entrypoint (AERIE_ENTRYPOINT).
 AGENT_ENTRYPOINT = ["python", "-m", "agent.entrypoint"]
 ENV_VALUE_MAX = 512  # SageMaker's limit on one Environment value
+IN_PLACE_WAIT_S = 120.0  # SageMakerBackend.in_place_wait_s
 # SageMaker's SecondaryStatus values before the user's code runs.
 
 
@@ -55,6 +85,9 @@ class SageMakerPollResult(PollResult):
 
 class SageMakerBackend(Backend):
     name = "sagemaker"
+    # After a failed worker group, an agent waits this long for an in-place successor, then exits
+    # (and the training job ends with it).
+    in_place_wait_s = IN_PLACE_WAIT_S
 
     def __init__(
         self,
@@ -117,7 +150,11 @@ class SageMakerBackend(Backend):
     # --- launch -----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        body = create_training_job_request(request, self.defaults)
+        if request.in_place_of is not None:
+            handle = self._in_place(request)
+            if handle is not None:
+                return handle
+        body = create_training_job_request(request, self.defaults, self.in_place_wait_s)
         name = body["TrainingJobName"]
         try:
             self.client.create_training_job(**body)
@@ -125,14 +162,65 @@ class SageMakerBackend(Backend):
             # Idempotent: the controller may launch an attempt again after a crash.
             if _error_code(exc) != "ResourceInUse":
                 raise
-        hosts = [f"algo-{i + 1}" for i in range(request.spec.resources.instance_count)]
-        return {"training_job_name": name, "hosts": hosts, "region": self.region}
+        count = request.spec.resources.instance_count
+        hosts = [f"algo-{i + 1}" for i in range(count)]
+        handle: dict[str, Any] = {"training_job_name": name, "hosts": hosts, "region": self.region}
+        if in_place_on(request.spec):
+            handle["agents_wait"] = True  # they outlive worker groups: outcomes_from_agents
+        spares = spare_hosts(request.spec)
+        if spares:
+            handle["spares"] = spares
+        return handle
+
+    def _in_place(self, request: LaunchRequest) -> dict[str, Any] | None:
+        """A warm attempt in the failed attempt's training job: no CreateTrainingJob. Its agents
+        learn of it from the control plane (GET .../next) and restart their worker groups on a
+        rendezvous port of its own. None when that training job has ended meanwhile (an instance
+        went away, the agents gave up waiting): the attempt is launched as a new training job."""
+        previous = request.in_place_of
+        assert previous is not None
+        name = previous.get("training_job_name")
+        status = None
+        if name:
+            status = self.client.describe_training_job(TrainingJobName=name).get("TrainingJobStatus")
+        if status != "InProgress":
+            log.warning("training job %s is %s: %s is launched anew, not in place", name, status, request.attempt_id)
+            return None
+        restarts = int(previous.get("in_place_restarts") or 0) + 1
+        handle = {
+            **previous,
+            "attempt_id": request.attempt_id,
+            "in_place": True,
+            "in_place_restarts": restarts,
+            "master_port": in_place_port(request.spec, restarts),
+        }
+        if request.replace_nodes:
+            # Hot spares take the replaced nodes' rank slots and are spares no more. A running
+            # training job cannot grow: the pool is refilled only by the next relaunch.
+            handle["hosts"] = [request.replace_nodes.get(h, h) for h in previous["hosts"]]
+            handle["spares"] = [h for h in previous.get("spares", []) if h not in request.replace_nodes.values()]
+            handle["replaced_nodes"] = dict(request.replace_nodes)
+        return handle
+
+    def outcomes_from_agents(self, handle: dict[str, Any]) -> bool:
+        """The training job outlives a failed worker group while its agents wait in place, so the
+        attempt's outcome is what its agents report (POST .../exit), not the job's status."""
+        return bool(handle.get("agents_wait"))
 
     # --- poll, stop, logs -------------------------------------------------------------------
 
     def poll(self, handle: dict[str, Any]) -> SageMakerPollResult:
         described = self.client.describe_training_job(TrainingJobName=handle["training_job_name"])
-        return poll_result(described, handle.get("hosts") or [])
+        result = poll_result(described, handle.get("hosts") or [])
+        kind = (result.reason or {}).get("kind")
+        if handle.get("agents_wait") and result.state == AttemptState.FAILED and kind not in NOT_REUSABLE:
+            # Agents that wait in place report a failed worker group and stay (the controller reads
+            # their reports: outcomes_from_agents); a container that ended while the attempt still
+            # ran lost its instance or its agent: the job cannot go on in place.
+            message = f"training job {handle['training_job_name']} ended: {(result.reason or {}).get('message')}"
+            lost = {"kind": FailureKind.NODE_LOST, "message": message[:1000]}
+            result = dataclasses.replace(result, reason=lost)
+        return result
 
     def stop(self, handle: dict[str, Any]) -> None:
         try:
@@ -145,7 +233,14 @@ class SageMakerBackend(Backend):
     def fence(self, handle: dict[str, Any], hosts: list[str]) -> None:
         """StopTrainingJob of the attempt's job: SageMaker owns the instances and stops them its
         way (SIGTERM, SIGKILL after 120 s); a lost instance's writes meanwhile are fenced by the
-        store (its attempt's checkpoints are never recorded)."""
+        store (its attempt's checkpoints are never recorded). Not while a hot spare waits in the
+        job to take the lost node's slot: SageMaker cannot stop one instance, so the store alone
+        fences it, and its agent, if it comes back, is told it is left out and exits."""
+        if handle.get("spares"):
+            log.warning(
+                "%s lost in %s: not stopped, a hot spare may take its place", hosts, handle["training_job_name"]
+            )
+            return
         self.stop(handle)
 
     def logs(
@@ -203,8 +298,29 @@ def training_job_name(request: LaunchRequest) -> str:
     return request.job_id[: NAME_MAX - len(suffix)].rstrip("-") + suffix
 
 
-def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The CreateTrainingJob request of one attempt."""
+def spare_hosts(spec: Any) -> list[str]:
+    """The training job's hot spares (`resources.spare_nodes`): extra instances after the attempt's
+    own (`algo-N+1..`), whose agents wait for a failed node's rank slot (AERIE_SPARE_HOSTS). None
+    without in-place restarts: there would be no way to hand one a slot."""
+    if not in_place_on(spec):
+        return []
+    count = spec.resources.instance_count
+    return [f"algo-{count + i + 1}" for i in range(spec.resources.spare_nodes)]
+
+
+def in_place_port(spec: Any, restarts: int) -> int:
+    """The rendezvous port of the training job's `restarts`-th in-place attempt: the job's own
+    (`backend_options.master_port`, else the agents' default) moved up by `restarts`, so that a
+    new worker group never joins a store the last group's rank 0 may still serve."""
+    base = int((spec.backend_options or {}).get("master_port") or aerie_env.DEFAULT_MASTER_PORT)
+    return 1024 + (base - 1024 + restarts) % (65536 - 1024)
+
+
+def create_training_job_request(
+    request: LaunchRequest, defaults: dict[str, Any] | None = None, in_place_wait_s: float = IN_PLACE_WAIT_S
+) -> dict[str, Any]:
+    """The CreateTrainingJob request of one attempt (whose agents, where the job may restart in
+    place, wait `in_place_wait_s` after a failed worker group: `in_place_env`)."""
     spec = request.spec
     options = dict(spec.backend_options or {})
     carried = {**(defaults or {}), **(options.get("sagemaker") or {})}
@@ -212,8 +328,8 @@ def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any]
     workdir = options.get("container_workdir") or "/opt/ml/code"
     body = request_from_spec(spec.model_copy(update={"backend_options": {**options, "sagemaker": carried}}))
     body["TrainingJobName"] = training_job_name(request)
-    # No RetryStrategy: Aerie chains attempts itself (a new training job per attempt, resumed from
-    # the last good checkpoint, bad nodes excluded); SageMaker's own retries would hide failures
+    # No RetryStrategy: Aerie chains attempts itself (in place inside this training job, or a new
+    # one resumed from the last good checkpoint, bad nodes excluded); SageMaker's own retries would hide failures
     # from chaining and restart without the resume point.
     body.pop("RetryStrategy", None)
     # The image's agent runs the user's entrypoint (AERIE_ENTRYPOINT), as on every backend.
@@ -237,6 +353,11 @@ def create_training_job_request(request: LaunchRequest, defaults: dict[str, Any]
     aerie[aerie_env.HEALTH] = spec.health.model_dump_json(exclude_defaults=True)
     aerie.update(log_metrics_env(spec))
     aerie.update(checkpoint_marker_env(spec))
+    aerie.update(in_place_env(spec, in_place_wait_s))
+    spares = spare_hosts(spec)
+    if spares:
+        body["ResourceConfig"]["InstanceCount"] = spec.resources.instance_count + len(spares)
+        aerie[aerie_env.SPARE_HOSTS] = ",".join(spares)
     environment = {**body.get("Environment", {}), **request.extra_env, **aerie}
     too_long = sorted(k for k, v in environment.items() if len(v) > ENV_VALUE_MAX)
     if too_long:

@@ -158,3 +158,32 @@ def test_a_rank_without_aerie_node_dir_writes_where_the_agent_reads(tmp_path):
     assert (root / "agent" / "ranks" / "rank-3.pid").exists()
     assert json.loads((root / "agent" / "ranks" / "rank-3.exit.json").read_text())["exit_code"] == 4
     assert not (tmp_path / "ranks").exists()
+
+
+def test_a_sagemaker_jobs_hot_spares_are_set_apart_on_every_instance(tmp_path):
+    """AERIE_SPARE_HOSTS (the sagemaker backend's `resources.spare_nodes`): the attempt's nodes
+    leave the spares out; a spare is a node of no attempt yet, its own host alone."""
+    plain = {
+        "current_host": "algo-2",
+        "current_instance_type": "ml.m5.xlarge",
+        "current_group_name": "homogeneousCluster",
+        "hosts": ["algo-1", "algo-2", "algo-3"],
+        "instance_groups": [
+            {
+                "instance_group_name": "homogeneousCluster",
+                "instance_type": "ml.m5.xlarge",
+                "hosts": ["algo-3", "algo-2", "algo-1"],
+            }
+        ],
+        "network_interface_name": "eth0",
+    }
+    root = _root(tmp_path, plain)
+    env = {"AERIE_ML_ROOT": str(root), "AERIE_SPARE_HOSTS": "algo-3"}
+    node = resolve_identity(env)
+    assert node.hosts == ("algo-1", "algo-2") and node.node_rank == 1 and node.master_addr == "algo-1"
+    assert node.group_hosts == ["algo-2", "algo-1"]
+    (root / "input" / "config" / "resourceconfig.json").write_text(json.dumps({**plain, "current_host": "algo-3"}))
+    spare = resolve_identity(env)
+    assert spare.hosts == ("algo-3",) and spare.node_rank == 0
+    assert spare.master_addr == "algo-1"  # the rendezvous host of all, until it is handed a slot
+    assert resolve_identity({"AERIE_ML_ROOT": str(root)}).hosts == ("algo-1", "algo-2", "algo-3")

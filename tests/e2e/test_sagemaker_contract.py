@@ -14,29 +14,15 @@ the request has no CheckpointConfig, so nothing is staged on disk — and trains
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-
-import pytest
 
 from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
 from orchestrator.harness.jobs import FAST_HEALTH
-from tests.helpers.sagemaker_standin import SageMakerStandIn, image_env
 
 # Alone (the serial phase): as on SageMaker, the first container to exit non-zero names the failure,
 # and beside the unit tests the killed rank's peer (its collective broken) once exited first. Which
 # node's exit a SageMaker job reports when two fail together is a known limit (see the closing notes).
 STEPS, EVERY, KILL_AT = 12, 4, 9
-
-
-@pytest.fixture
-def sagemaker(tmp_path, s3_env):
-    if os.geteuid() != 0 or not shutil.which("unshare"):  # never a skip: it would read as a pass
-        pytest.fail("the SageMaker stand-in's containers need root and unshare(1) (mount namespaces); CI runs as root")
-    standin = SageMakerStandIn(tmp_path / "sagemaker", image_env(s3_env)).start()
-    yield standin
-    standin.close()
 
 
 def test_two_instances_train_with_only_sagemakers_contract(tmp_path, s3_bucket, s3_env, sagemaker):
@@ -55,7 +41,9 @@ def test_two_instances_train_with_only_sagemakers_contract(tmp_path, s3_bucket, 
             output={"s3_uri": f"s3://{s3_bucket}/output"},
             resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1},
             checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": EVERY},
-            retry={"max_restarts": 1},
+            # A relaunch, not an in-place restart (tests/e2e/test_sagemaker_in_place.py): a new
+            # training job, restored from S3 alone.
+            retry={"max_restarts": 1, "in_place_restarts": 0},
             health=FAST_HEALTH,
             env={"AERIE_FAULTS": json.dumps([{"kind": "sigkill", "step": KILL_AT, "rank": 1}])},
             backend="sagemaker",

@@ -74,6 +74,7 @@ class SageMakerStandIn:
         self.workdir = Path(workdir)
         self.image_env = dict(image_env)
         self.jobs: dict[str, TrainingJob] = {}
+        self.requests: list[str] = []  # the request log: every API operation called, in order
         self.lock = threading.Lock()
         model = botocore.session.get_session().get_service_model("sagemaker")
         self._inputs = {op: model.operation_model(op).input_shape for op in model.operation_names}
@@ -245,6 +246,7 @@ class SageMakerStandIn:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 op = self.headers.get("X-Amz-Target", "").removeprefix("SageMaker.")
+                standin.requests.append(op)
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 try:
                     fn = getattr(standin, op, None)

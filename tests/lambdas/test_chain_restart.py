@@ -268,6 +268,9 @@ def test_exclusion_off_or_on_sagemaker_still_records_the_blame(api):
         # SageMaker provisions every attempt's instances itself: algo-N names positions, not machines.
         assert result["action"] == "restart" and result["exclude_nodes"] == [], backend
         assert _blames(api, job_id) == [(1, "algo-2", "not_waiting")]
+        # In place, though, the blamed node is the same machine: SageMaker relaunches (a new
+        # training job); with exclusion off it does not count.
+        assert result["mode"] == ("relaunch" if backend == "sagemaker" else "in_place"), (backend, result)
 
 
 def test_retry_follows_the_policy_table(api):

@@ -43,11 +43,13 @@ def test_in_place_resumes_from_the_newest_good_memory_checkpoint(api):
 def test_a_relaunch_that_loses_the_memory_resumes_durably_and_marks_it_gone(api):
     """On a backend whose relaunch starts on fresh nodes, the memory checkpoint is not there any
     more: the resume point is S3's (here none: scratch), and the record says why it is gone."""
-    # SageMaker: its restarts are relaunches (Slurm's now restart in place, in one allocation).
-    job_id = _job(api, {"backend": "sagemaker"}, failed={"kind": "exit.nonzero", "exit_code": 1, "host": "algo-2"})
+    # SageMaker after a lost instance: a relaunch is a new training job (in place, its agents and
+    # their memory would have stayed: Slurm's and SageMaker's restart in place too).
+    lost = {"kind": "node.lost", "host": "algo-2", "message": "training job ended"}
+    job_id = _job(api, {"backend": "sagemaker"}, failed=lost)
     _with_nodes(api, job_id)
     _memory_checkpoint(api, job_id, 12)
-    result = chain_restart.handler(_event(job_id, reason={"kind": "exit.nonzero", "exit_code": 1}), _ctx(api))
+    result = chain_restart.handler(_event(job_id, reason=lost), _ctx(api))
     assert result["mode"] == "relaunch" and result["resume_from"] is None, result
     assert _rows(api, job_id)[12] == ("deleted", MEMORY_GONE_LOST)
 

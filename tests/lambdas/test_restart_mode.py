@@ -37,10 +37,12 @@ def test_node_loss_an_excluded_node_and_other_backends_relaunch():
         assert mode == RestartMode.RELAUNCH and expect in why, (reason, why)
     # A node excluded that the failed attempt did not run on needs no new allocation.
     assert decide(job, failed, {"kind": "exit.nonzero"}, ["algo-9"])[0] == RestartMode.IN_PLACE
-    mode, why = decide(_job("sagemaker"), failed, {"kind": "exit.nonzero"}, [])
-    assert mode == RestartMode.RELAUNCH and "sagemaker" in why
-    # Slurm's agents stay up in the job's allocation: its next attempt runs inside it.
+    mode, why = decide(_job("batch"), failed, {"kind": "exit.nonzero"}, [])
+    assert mode == RestartMode.RELAUNCH and "batch" in why
+    # Slurm's agents stay up in the job's allocation, SageMaker's in its training job: the next
+    # attempt runs inside it.
     assert decide(_job("slurm"), failed, {"kind": "exit.nonzero"}, [])[0] == RestartMode.IN_PLACE
+    assert decide(_job("sagemaker"), failed, {"kind": "exit.nonzero"}, [])[0] == RestartMode.IN_PLACE
     assert decide(job, {**failed, "nodes": []}, {"kind": "exit.nonzero"}, [])[0] == RestartMode.RELAUNCH
     netns = {**job, "spec": {"backend_options": {"netns": True}}}
     assert decide(netns, failed, {"kind": "exit.nonzero"}, [])[0] == RestartMode.RELAUNCH
@@ -69,5 +71,6 @@ def test_modes_read_back_and_the_controller_keeps_agents_only_where_it_may_resta
     assert may_restart_in_place("local", {"kind": "silent.hang"}, 2)
     assert not may_restart_in_place("local", {"kind": "node.lost"}, 2)
     assert not may_restart_in_place("local", {"kind": "exit.nonzero"}, 0)
-    assert not may_restart_in_place("sagemaker", {"kind": "exit.nonzero"}, 2)
+    assert not may_restart_in_place("batch", {"kind": "exit.nonzero"}, 2)
+    assert may_restart_in_place("sagemaker", {"kind": "exit.nonzero"}, 2)
     assert may_restart_in_place("slurm", {"kind": "exit.nonzero"}, 2)

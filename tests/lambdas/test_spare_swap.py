@@ -47,7 +47,7 @@ def test_without_enough_spares_or_in_place_room_it_relaunches():
     assert with_spares(spent, spent["attempt_list"][-1], lost, ["algo-2"], ["algo-3"])[0] == RestartMode.RELAUNCH
     netns = _job(spec={"backend_options": {"netns": True}})
     assert with_spares(netns, netns["attempt_list"][-1], lost, ["algo-2"], ["algo-3"])[0] == RestartMode.RELAUNCH
-    other = {**job, "backend": "sagemaker"}  # its restarts are relaunches
+    other = {**job, "backend": "batch"}  # a backend whose restarts are all relaunches
     assert with_spares(other, failed, lost, ["algo-2"], ["algo-3"])[0] == RestartMode.RELAUNCH
 
 

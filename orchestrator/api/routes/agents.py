@@ -14,7 +14,14 @@ from fastapi import APIRouter, Body, HTTPException, Request, status
 
 from aerie_contracts import memckpt
 from aerie_contracts.preflight import Decision
-from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK, NextAction, RestartMode, mode_of
+from aerie_contracts.restarts import (
+    CAUSE_MEMORY_NODES,
+    CAUSE_RESUME_FALLBACK,
+    LEFT_OUT,
+    NextAction,
+    RestartMode,
+    mode_of,
+)
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, AttemptState
 from orchestrator.api.deps import AgentDep, AttemptDep, SessionDep
 from orchestrator.api.routes import checkpoints
@@ -136,7 +143,7 @@ def next_attempt(s: SessionDep, attempt: AttemptDep, host: str) -> NextOut:
     if latest.state in (AttemptState.PENDING, AttemptState.LAUNCHING) or not latest.handle:
         return NextOut(action=NextAction.WAIT, why=f"attempt {latest.number} {latest.state}")
     if latest.state in ATTEMPT_TERMINAL or host not in (latest.handle.get("hosts") or ()):
-        return NextOut(action=NextAction.EXIT, why=f"attempt {latest.number} does not run on {host}")
+        return NextOut(action=NextAction.EXIT, why=f"attempt {latest.number} {LEFT_OUT} {host}")
     return _hand_over(s, latest, host)
 
 

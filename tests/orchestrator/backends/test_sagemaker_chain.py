@@ -80,6 +80,9 @@ def test_sagemaker_failure_event_chains_to_a_resumed_create_training_job(api, s3
     backend = SageMakerBackend(client=client, region="us-east-1")
     controller = Controller(api.db, Settings(), {"sagemaker": backend})
     with Stubber(client) as stub:
+        # A relaunch first ends the failed attempt's training job (its agents might wait in place);
+        # SageMaker refuses for one that already ended, which the backend takes as done.
+        stub.add_client_error("stop_training_job", "ValidationException", "The job status is Failed")
         stub.add_response(
             "create_training_job",
             {"TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{job_id}-a2"},
