@@ -119,6 +119,9 @@ class HeartbeatIn(BaseModel):
 class HeartbeatOut(BaseModel):
     ok: bool = True
     stop: bool = False
+    # The job's newest good memory checkpoint step (tier `memory`), None if none: the nodes never
+    # prune its snapshots (aerie_contracts.memckpt.HEARTBEAT_GOOD_STEP names this field for them).
+    memory_good_step: int | None = None
 
 
 class PreflightIn(BaseModel):

@@ -59,8 +59,8 @@ async def heartbeat(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
     store_heartbeat(request.app.state, attempt_id, host, body)
     # The answer tells the agent to stop when nobody needs its work any more (backends that
-    # cannot signal nodes directly rely on this).
-    return HeartbeatOut(stop=info.stop)
+    # cannot signal nodes directly rely on this), and which memory checkpoint its node must keep.
+    return HeartbeatOut(stop=info.stop, memory_good_step=info.memory_good_step)
 
 
 @router.post("/verdicts", status_code=status.HTTP_201_CREATED)
