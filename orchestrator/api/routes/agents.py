@@ -167,6 +167,7 @@ def _hand_over(s, latest, host: str) -> NextOut:
         resume_fallback=(latest.cause or {}).get(CAUSE_RESUME_FALLBACK),
         memory_nodes=(latest.cause or {}).get(CAUSE_MEMORY_NODES),
         master_port=latest.handle.get("master_port"),
+        master_addr=latest.handle.get("master_addr") or None,
         memckpt_key=latest.handle.get(memckpt.HANDLE_KEY),
         hosts=list(latest.handle.get("hosts") or []) or None,
         memory_peers=latest.handle.get("memory_peers") or None,
