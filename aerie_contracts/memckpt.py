@@ -196,3 +196,53 @@ def verify(path: str | os.PathLike[str]) -> Header:
 def write_header(fd: int, header: Header) -> None:
     """Write the header block at offset 0: the last write of a snapshot, which makes it complete."""
     os.pwrite(fd, header.encode(), 0)
+
+
+# --- retention: which snapshots a node keeps ---------------------------------------------------------
+# A memory checkpoint is good once every node's two copies are complete; the control plane records
+# it and each heartbeat's answer names the job's newest good one (`HEARTBEAT_GOOD_STEP`, a field of
+# orchestrator.api.schemas.HeartbeatOut). A node never deletes that step's snapshots (own or
+# replica) while it is good: it prunes only below min(what it replicated or received, the good step).
+#
+# The bound on shared memory: per rank and per copy (this node's own snapshots, each peer's
+# replicas) at most MAX_HELD complete snapshots, the good one always among them (the oldest others
+# go first), plus the one file being written or received. A rank whose agent takes nothing (no
+# tier) keeps at most MAX_HELD + 1 of its own. So one rank's state costs a node at most
+# 2 x MAX_HELD (+1 in flight) snapshots' worth of /dev/shm, however long a peer stays behind; with
+# the nodes keeping up, the good step is the newest replicated one and 1-2 per copy are held.
+HEARTBEAT_GOOD_STEP = "memory_good_step"
+MAX_HELD = 3
+# In a node's `local/` folder: the step the agent protects ({"step": N}), so that a rank's own
+# pruning (trainer/checkpoint/memory.py) never drops the good snapshot the agent must keep.
+KEEP_FILE = "keep.json"
+
+
+def kept_steps(steps: set[int] | list[int], *, good: int | None, floor: int | None, cap: int = MAX_HELD) -> set[int]:
+    """Of one rank's held steps (one copy), those that stay: none below `floor` but `good`; then,
+    beyond `cap`, the oldest go first, never `good`. `good` None (no good memory checkpoint known,
+    or a control plane that does not say): only the cap applies."""
+    held = sorted(set(steps), reverse=True)
+    keep = [s for s in held if s == good or floor is None or s >= floor]
+    if len(keep) <= cap:
+        return set(keep)
+    protected = {s for s in keep if s == good}
+    newest = [s for s in keep if s not in protected][: max(cap - len(protected), 0)]
+    return protected | set(newest)
+
+
+def write_keep(folder: str | os.PathLike[str], step: int | None) -> None:
+    """Record (atomically) the step the agent protects in `folder` (None: none)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (KEEP_FILE + PARTIAL)
+    tmp.write_text(json.dumps({"step": step}))
+    os.replace(tmp, folder / KEEP_FILE)
+
+
+def read_keep(folder: str | os.PathLike[str]) -> int | None:
+    """The step the agent protects in `folder`, None if none (or unreadable)."""
+    try:
+        step = json.loads((Path(folder) / KEEP_FILE).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from aerie_contracts import memckpt
+
 log = logging.getLogger("aerie.agent")
 
 _Target = tuple[str, str]  # (the node's path under its attempt, "Bearer <that attempt's token>")
@@ -32,6 +34,9 @@ class Reporter:
         self._auth = f"Bearer {token}"
         # The heartbeat's answer said the attempt is over (terminal, or the job is stopping).
         self.attempt_over = False
+        # The job's newest good memory checkpoint step, as the last heartbeat's answer said (None:
+        # none, or a control plane that does not say): what the memory tier must never prune.
+        self.memory_good_step: int | None = None
         self._client = httpx.Client(
             base_url=api or "http://127.0.0.1:9", timeout=timeout_s, headers={"Authorization": self._auth}
         )
@@ -70,8 +75,12 @@ class Reporter:
         while True:
             target, summary = self._beats.get()
             answer = self._post("/heartbeat", summary, tries=1, answer=True, target=target)
-            if isinstance(answer, dict) and answer.get("stop") and target[0] == self.base:
+            if not isinstance(answer, dict):
+                continue
+            if answer.get("stop") and target[0] == self.base:
                 self.attempt_over = True  # not for an answer about the attempt before a retarget
+            good = answer.get(memckpt.HEARTBEAT_GOOD_STEP)  # job-wide: any attempt's answer holds
+            self.memory_good_step = good if isinstance(good, int) and not isinstance(good, bool) else None
 
     def next_attempt(self) -> dict[str, Any] | None:
         """What this node does now that its worker group ended (GET .../next), None if unknown."""

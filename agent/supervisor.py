@@ -403,6 +403,12 @@ class Supervisor:
             ident = None if cfg.identity is None else dataclasses.replace(cfg.identity, master_port=port)
             self.cfg = dataclasses.replace(self.cfg, master_port=port, identity=ident)
             os.environ[E.MASTER_PORT] = str(port)
+        addr = successor.get("master_addr")
+        if isinstance(addr, str) and addr and addr != self.cfg.master_addr:  # a spare holds rank 0's slot now
+            ident = self.cfg.identity
+            ident = None if ident is None else dataclasses.replace(ident, master_addr=addr)
+            self.cfg = dataclasses.replace(self.cfg, master_addr=addr, identity=ident)
+            os.environ[E.MASTER_ADDR] = addr
         self.reporter.retarget(attempt, token)
         hosts = successor.get("hosts")
         if isinstance(hosts, list) and cfg.host in hosts and tuple(hosts) != self.cfg.hosts:

@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, select
+from sqlalchemy import case, func, select
 
-from aerie_contracts.states import ATTEMPT_TERMINAL, NodeState
+from aerie_contracts.checkpoints import CheckpointTier
+from aerie_contracts.states import ATTEMPT_TERMINAL, CheckpointState, NodeState
 from orchestrator.store.db import Database
-from orchestrator.store.models import Attempt, Job, Node, now
+from orchestrator.store.models import Attempt, Checkpoint, Job, Node, now
 
 log = logging.getLogger("aerie.heartbeats")
 
@@ -30,6 +31,20 @@ class AttemptInfo:
     tenant: str
     stop: bool
     fetched_at: float
+    memory_good_step: int | None = None  # the job's newest good memory checkpoint (HeartbeatOut)
+
+
+def _memory_good_step():
+    """The attempt's job's newest good memory checkpoint step, as a correlated scalar subquery."""
+    return (
+        select(func.max(Checkpoint.step))
+        .where(
+            Checkpoint.job_id == Attempt.job_id,
+            Checkpoint.tier == CheckpointTier.MEMORY.value,
+            Checkpoint.state == CheckpointState.GOOD.value,
+        )
+        .scalar_subquery()
+    )
 
 
 class HeartbeatBuffer:
@@ -64,10 +79,12 @@ class HeartbeatBuffer:
             attempt = s.get(Attempt, attempt_id)
             if attempt is None:
                 return None
+            good = s.scalar(select(_memory_good_step()).where(Attempt.id == attempt_id))
             info = AttemptInfo(
                 attempt.job.tenant,
                 attempt.state in ATTEMPT_TERMINAL or attempt.job.stop_requested,
                 time.monotonic(),
+                good,
             )
         self._info[attempt_id] = info
         self._last_used[attempt_id] = info.fetched_at
@@ -90,12 +107,14 @@ class HeartbeatBuffer:
             return
         with self.db.session() as s:
             rows = s.execute(
-                select(Attempt.id, Attempt.state, Job.tenant, Job.stop_requested)
+                select(Attempt.id, Attempt.state, Job.tenant, Job.stop_requested, _memory_good_step().label("good"))
                 .join(Job, Attempt.job_id == Job.id)
                 .where(Attempt.id.in_(stale))
             ).all()
         fetched = time.monotonic()
-        found = {r.id: AttemptInfo(r.tenant, r.state in ATTEMPT_TERMINAL or r.stop_requested, fetched) for r in rows}
+        found = {
+            r.id: AttemptInfo(r.tenant, r.state in ATTEMPT_TERMINAL or r.stop_requested, fetched, r.good) for r in rows
+        }
         for attempt_id in stale:
             if attempt_id in found:
                 self._info[attempt_id] = found[attempt_id]

@@ -11,6 +11,8 @@ attempt's replication key. The agent then, for as long as it lives (across in-pl
   a thread of its own (training never waits on it), and reports each memory checkpoint whose two
   copies are complete (`/checkpoints`, tier `memory`): the control plane records it good once the
   nodes' reports cover every rank;
+- owns the pruning of its area: older snapshots go only below the job's newest good memory step
+  (the heartbeat's answer says it), never that one, within a bound (aerie_contracts.memckpt.MAX_HELD);
 - claims its job's area with a lease (aerie_contracts/memckpt_lease.py), and at its start sweeps
   the areas of other jobs under its root that nobody will use again (owner gone, lease stale);
 - removes its area when the job has ended on this node.
@@ -191,6 +193,7 @@ class NodeMemoryTier:
         def loop(stop: threading.Event = self._stop) -> None:
             while not stop.wait(TICK_S):
                 try:
+                    self.learn_good(replicator, getattr(reporter, "memory_good_step", None))
                     done = replicator.tick()
                 except Exception:  # never take the agent down over a replica
                     log.exception("memory checkpoint replication failed")
@@ -215,6 +218,13 @@ class NodeMemoryTier:
 
         self._thread = threading.Thread(target=loop, name="memckpt-replicate", daemon=True)
         self._thread.start()
+
+    def learn_good(self, replicator: Replicator, step: int | None) -> None:
+        """The job's newest good memory step (the heartbeat's answer): what pruning must keep, on
+        this node's own snapshots and on the replicas its endpoint receives."""
+        replicator.good = step
+        if self.server is not None:
+            self.server.good_step = step
 
     def stage(self, ranks: list[int], step: int, writers: Mapping[str, Any] | None = None) -> dict[int, str]:
         """Before the ranks start from a memory checkpoint: each local rank's snapshot of `step`

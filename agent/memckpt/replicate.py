@@ -220,9 +220,8 @@ class _Handler(socketserver.StreamRequestHandler):
         if (header.job, header.rank, header.step) != (store.job, rank, step):
             final.unlink(missing_ok=True)
             raise ReplicationError(f"header names {header}, the request {store.job} rank {rank} step {step}")
-        # Only the newest complete replica per rank is worth memory.
-        for entry in store.complete(replica_of=node).get(rank, [])[1:]:
-            entry.path.unlink(missing_ok=True)
+        # Older replicas go, but never the job's newest good step (memckpt.kept_steps).
+        store.retain(good=self.server.good_step, floor=None, replica_of=node, rank=rank)
         self._answer({"ok": True, "step": step, "rank": rank})
 
     def _get(self, request: dict[str, Any]) -> None:
@@ -260,6 +259,7 @@ class ReplicaServer(socketserver.ThreadingTCPServer):
         self.root = memckpt.root_dir(root)
         self.key = key
         self.refused = 0  # requests refused for want of a proof (tests, logs)
+        self.good_step: int | None = None  # the job's newest good memory step (set by the node's tier)
         super().__init__((host, port), _Handler)
         self._thread: threading.Thread | None = None
 

@@ -41,10 +41,20 @@ class Replicator:
         self.store, self.node, self.ranks = store, node, sorted(ranks)
         self.peer, self.peer_node, self.key = peer, peer_node, key
         self.replicated: int | None = None
+        # The job's newest good memory checkpoint, as the control plane last said (the heartbeat's
+        # answer); None: none known. Never pruned, here or in the replicas this node holds.
+        self.good: int | None = None
+
+    def retain(self) -> None:
+        """Prune this node's snapshots and the replicas it holds (store.retain_all): only below
+        min(the step replicated, the good step), and within memckpt.MAX_HELD per rank and copy."""
+        self.store.retain_all(good=self.good, replicated=self.replicated)
 
     def tick(self) -> Replicated | None:
         """Replicate the newest step all local ranks have, if newer than the last one; returns it
-        once the peer holds every rank's copy complete (then older local snapshots go)."""
+        once the peer holds every rank's copy complete. Prunes (`retain`) as it goes: a step
+        replicated here is not yet good job-wide (another node may never finish it)."""
+        self.retain()  # a listing of a few files: the good step may have moved, a rank written more
         step = self.store.newest_common_step(self.ranks)
         if step is None or (self.replicated is not None and step <= self.replicated):
             return None
@@ -62,7 +72,7 @@ class Replicator:
                 log.warning("replicating rank %d step %d to %s failed: %s", rank, step, self.peer, exc)
                 return None
         self.replicated = step
-        self.store.prune(step)
+        self.retain()  # older snapshots go now, unless the job's newest good one is among them
         return Replicated(step=step, ranks=list(self.ranks), size_bytes=size)
 
 

@@ -24,6 +24,7 @@ class SnapshotStore:
     def __init__(self, job: str, root: str | os.PathLike[str] | None = None) -> None:
         self.job = memckpt.safe_name(job, "job")
         self.root = memckpt.root_dir(root)
+        self._kept: int | None = None  # the step last written to memckpt.KEEP_FILE
 
     def dir(self, replica_of: str | None = None) -> Path:
         """This node's own snapshots, or the replicas of node `replica_of`'s."""
@@ -66,20 +67,50 @@ class SnapshotStore:
         common = set.intersection(*steps) if steps else set()
         return max(common) if common else None
 
-    def prune(self, keep_step: int, replica_of: str | None = None) -> list[Path]:
-        """Drop every snapshot older than `keep_step` (complete or torn), and stale partials."""
+    def replica_nodes(self) -> list[str]:
+        """The nodes whose replicas this node holds."""
+        folder = memckpt.area_dir(self.root, self.job) / memckpt.REPLICA
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+    def retain(
+        self, *, good: int | None, floor: int | None, replica_of: str | None = None, rank: int | None = None
+    ) -> list[Path]:
+        """Per rank (or only `rank`), drop the complete-named snapshots `memckpt.kept_steps` does not
+        keep: none below `floor` but the job's newest good step, at most `memckpt.MAX_HELD`, never
+        `good`. A replica's floor is its newest received step (`floor=None` there is read so). Files
+        being written or received (partials) are left alone; older stale partials go."""
+        by_rank: dict[int, dict[int, Path]] = {}
+        for r, step, path in self._files(replica_of):
+            if rank is None or r == rank:
+                by_rank.setdefault(r, {})[step] = path
         removed = []
-        for _rank, step, path in self._files(replica_of):
-            if step < keep_step:
-                path.unlink(missing_ok=True)
-                removed.append(path)
+        for steps in by_rank.values():
+            below = floor if floor is not None or replica_of is None else max(steps)
+            low = None if good is None or below is None else min(below, good)
+            keep = memckpt.kept_steps(steps.keys(), good=good, floor=low)
+            for step, path in steps.items():
+                if step not in keep:
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
         folder = self.dir(replica_of)
-        if folder.is_dir():
+        oldest = min((min(s) for s in by_rank.values() if s), default=None)
+        if oldest is not None and folder.is_dir():
             for partial in folder.glob("*" + memckpt.PARTIAL):
                 parsed = memckpt.parse_name(partial.name.removesuffix(memckpt.PARTIAL))
-                if parsed is not None and parsed[1] < keep_step:
+                if parsed is not None and parsed[1] < oldest:
                     partial.unlink(missing_ok=True)
                     removed.append(partial)
+        return removed
+
+    def retain_all(self, *, good: int | None, replicated: int | None) -> list[Path]:
+        """`retain` over this node's own snapshots (floor: the newest step it replicated) and every
+        replica it holds, and record for the ranks the step they must not drop (memckpt.KEEP_FILE)."""
+        if good != self._kept:
+            memckpt.write_keep(self.dir(), good)
+            self._kept = good
+        removed = self.retain(good=good, floor=replicated)
+        for node in self.replica_nodes():
+            removed += self.retain(good=good, floor=None, replica_of=node)
         return removed
 
     def drop_after(self, step: int | None) -> list[Path]:

@@ -11,16 +11,24 @@ validated definition of the endpoint. The body-size cap (BodySizeLimit) wraps th
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.api.routes.agents import store_heartbeat
+from orchestrator.api.schemas import HeartbeatOut
 from orchestrator.store import repo
 
 PATH = re.compile(r"^/v1/attempts/([^/]+)/nodes/([^/]+)/heartbeat$")
-ANSWERS = {stop: json.dumps({"ok": True, "stop": stop}, separators=(",", ":")).encode() for stop in (False, True)}
+
+
+@functools.lru_cache(maxsize=4096)
+def answer(stop: bool, memory_good_step: int | None) -> bytes:
+    """The route's answer bytes (HeartbeatOut, as FastAPI serialises it)."""
+    out = HeartbeatOut(stop=stop, memory_good_step=memory_good_step)
+    return json.dumps(out.model_dump(mode="json"), separators=(",", ":")).encode()
 
 
 class HeartbeatFastPath:
@@ -42,15 +50,15 @@ class HeartbeatFastPath:
             return await self.app(scope, _replay(body, receive), send)
         attempt_id, host = match.groups()
         store_heartbeat(self.api.state, attempt_id, host, summary)
-        answer = ANSWERS[info.stop]
+        body_out = answer(info.stop, info.memory_good_step)
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())],
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body_out)).encode())],
             }
         )
-        await send({"type": "http.response.body", "body": answer})
+        await send({"type": "http.response.body", "body": body_out})
 
     def _cached(self, scope: Scope, match: re.Match):
         """The attempt's cached info when this request may take the fast path, else None."""

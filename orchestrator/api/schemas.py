@@ -121,6 +121,9 @@ class HeartbeatIn(BaseModel):
 class HeartbeatOut(BaseModel):
     ok: bool = True
     stop: bool = False
+    # The job's newest good memory checkpoint step (tier `memory`), None if none: the nodes never
+    # prune its snapshots (aerie_contracts.memckpt.HEARTBEAT_GOOD_STEP names this field for them).
+    memory_good_step: int | None = None
 
 
 class PreflightIn(BaseModel):
@@ -160,6 +163,9 @@ class NextOut(BaseModel):
     resume_fallback: str | None = None
     memory_nodes: dict[str, Any] | None = None  # who wrote which ranks' snapshots, who holds the replicas
     master_port: int | None = None  # where the backend moved the rendezvous (None: unchanged)
+    # Node rank 0's address in this attempt, as the backend knows it: a hot spare may hold rank 0's
+    # slot now (None: unchanged).
+    master_addr: str | None = None
     # The in-place attempt's replication key (aerie_contracts.memckpt.HANDLE_KEY; None: no memory tier).
     memckpt_key: str | None = None
     # The attempt's nodes in rank order: a hot spare may have taken a failed node's slot.

@@ -238,6 +238,7 @@ class LocalBackend(Backend):
             left = [h for h in handle.get("spares", []) if h not in request.replace_nodes.values()]
             handle["spares"] = left
             handle["replaced_nodes"] = dict(request.replace_nodes)
+            handle["master_addr"] = master_addr(handle)  # a spare may hold rank 0's slot now
             fresh = self._replenish(request, handle)
         else:
             fresh = []
@@ -507,3 +508,9 @@ def _kill_node(ml_root: Path, sig: int) -> None:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def master_addr(handle: dict[str, Any]) -> str:
+    """Node rank 0's address (the handle's first host): its network namespace's, else loopback."""
+    nodes = (handle.get("netns") or {}).get("nodes") or {}
+    return str((nodes.get(handle["hosts"][0]) or {}).get("ip") or "127.0.0.1")

@@ -235,6 +235,8 @@ class SlurmBackend(Backend):
             used = set(request.replace_nodes.values())
             handle["spares"] = [h for h in previous.get("spares") or [] if h not in used]
             handle["replaced_nodes"] = dict(request.replace_nodes)
+            # A spare may hold rank 0's slot now: the agents' rendezvous moves to its address.
+            handle["master_addr"] = node_address(handle["hosts"][0])
         if memckpt.HANDLE_KEY in handle:
             # A key of this attempt's own (GET .../next hands it to each agent as it switches).
             handle[memckpt.HANDLE_KEY] = memckpt.new_key()
@@ -420,6 +422,19 @@ def _run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = 
     if r.returncode != 0:
         raise SlurmError(f"{' '.join(argv)} exited {r.returncode}: {(r.stderr or r.stdout).strip()[:500]}")
     return r.stdout
+
+
+def node_address(node: str) -> str:
+    """The address Slurm itself uses for `node` (its NodeAddr, as the agents derive it:
+    agent.slurm.node_address); the name when Slurm does not say (a resolvable name serves too)."""
+    try:
+        out = _run(["scontrol", "show", "node", "-o", node])
+    except SlurmError:
+        return node
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1] or node
+    return node
 
 
 def slurm_job_state(job_id: int) -> dict[str, Any] | None:

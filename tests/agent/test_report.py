@@ -57,3 +57,32 @@ def test_a_retried_batch_goes_to_the_attempt_it_was_queued_for():
     assert ckpt == ("job-a1", "Bearer tok-1")
     [beat] = [(attempt, auth) for what, attempt, auth, _ in sent if what == "heartbeat"]
     assert beat == ("job-a2", "Bearer tok-2")
+
+
+class _Answering(BaseHTTPRequestHandler):
+    answer = b'{"ok":true,"stop":false,"memory_good_step":10}'
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(type(self).answer)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_heartbeats_answer_says_which_memory_checkpoint_the_node_must_keep():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rep = Reporter(f"http://127.0.0.1:{server.server_port}", "tok-1", "job-a1", "algo-1")
+        assert rep.memory_good_step is None
+        rep.heartbeat({"t": 1.0})
+        wait_for(what="the answer's good step", check=lambda: rep.memory_good_step == 10, timeout_s=10, every_s=0.01)
+        _Answering.answer = b'{"ok":true,"stop":false,"memory_good_step":null}'  # none good any more
+        rep.heartbeat({"t": 2.0})
+        wait_for(what="no good step", check=lambda: rep.memory_good_step is None, timeout_s=10, every_s=0.01)
+    finally:
+        server.shutdown()

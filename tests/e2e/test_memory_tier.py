@@ -99,6 +99,9 @@ def test_hang_recovers_in_place_from_memory_and_a_corrupt_copy_is_replaced_by_th
         byte = f.read(1)
         f.seek(memckpt.HEADER_SIZE + 100)
         f.write(bytes([byte[0] ^ 0xFF]))
+    # The heartbeat's answer reached algo-2's agent: step 20, good, is what no pruning may drop.
+    keep = memckpt.local_dir(area / "algo-2", job_id)
+    wait_for(what="algo-2 protects step 20", check=lambda: memckpt.read_keep(keep) == 20, timeout_s=30)
     third = wait_for(what="attempt 3", check=lambda: attempt(3), timeout_s=90)
     assert third["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, third["cause"]
     assert third["resume_from"] == memory_uri(job_id, 20, 2), third

@@ -38,7 +38,10 @@ from trainer.checkpoint import dcp
 from trainer.checkpoint.interval import AutoInterval, parse_every
 
 log = logging.getLogger("aerie.trainer.memory")
-KEEP_OWN = 2  # this rank's newest snapshots left in shared memory (the agent may be copying the older)
+# This rank's newest snapshots left in shared memory, besides the one the agent protects (the job's
+# newest good, memckpt.KEEP_FILE): the agent owns pruning (agent/memckpt/store.py `retain`, within
+# memckpt.MAX_HELD); the rank only bounds what an agent that takes nothing would leave.
+KEEP_OWN = memckpt.MAX_HELD + 1
 
 
 class _CrcWriter:
@@ -346,11 +349,12 @@ class MemorySnapshotter:
         return self.snapshot(step, model, optimizer, scheduler, extra_state, group=group)
 
     def _prune(self) -> None:
-        """Drop this rank's older snapshots (the agent holds what it replicates open)."""
+        """Drop this rank's oldest snapshots beyond KEEP_OWN, never the one the agent protects."""
+        keep = memckpt.read_keep(self.dir)
         own = sorted(
             (parsed[1], p)
             for p in self.dir.iterdir()
-            if (parsed := memckpt.parse_name(p.name)) is not None and parsed[0] == self.rank
+            if (parsed := memckpt.parse_name(p.name)) is not None and parsed[0] == self.rank and parsed[1] != keep
         )
         for _, p in own[:-KEEP_OWN]:
             p.unlink(missing_ok=True)

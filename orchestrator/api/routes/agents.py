@@ -67,8 +67,8 @@ async def heartbeat(
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no attempt {attempt_id!r}")
     store_heartbeat(request.app.state, attempt_id, host, body)
     # The answer tells the agent to stop when nobody needs its work any more (backends that
-    # cannot signal nodes directly rely on this).
-    return HeartbeatOut(stop=info.stop)
+    # cannot signal nodes directly rely on this), and which memory checkpoint its node must keep.
+    return HeartbeatOut(stop=info.stop, memory_good_step=info.memory_good_step)
 
 
 @router.post("/verdicts", status_code=status.HTTP_201_CREATED)
@@ -179,6 +179,7 @@ def _hand_over(s, latest, host: str) -> NextOut:
         resume_fallback=(latest.cause or {}).get(CAUSE_RESUME_FALLBACK),
         memory_nodes=(latest.cause or {}).get(CAUSE_MEMORY_NODES),
         master_port=latest.handle.get("master_port"),
+        master_addr=latest.handle.get("master_addr") or None,
         memckpt_key=latest.handle.get(memckpt.HANDLE_KEY),
         hosts=list(latest.handle.get("hosts") or []) or None,
         memory_peers=latest.handle.get("memory_peers") or None,

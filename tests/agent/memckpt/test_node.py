@@ -27,6 +27,7 @@ def _port() -> int:
 class Reports:
     def __init__(self) -> None:
         self.bodies: list[dict] = []
+        self.memory_good_step: int | None = None  # as the heartbeat's answer said (agent.report.Reporter)
 
     def checkpoint(self, body: dict) -> None:
         self.bodies.append(body)
@@ -81,6 +82,18 @@ def test_a_group_is_replicated_reported_then_staged_on_a_replacement_node(tmp_pa
         body = reports["algo-2"].bodies[0]
         assert body["uri"] == memory_uri(JOB, 8, 1) and body["meta"]["ranks"] == [2, 3]
         assert body["meta"]["replica_node"] == "algo-1"
+        # Step 8 is good (the heartbeat's answer says so); algo-1 alone gets to step 12 (algo-2's
+        # group ends first): 8 stays on algo-1 and in the replicas algo-2 holds.
+        for r in reports.values():
+            r.memory_good_step = 8
+        wait_for(what="the good step learnt", check=lambda: all(t.server.good_step == 8 for t in tiers.values()))
+        tiers["algo-2"].end_group()
+        for rank in (0, 1):
+            write(tmp_path / "algo-1", 12, rank, payload(5000, rank))
+        wait_for(what="algo-1 reported step 12", check=lambda: len(reports["algo-1"].bodies) == 2, timeout_s=20)
+        held = {e.header.step for e in tiers["algo-1"].store.complete().get(0, [])}
+        replicas = {e.header.step for e in tiers["algo-2"].store.complete("algo-1").get(0, [])}
+        assert held == replicas == {8, 12}
         for tier in tiers.values():
             tier.end_group()
 

@@ -91,7 +91,7 @@ def test_replicate_then_restore_local_then_replica_then_s3(nodes):
     a, b = nodes["a"], nodes["b"]
     blobs = {rank: payload(3 * memckpt.CHUNK + 123, rank) for rank in (0, 1)}
     for rank, blob in blobs.items():
-        write(a.root, 10, rank, payload(1000, 9))  # an older step, pruned once 20 is replicated
+        write(a.root, 10, rank, payload(1000, 9))  # an older step, pruned once 20 is good
         write(a.root, 20, rank, blob)
     write(a.root, 30, 0, payload(500, 7))  # rank 1 has not written step 30 yet: not a checkpoint
     store_a = SnapshotStore(JOB, a.root)
@@ -104,7 +104,10 @@ def test_replicate_then_restore_local_then_replica_then_s3(nodes):
         replica = store_b.find(rank, 20, replica_of="a")
         assert replica is not None and memckpt.verify(replica).step == 20
         assert replica.read_bytes()[memckpt.HEADER_SIZE :] == blob
-        assert store_a.find(rank, 10) is None  # older local snapshots pruned
+        assert store_a.find(rank, 10) is not None  # 20 is not known good yet: 10 may be the good one
+    replicator.good = 20  # the heartbeat's answer: step 20 is good job-wide
+    assert replicator.tick() is None
+    assert all(store_a.find(rank, 10) is None for rank in blobs)  # older local snapshots pruned
     body = ring.report_body(done, job=JOB, attempt=1, node="a", world_size=4, peer_node="b")
     assert body["tier"] == "memory" and body["uri"] == memory_uri(JOB, 20, 1) and step_of_uri(body["uri"]) == 20
 

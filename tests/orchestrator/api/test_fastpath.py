@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from aerie_contracts import memckpt
+from aerie_contracts.checkpoints import CheckpointTier, memory_uri
 from orchestrator.server import build_app
 from orchestrator.settings import Settings
 from orchestrator.store import repo
@@ -51,7 +53,7 @@ def test_a_cached_heartbeat_takes_the_fast_path_with_the_routes_answer(api, monk
     second = client.post(url, json={"last_step": 2}, headers=auth)
     assert calls == [url]
     assert first.status_code == second.status_code == 200
-    assert first.content == second.content == b'{"ok":true,"stop":false}'
+    assert first.content == second.content == b'{"ok":true,"stop":false,"memory_good_step":null}'
     assert first.headers["content-type"] == second.headers["content-type"] == "application/json"
 
     app.state.heartbeats.flush()
@@ -93,4 +95,34 @@ def test_a_stop_reaches_the_fast_path_after_the_flushers_refresh(api):
     buffer = app.state.heartbeats
     buffer.info_ttl_s = 0.0
     buffer.refresh_info()
-    assert client.post(url, json={}, headers=auth).content == b'{"ok":true,"stop":true}'
+    assert client.post(url, json={}, headers=auth).content == b'{"ok":true,"stop":true,"memory_good_step":null}'
+
+
+def _memory_checkpoint(app, attempt_id: str, step: int) -> None:
+    """Both nodes' reports of a memory checkpoint: good once they cover the world (2 ranks)."""
+    with app.state.db.session() as s:
+        attempt = repo.get_attempt(s, attempt_id)
+        uri = memory_uri(attempt.job_id, step, 1)
+        for node, rank in (("algo-1", 0), ("algo-2", 1)):
+            meta = {"node": node, "ranks": [rank], "world_size": 2, "replica_node": "x", "size_bytes": 1}
+            repo.record_checkpoint(s, attempt, step, uri, meta, tier=CheckpointTier.MEMORY.value)
+
+
+def test_the_answer_names_the_jobs_newest_good_memory_checkpoint_on_both_paths(api, monkeypatch):
+    """What the nodes must never prune (agent/memckpt/store.py `retain`): read with the attempt's
+    cached info, so the fast path says it too, and moved on by the flusher's refresh."""
+    client, app = api
+    attempt_id, token = _attempt(app)
+    _memory_checkpoint(app, attempt_id, 10)
+    auth = {"Authorization": f"Bearer {token}"}
+    url = f"/v1/attempts/{attempt_id}/nodes/algo-1/heartbeat"
+    calls = _count_route_calls(app, monkeypatch)
+    first, second = (client.post(url, json={}, headers=auth) for _ in range(2))
+    assert calls == [url]  # the second took the fast path
+    assert first.content == second.content == b'{"ok":true,"stop":false,"memory_good_step":10}'
+
+    _memory_checkpoint(app, attempt_id, 12)
+    buffer = app.state.heartbeats
+    buffer.info_ttl_s = 0.0
+    buffer.refresh_info()
+    assert client.post(url, json={}, headers=auth).json()[memckpt.HEARTBEAT_GOOD_STEP] == 12

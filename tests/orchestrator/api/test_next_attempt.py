@@ -42,6 +42,7 @@ def test_an_agent_waits_then_gets_its_in_place_successor_with_a_token_for_it_alo
     assert answer["action"] == "restart" and answer["attempt_id"] == a2 and answer["attempt_number"] == 2
     assert answer["resume_from"] == "s3://b/ckpt/step_10" and answer["master_port"] == 4242
     assert answer["memckpt_key"] == "ab" * 32  # the memory tier's replication key of attempt 2
+    assert answer["master_addr"] is None  # rank 0's node unchanged: the agents keep their address
     # ...which no reader of the job sees (the API never shows a handle).
     shown = client.get(f"/v1/jobs/{job_id}", headers=auth_header(_admin))
     assert shown.status_code == 200 and a2 in shown.text and "ab" * 32 not in shown.text
@@ -90,19 +91,28 @@ def test_a_hot_spare_waits_through_attempts_until_one_gives_it_a_slot_with_the_n
     ask = lambda host="algo-3": client.get(f"/v1/attempts/{a1}/nodes/{host}/next", headers=auth_header(token)).json()  # noqa: E731
     assert ask()["action"] == "wait" and "hot spare" in ask()["why"]  # attempt 1 runs
     with app.state.db.session() as s:
-        repo.set_attempt_state(s, repo.get_attempt(s, a1), "Failed", {"kind": "node.lost", "host": "algo-2"})
+        repo.set_attempt_state(s, repo.get_attempt(s, a1), "Failed", {"kind": "node.lost", "host": "algo-1"})
     a2 = _successor(app, job_id, "in_place")
     assert ask()["action"] == "wait"  # decided, not launched
     with app.state.db.session() as s:
         attempt = repo.get_attempt(s, a2)
-        attempt.handle = {"root": "/nowhere", "hosts": ["algo-1", "algo-3"], "spares": ["algo-4"], "attempt_id": a2}
+        # algo-3 took algo-1's slot, node rank 0: the backend records its address.
+        attempt.handle = {
+            "root": "/nowhere",
+            "hosts": ["algo-3", "algo-2"],
+            "spares": ["algo-4"],
+            "attempt_id": a2,
+            "master_addr": "10.0.0.3",
+        }
         repo.set_attempt_state(s, attempt, "Running")
     answer = ask()
-    assert answer["action"] == "restart" and answer["attempt_id"] == a2 and answer["hosts"] == ["algo-1", "algo-3"]
+    assert answer["action"] == "restart" and answer["attempt_id"] == a2 and answer["hosts"] == ["algo-3", "algo-2"]
+    assert answer["master_addr"] == "10.0.0.3"  # the new attempt's rendezvous host
     assert ask("algo-4")["action"] == "wait"  # still a spare
-    # The survivor learns the new host list too.
-    survivor = client.get(f"/v1/attempts/{a1}/nodes/algo-1/next", headers=auth_header(token)).json()
-    assert survivor["action"] == "restart" and survivor["hosts"] == ["algo-1", "algo-3"]
+    # The survivor learns the new host list and rank 0's address too.
+    survivor = client.get(f"/v1/attempts/{a1}/nodes/algo-2/next", headers=auth_header(token)).json()
+    assert survivor["action"] == "restart" and survivor["hosts"] == ["algo-3", "algo-2"]
+    assert survivor["master_addr"] == "10.0.0.3"
     # A relaunch (spares of its own) sends the remaining spare home.
     with app.state.db.session() as s:
         repo.set_attempt_state(s, repo.get_attempt(s, a2), "Failed", {"kind": "exit.nonzero"})

@@ -86,3 +86,12 @@ def test_an_in_place_attempt_gives_a_spare_the_replaced_node_s_slot(tmp_path):
     # The used spare is replaced from the pool (5 slots: 2 nodes, 2 spares, 1 to spare).
     assert handle["spares"] == ["algo-4", "algo-5"] and spawned == [("algo-5", True)]
     assert backend.launch(request) == handle and len(spawned) == 1  # idempotent: spawned once
+    assert handle["master_addr"] == "127.0.0.1"  # rank 0's node (no network namespaces: loopback)
+
+
+def test_a_spare_in_rank_0_s_slot_is_the_new_master_address():
+    from orchestrator.backends.local import master_addr
+
+    netns = {"nodes": {h: {"host": h, "ip": f"10.9.0.{i}"} for i, h in enumerate(["algo-1", "algo-2", "algo-3"], 2)}}
+    assert master_addr({"hosts": ["algo-3", "algo-2"], "netns": netns}) == "10.9.0.4"
+    assert master_addr({"hosts": ["algo-3", "algo-2"]}) == "127.0.0.1"

@@ -14,6 +14,7 @@ from aerie_contracts.restarts import memory_tier_off
 from agent.contract import write_json
 from agent.slurm import memory_env as node_memory_env
 from agent.slurm import memory_port, split_hosts
+from orchestrator.backends import slurm as slurm_backend
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import (
     SlurmBackend,
@@ -64,7 +65,12 @@ def test_every_node_splits_the_sorted_hosts_alike():
     assert split_hosts(("node1", "node2"), None) == (["node1", "node2"], [])
 
 
-def test_the_handle_learns_hosts_and_spares_then_a_spare_takes_a_blamed_slot(tmp_path):
+def test_the_handle_learns_hosts_and_spares_then_a_spare_takes_a_blamed_slot(tmp_path, monkeypatch):
+    def scontrol(argv, **_):  # what `scontrol show node -o node3` says of the spare
+        assert argv[:4] == ["scontrol", "show", "node", "-o"], argv
+        return f"NodeName={argv[4]} Arch=x86_64 NodeAddr=10.1.0.3 NodeHostName={argv[4]} State=ALLOCATED\n"
+
+    monkeypatch.setattr(slurm_backend, "_run", scontrol)
     root = tmp_path / "jobs" / "spare-abc" / "attempt-1"
     root.mkdir(parents=True)
     write_json(root / "launch.json", {"root": str(root), "master_port": None, "nodes": 2})
@@ -78,6 +84,7 @@ def test_the_handle_learns_hosts_and_spares_then_a_spare_takes_a_blamed_slot(tmp
     second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     assert second["slurm_job_id"] == 77 and second["hosts"] == ["node3", "node2"]  # node1's rank slot
     assert second["spares"] == [] and second["replaced_nodes"] == {"node1": "node3"}  # not replenished
+    assert second["master_addr"] == "10.1.0.3"  # node3 holds node rank 0 now: the rendezvous moves to it
     assert not (tmp_path / "jobs" / "spare-abc" / "attempt-2").exists()
 
 

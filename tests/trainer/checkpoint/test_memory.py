@@ -146,15 +146,21 @@ def test_flipped_byte_is_detected(tmp_path):
         memory.read_snapshot(path)
 
 
-def test_a_rank_keeps_only_its_newest_snapshots(tmp_path):
+def test_a_rank_keeps_its_newest_snapshots_and_the_one_its_agent_protects(tmp_path):
+    """The agent owns pruning (it keeps the job's newest good step); the rank only bounds what an
+    agent that takes nothing would leave, and never drops the step the agent protects."""
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters())
     snap = memory.MemorySnapshotter(job="j", attempt=1, rank=3, every=1, root=tmp_path)
-    for step in range(1, 6):
+    for step in range(1, 10):
         snap.snapshot(step, model, opt, None, {"step": step})
-    assert [w.step for w in snap.close()] == [1, 2, 3, 4, 5]
-    names = sorted(p.name for p in snap.dir.iterdir())
-    assert names == [memckpt.file_name(4, 3), memckpt.file_name(5, 3)]
+        if step == 2:
+            snap.wait()
+            memckpt.write_keep(snap.dir, 2)  # the agent: step 2 is the job's newest good one
+    assert [w.step for w in snap.close()] == list(range(1, 10))
+    names = sorted(p.name for p in snap.dir.iterdir() if memckpt.parse_name(p.name))
+    assert memory.KEEP_OWN == memckpt.MAX_HELD + 1 == 4
+    assert names == [memckpt.file_name(s, 3) for s in (2, 6, 7, 8, 9)]
 
 
 def test_auto_interval_keeps_the_cost_within_budget():
