@@ -67,10 +67,13 @@ def last_step_time(jobs_dir: Path, job_id: str, attempt: int) -> tuple[float, in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["goodput", "recovery", "spares"], help="run one part (default: all)")
+    parser.add_argument(
+        "--faults", help="recovery: only these rank faults, comma-separated (sigkill,sigstop,busy_hang; default: all)"
+    )
     args = parser.parse_args(argv)
     codes = []
     if args.only in (None, "recovery"):
-        codes.append(recovery())
+        codes.append(recovery(args.faults.split(",") if args.faults else None))
     if args.only in (None, "goodput"):
         codes.append(goodput())
     if args.only in (None, "spares"):
@@ -109,13 +112,13 @@ def spares() -> int:
     return 0 if run["job_state"] == JobState.COMPLETED else 1
 
 
-def recovery() -> int:
+def recovery(kinds: list[str] | None = None) -> int:
     """Both policies in one control plane, one after the other; one JSON line."""
     work = Path(tempfile.mkdtemp(prefix="aerie-bench-recovery-"))
     (work / "home").mkdir()
     cp = ControlPlane(work / "home", s3=True).start()
     try:
-        runs = [run_policy(cp, work, policy) for policy in POLICIES]
+        runs = [run_policy(cp, work, policy, kinds=kinds) for policy in POLICIES]
     finally:
         cp.stop()
         cp.cleanup_nodes()
