@@ -33,7 +33,9 @@ import time
 from pathlib import Path
 
 POLL_S = 0.05  # a waiting rank looks for its go file this often (idle otherwise)
-READY_WAIT_S = 15.0  # a group still warming up is waited for (still sooner than a cold start), this long
+# A group still warming up is waited for this long: it is further on than a cold start would be (which
+# imports torch from nothing, beside it, on the same cores); only a warm-up that is stuck is given up.
+READY_WAIT_S = 90.0
 TERM_GRACE_S = 10.0
 # Set per rank by `group` (torchrun's names); every other variable comes from the go file.
 PER_RANK = (
