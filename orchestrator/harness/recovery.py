@@ -47,6 +47,8 @@ FAULTS = rank_faults(57, 157, 257)
 POLICIES: dict[str, dict[str, Any]] = {
     "relaunch + S3": {"in_place_restarts": 0, "memory_every_steps": 0},
     "in place + memory": {"in_place_restarts": len(FAULTS), "memory_every_steps": MEMORY_EVERY},
+    # The default interval: as often as the measured cost allows within 1 % of step time.
+    "in place + memory (auto)": {"in_place_restarts": len(FAULTS), "memory_every_steps": "auto"},
 }
 
 
@@ -83,7 +85,8 @@ def run_policy(
 ) -> PolicyRun:
     """One job under `policy` (a key of POLICIES), to its end; only the faults of `kinds` (all: None)."""
     faults, steps = select_faults(kinds)
-    name = "recovery-" + ("memory" if POLICIES[policy]["memory_every_steps"] else "s3") + suffix
+    every = POLICIES[policy]["memory_every_steps"]
+    name = "recovery-" + ("memory-auto" if every == "auto" else "memory" if every else "s3") + suffix
     path = trainer_spec(
         work / f"{name}.json",
         name,

@@ -281,7 +281,8 @@ class MemorySnapshotter:
     calls `observe_step(seconds)` after each step and `maybe_snapshot(...)` after it; both are cheap
     when nothing is due. `finished()` hands over the snapshots completed since it was last called
     (what the loop reports), `close()` waits for the one being written. `async_=False` writes in
-    the step loop, as before staging existed (the bench's comparison).
+    the step loop, as before staging existed, and `cache_state=False` walks the state with
+    `get_state_dict` at every snapshot, as before `StateCache` (the bench's comparisons).
     """
 
     def __init__(
@@ -294,6 +295,7 @@ class MemorySnapshotter:
         root: str | os.PathLike[str] | None = None,
         auto: AutoInterval | None = None,
         async_: bool = True,
+        cache_state: bool = True,
     ) -> None:
         self.job, self.attempt, self.rank = job, attempt, rank
         self.every = every
@@ -304,7 +306,7 @@ class MemorySnapshotter:
         self.last_cost_s: float | None = None  # the step loop's wait for the last snapshot
         self.last_write_s: float = 0.0  # the last completed write's own time
         self._staging = Staging()
-        self._state = StateCache()
+        self._state = StateCache() if cache_state else None
         self._writer: threading.Thread | None = None
         self._done: list[Written] = []
         self._lock = threading.Lock()
@@ -337,7 +339,10 @@ class MemorySnapshotter:
         so `auto` stays within its budget even then."""
         started = time.perf_counter()
         self.wait()  # one write at a time: its buffers are about to be reused
-        state = self._state.state(model, optimizer, scheduler, extra_state)
+        if self._state is not None:
+            state = self._state.state(model, optimizer, scheduler, extra_state)
+        else:
+            state = dcp.state_to_save(model, optimizer, scheduler, extra_state)
         header = None
         if self.async_:
             staged = self._staging.copy(state)
