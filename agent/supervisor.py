@@ -55,6 +55,7 @@ log = logging.getLogger("aerie.agent")
 
 TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
 VERDICT_GRACE_S = 1.0  # after a verdict: the ranks are hung or diverged, nothing to save; a restart waits on it
+STALL_ASK_S = 0.5  # how often a node whose ranks stalled asks whether the attempt is over (Supervisor._stalled)
 WATCH_S = 0.1  # how often the watch loop looks for a dead rank (and how soon it sees the group end: at once)
 JOB_END_WAIT_S = 5.0  # at exit: how long a node waits for the control plane to say whether the job ended
 # Rank 0's training steps forwarded to the control plane (POST .../metrics), batched.
@@ -220,7 +221,7 @@ class Supervisor:
         cfg = self.cfg
         sample_s = float(cfg.health.get("sample_s", 1.0))
         heartbeat_s = float(cfg.health.get("heartbeat_s", 5.0))
-        next_beat = next_tick = 0.0
+        next_beat = next_tick = next_stall_check = 0.0
         while self.proc.poll() is None:
             now = time.time()
             if now >= next_tick:
@@ -228,6 +229,10 @@ class Supervisor:
                 if self.warm_wait_s > 0 and self.reporter.attempt_over and not self.attempt_over:
                     self._attempt_ended()
                 next_tick = now + (min(sample_s, 0.5) if self._term_sent_at else sample_s)
+            if now >= next_stall_check:
+                next_stall_check = now + STALL_ASK_S
+                if self._stalled(now) and ((self.reporter.next_attempt() or {}).get("attempt_over")):
+                    self._attempt_ended()  # a failure elsewhere ended the attempt: stop now, not at the next beat
             if now >= next_beat:
                 summary = self._summary()
                 self.reporter.heartbeat(summary)
@@ -539,6 +544,24 @@ class Supervisor:
             self._term_sent_at = time.time()
             killpg(self.proc.pid, signal.SIGTERM)
             killpg(self.proc.pid, signal.SIGCONT)  # a stopped rank can only act on SIGTERM once resumed
+
+    def _stalled(self, now: float) -> bool:
+        """With in-place restarts on: this group's ranks have made no step for longer than
+        max(1 s, 3 x their median step) — blocked, maybe, on a peer that died on another node. The
+        agent then asks `GET .../next` every `STALL_ASK_S` whether the attempt is over (the
+        heartbeat's answer may be seconds old: it is cached) and stops its ranks if so: the
+        attempt's other nodes learn of a failure within about half a second of the control plane's
+        decision. One small request per stalled node per half second; none while the group trains."""
+        if self.warm_wait_s <= 0 or self.attempt_over or self._term_sent_at is not None or self.monitor is None:
+            return False
+        try:
+            summary = self.monitor.summary()
+        except Exception:
+            return False
+        last_t, p50 = summary.get("last_step_t"), summary.get("step_time_p50")
+        if not isinstance(last_t, (int, float)) or not isinstance(p50, (int, float)):
+            return False
+        return now - float(last_t) > max(1.0, 3 * float(p50))
 
     def _kill_on_dead_rank(self) -> None:
         """A rank of this node died (its exit file says so) while in-place restarts are on: the
