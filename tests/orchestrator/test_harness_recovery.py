@@ -48,8 +48,9 @@ def test_an_in_place_restart_is_timed_from_the_two_streams(tmp_path):
             {"number": 2, "resume_from": uri, "cause": {"mode": "in_place"}},
         ],
     }
+
     def stamp(t: float) -> str:  # as the agent's logging writes it (local time, milliseconds)
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f",{int(round(t % 1 * 1000)):03d}"
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f",{round(t % 1 * 1000):03d}"
 
     log = [
         f"[agent {stamp(failed_at - 5)}] INFO starting 2 rank(s) on algo-1: python -m trainer.train",
