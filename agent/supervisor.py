@@ -56,6 +56,8 @@ log = logging.getLogger("aerie.agent")
 
 TERM_GRACE_S = 10.0  # after a stop request: time to finish the step and an in-flight save
 VERDICT_GRACE_S = 1.0  # after a verdict: the ranks are hung or diverged, nothing to save; a restart waits on it
+STALL_ASK_S = 0.5  # how often a node whose ranks stalled asks whether the attempt is over (Supervisor._stalled)
+WATCH_S = 0.1  # how often the watch loop looks for a dead rank (and how soon it sees the group end: at once)
 JOB_END_WAIT_S = 5.0  # at exit: how long a node waits for the control plane to say whether the job ended
 # Rank 0's training steps forwarded to the control plane (POST .../metrics), batched.
 METRIC_KEYS = ("t", "step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar")
@@ -223,20 +225,30 @@ class Supervisor:
         cfg = self.cfg
         sample_s = float(cfg.health.get("sample_s", 1.0))
         heartbeat_s = float(cfg.health.get("heartbeat_s", 5.0))
-        next_beat = 0.0
+        next_beat = next_tick = next_stall_check = 0.0
         while self.proc.poll() is None:
             now = time.time()
-            self._tick(now)
-            if self.warm_wait_s > 0 and self.reporter.attempt_over and not self.attempt_over:
-                self._attempt_ended()
+            if now >= next_tick:
+                self._tick(now)
+                if self.warm_wait_s > 0 and self.reporter.attempt_over and not self.attempt_over:
+                    self._attempt_ended()
+                next_tick = now + (min(sample_s, 0.5) if self._term_sent_at else sample_s)
+            if now >= next_stall_check:
+                next_stall_check = now + STALL_ASK_S
+                if self._stalled(now) and ((self.reporter.next_attempt() or {}).get("attempt_over")):
+                    self._attempt_ended()  # a failure elsewhere ended the attempt: stop now, not at the next beat
             if now >= next_beat:
                 summary = self._summary()
                 self.reporter.heartbeat(summary)
                 next_beat = now + heartbeat_s
                 if summary.get("last_step") is not None:
                     self._prewarm()  # the group trains: its successor may warm up now
+            self._kill_on_dead_rank()
             self._escalate(now)
-            time.sleep(min(sample_s, 0.5) if self._term_sent_at else sample_s)
+            try:  # wakes at once when the group ends; a rank's death is looked for every WATCH_S
+                self.proc.wait(timeout=WATCH_S)
+            except subprocess.TimeoutExpired:
+                pass
         if self.memory is not None:
             self.memory.end_group()
         self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
@@ -276,7 +288,9 @@ class Supervisor:
         if failed:
             self._prewarm()
 
-    def _await_in_place(self, poll_s: float = 0.5) -> dict[str, Any] | None:
+    def _await_in_place(
+        self, poll_s: float = 0.5, fast_s: float = 0.1, fast_for_s: float = 5.0
+    ) -> dict[str, Any] | None:
         """The in-place successor attempt (`GET .../next` said restart), or None: the agent ends
         (a relaunch or the job's end was decided, a stop request, or no word within the wait)."""
         wait_s = self.warm_wait_s
@@ -295,7 +309,9 @@ class Supervisor:
                 self._left_out = LEFT_OUT in str((answer or {}).get("why", ""))  # a spare took its slot
                 log.info("node %s: no in-place restart (%s)", self.cfg.host, (answer or {}).get("why"))
                 return None
-            self._stop.wait(poll_s)  # wakes at once on SIGTERM
+            # Asked often while the decision is due (the verdict is seconds old), then at `poll_s`.
+            waited = time.time() - (deadline - wait_s)
+            self._stop.wait(fast_s if waited < fast_for_s else poll_s)  # wakes at once on SIGTERM
         return None
 
     # --- a hot spare ---------------------------------------------------------------------------
@@ -544,6 +560,44 @@ class Supervisor:
             self._term_sent_at = time.time()
             killpg(self.proc.pid, signal.SIGTERM)
             killpg(self.proc.pid, signal.SIGCONT)  # a stopped rank can only act on SIGTERM once resumed
+
+    def _stalled(self, now: float) -> bool:
+        """With in-place restarts on: this group's ranks have made no step for longer than
+        max(1 s, 3 x their median step) — blocked, maybe, on a peer that died on another node. The
+        agent then asks `GET .../next` every `STALL_ASK_S` whether the attempt is over (the
+        heartbeat's answer may be seconds old: it is cached) and stops its ranks if so: the
+        attempt's other nodes learn of a failure within about half a second of the control plane's
+        decision. One small request per stalled node per half second; none while the group trains."""
+        if self.warm_wait_s <= 0 or self.attempt_over or self._term_sent_at is not None or self.monitor is None:
+            return False
+        try:
+            summary = self.monitor.summary()
+        except Exception:
+            return False
+        last_t, p50 = summary.get("last_step_t"), summary.get("step_time_p50")
+        if not isinstance(last_t, (int, float)) or not isinstance(p50, (int, float)):
+            return False
+        return now - float(last_t) > max(1.0, 3 * float(p50))
+
+    def _kill_on_dead_rank(self) -> None:
+        """A rank of this node died (its exit file says so) while in-place restarts are on: the
+        attempt has failed whatever the others do, and their work since the last snapshot is void,
+        so the whole group is killed now (SIGKILL, no grace; not left to torchrun's or the warm
+        group's SIGTERM grace, nor to a collective's timeout); the node reports at once and a warm
+        successor can start. Not after the agent's own SIGTERM (a stop or a verdict: its grace holds)."""
+        if self._term_sent_at is not None or self.warm_wait_s <= 0 or self.proc is None:
+            return
+        failed = self._first_failed_rank()
+        if failed is None:
+            return
+        self._term_sent_at, self._grace_s = time.time(), 0.0
+        log.info(
+            "rank %s on %s exited with code %s: its group is killed now (no grace; its work is void)",
+            failed.get("rank"),
+            self.cfg.host,
+            failed.get("exit_code"),
+        )
+        kill_tree(self.proc.pid, spare=self.warm.pid)
 
     def _escalate(self, now: float) -> None:
         if self._term_sent_at and now - self._term_sent_at > self._grace_s and self.proc:

@@ -7,7 +7,8 @@ interval the `auto` rule picks and the overhead that gives, the replication of o
 peer agent over loopback TCP (`agent.memckpt.replicate`, a server in a second process) and the
 restore (verify + load into the model). Then the whole cost on training: `--rounds` rounds, each
 `--window` steps with no snapshots, with a blocking one and with an async one every `--every`
-steps (interleaved, so the machine's load hits all three alike); the overhead of each is its
+steps, and an async one that walks the state with `get_state_dict` every time (`async_walk`, as
+before `memory.StateCache`) (interleaved, so the machine's load hits all four alike); the overhead of each is its
 extra wall time over the no-snapshot windows (a background write still takes CPU from the step on
 a CPU-only host). Ratios, not goals: the issue's goal is snapshot overhead <= 2 % of step time,
 measured in the same run.
@@ -74,8 +75,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="aerie-bench-", dir=base))
     try:
         snaps = {
-            mode: memory.MemorySnapshotter(job="bench", attempt=1, rank=0, every=1, root=root / mode, async_=on)
-            for mode, on in (("blocking", False), ("async", True))
+            mode: memory.MemorySnapshotter(
+                job="bench", attempt=1, rank=0, every=1, root=root / mode, async_=on, cache_state=cached
+            )
+            for mode, on, cached in (("blocking", False, True), ("async", True, True), ("async_walk", True, False))
         }
         costs: dict[str, list[float]] = {mode: [] for mode in snaps}
         write_s: list[float] = []
@@ -83,7 +86,7 @@ def main() -> None:
             for mode, snap in snaps.items():
                 snap.snapshot(i + 1, model, opt, None, {"step": i + 1})
                 costs[mode].append(snap.last_cost_s or 0.0)
-                write_s += [w.write_s for w in snap.close() if mode == "async"]
+                write_s += [w.write_s for w in snap.close() if mode != "blocking"]
                 step()  # the model moves on between snapshots, as in training
         blocking = {mode: statistics.median(c) for mode, c in costs.items()}
         snapshot_s = blocking["async"]
@@ -127,6 +130,9 @@ def main() -> None:
                     "step_s": round(step_s, 5),
                     "snapshot_s": round(snapshot_s, 5),
                     "snapshot_s_blocking": round(blocking["blocking"], 5),
+                    # The same async snapshot walking the state with get_state_dict each time (no StateCache).
+                    "snapshot_s_walk": round(blocking["async_walk"], 5),
+                    "snapshot_over_step_walk": round(blocking["async_walk"] / step_s, 4),
                     "background_write_s": round(statistics.median(write_s), 5),
                     "snapshot_over_step": round(snapshot_s / step_s, 4),
                     "snapshot_over_step_blocking": round(blocking["blocking"] / step_s, 4),
@@ -149,18 +155,24 @@ def training_overhead(step, model, opt, root: Path, args: argparse.Namespace) ->
     none, in `rounds` rounds (the three windows of a round back to back, in a rotating order); per
     mode the median over rounds of (its window / the round's no-snapshot window - 1): the share of
     training time the snapshots cost, in wall time and in this process's CPU time."""
-    modes = ["none", "blocking", "async"]
-    ratios: dict[str, list[float]] = {"blocking": [], "async": []}
-    cpu_ratios: dict[str, list[float]] = {"blocking": [], "async": []}
+    modes = ["none", "blocking", "async", "async_walk"]
+    ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
+    cpu_ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
     for r in range(args.rounds):
         took: dict[str, float] = {}
         cpu: dict[str, float] = {}
-        for mode in modes[r % 3 :] + modes[: r % 3]:
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
             snap = None
             if mode != "none":
                 folder = root / f"window-{mode}-{r}"
                 snap = memory.MemorySnapshotter(
-                    job="bench", attempt=1, rank=0, every=args.every, root=folder, async_=mode == "async"
+                    job="bench",
+                    attempt=1,
+                    rank=0,
+                    every=args.every,
+                    root=folder,
+                    async_=mode != "blocking",
+                    cache_state=mode != "async_walk",
                 )
             t0, c0 = time.perf_counter(), time.process_time()
             for i in range(1, args.window + 1):
@@ -181,9 +193,11 @@ def training_overhead(step, model, opt, root: Path, args: argparse.Namespace) ->
         "every_steps": args.every,
         "overhead_blocking": round(statistics.median(ratios["blocking"]), 4),
         "overhead_async": round(statistics.median(ratios["async"]), 4),
+        "overhead_async_walk": round(statistics.median(ratios["async_walk"]), 4),
         # The same from this process's CPU time (all its threads): blind to other processes' load.
         "cpu_overhead_blocking": round(statistics.median(cpu_ratios["blocking"]), 4),
         "cpu_overhead_async": round(statistics.median(cpu_ratios["async"]), 4),
+        "cpu_overhead_async_walk": round(statistics.median(cpu_ratios["async_walk"]), 4),
     }
 
 

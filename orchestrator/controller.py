@@ -132,6 +132,12 @@ class Controller:
         self._handle_stop_requests()
         self._launch_pending()
         self._poll_running()
+        with self.db.session() as s:
+            decided = bool(repo.attempts_in(s, {AttemptState.PENDING}))
+        if decided:
+            # A failure this pass chained a next attempt: launch it now, not a reconcile interval
+            # later (an in-place successor's agents are waiting on GET .../next for it).
+            self._launch_pending()
 
     # --- steps ----------------------------------------------------------------------------
 

@@ -23,9 +23,15 @@ replication secret (`AERIE_MEMORY_CHECKPOINT_KEY`, from the control plane, new e
 request without the right proof is refused (`{"ok": false, "error": "refused: ..."}`) and logged
 with its peer's address, never with the key or the proof; a client refuses an answer without the
 right proof. A `put` request names the snapshot header's `crc32` and the receiver checks the
-header it receives against it, so the proof covers the stream's header (and through its CRC-32,
-the payload against accident; not against a man in the middle who rewrites the payload and keeps
-its CRC: links between the nodes are the cluster's own).
+header it receives against it, so the proof covers the stream's header.
+
+The payload is authenticated too, not only checksummed: a `put` request (and a `get`'s answer)
+carries `mac` = HMAC-SHA256(key, "aerie-memckpt/payload" + every byte of the snapshot file, header
+block included), computed by the sender in the same pass that verifies its CRC-32 and, being part
+of the proven line, bound to this connection. The receiver computes it over the bytes as they
+arrive and keeps the partial (never renames it into a replica or a restored copy) unless it
+matches: a man in the middle who rewrites the payload and fixes up its CRC-32 (CRC is linear:
+that is easy) is refused (`TamperedSnapshot`).
 """
 
 from __future__ import annotations
@@ -60,6 +66,10 @@ class Unauthenticated(ReplicationError):
     """A request or an answer without the attempt's proof."""
 
 
+class TamperedSnapshot(Unauthenticated):
+    """The streamed bytes do not carry the sender's payload MAC (whatever their CRC-32 says)."""
+
+
 REFUSED = "refused: no valid proof of this attempt's replication key"
 
 
@@ -79,7 +89,31 @@ def _proven(key: bytes, label: bytes, nonce: str, obj: dict[str, Any]) -> bool:
     return isinstance(proof, str) and hmac.compare_digest(proof, _proof(key, label, nonce, obj))
 
 
-_REQUEST, _ANSWER = b"aerie-memckpt/request", b"aerie-memckpt/answer"
+_REQUEST, _ANSWER, _PAYLOAD = b"aerie-memckpt/request", b"aerie-memckpt/answer", b"aerie-memckpt/payload\n"
+
+
+def _payload_mac(key: bytes) -> hmac.HMAC:
+    return hmac.new(key, _PAYLOAD, hashlib.sha256)
+
+
+def verify_and_mac(path: Path, key: bytes) -> tuple[memckpt.Header, str]:
+    """One pass over a complete local snapshot: its header once its payload matches the CRC-32
+    (else raises, as `memckpt.verify`), and the payload MAC of the whole file under `key`."""
+    header = memckpt.read_header(path)
+    mac, crc = _payload_mac(key), 0
+    with open(path, "rb") as f:
+        mac.update(f.read(memckpt.HEADER_SIZE))
+        left = header.size
+        while left > 0:
+            chunk = f.read(min(memckpt.CHUNK, left))
+            if not chunk:
+                raise memckpt.TornSnapshot(f"{path}: {header.size - left} payload bytes of {header.size}")
+            crc = zlib.crc32(chunk, crc)
+            mac.update(chunk)
+            left -= len(chunk)
+    if crc != header.crc32:
+        raise memckpt.CorruptSnapshot(f"{path}: payload CRC-32 {crc:08x}, header says {header.crc32:08x}")
+    return header, mac.hexdigest()
 
 
 def peer_of(nodes: list[str], node: str) -> str | None:
@@ -118,12 +152,18 @@ def _read_exact(stream, n: int) -> bytes:
     return data
 
 
-def _receive_file(stream, size: int, final: Path, *, crc32: int) -> memckpt.Header:
+def _receive_file(stream, size: int, final: Path, *, crc32: int, key: bytes, mac: object) -> memckpt.Header:
     """`size` bytes of a snapshot file into `final` (via a partial; header last), CRC checked,
-    and the header's CRC-32 the `crc32` that the peer's proven line named."""
+    the header's CRC-32 the `crc32` that the peer's proven line named and the bytes' payload MAC
+    under `key` the `mac` it named."""
     if size < memckpt.HEADER_SIZE:
         raise ReplicationError(f"a snapshot of {size} bytes has no header")
-    header = memckpt.Header.decode(_read_exact(stream, memckpt.HEADER_SIZE))
+    if not isinstance(mac, str):
+        raise TamperedSnapshot("the peer named no payload MAC")
+    block = _read_exact(stream, memckpt.HEADER_SIZE)
+    header = memckpt.Header.decode(block)
+    running = _payload_mac(key)
+    running.update(block)
     if header.crc32 != crc32:
         raise ReplicationError(f"the header's CRC-32 {header.crc32:08x} is not the proven {crc32:08x}")
     if header.size != size - memckpt.HEADER_SIZE:
@@ -139,10 +179,13 @@ def _receive_file(stream, size: int, final: Path, *, crc32: int) -> memckpt.Head
                 if not chunk:
                     raise ReplicationError(f"connection closed with {left} payload bytes to go")
                 crc = zlib.crc32(chunk, crc)
+                running.update(chunk)
                 f.write(chunk)
                 left -= len(chunk)
             if crc != header.crc32:
                 raise memckpt.CorruptSnapshot(f"received payload CRC-32 {crc:08x}, header says {header.crc32:08x}")
+            if not hmac.compare_digest(running.hexdigest(), mac):
+                raise TamperedSnapshot("the received bytes do not carry the sender's payload MAC")
             f.flush()
             memckpt.write_header(f.fileno(), header)
         os.replace(partial, final)
@@ -205,6 +248,10 @@ class _Handler(socketserver.StreamRequestHandler):
             obj = {**obj, "proof": _proof(self._key, _ANSWER, self._nonce, obj)}
         _send_line(self.connection, obj)
 
+    def _key_of(self) -> bytes:
+        assert self._key is not None  # only proven requests get this far
+        return self._key
+
     def _store(self, request: dict[str, Any]) -> SnapshotStore:
         return SnapshotStore(str(request.get("job", "")), self.server.root)
 
@@ -216,7 +263,14 @@ class _Handler(socketserver.StreamRequestHandler):
             raise ReplicationError(f"not a snapshot name: {request.get('name')!r}")
         rank, step = parsed
         final = store.dir(replica_of=node) / memckpt.file_name(step, rank)
-        header = _receive_file(self.rfile, int(request["size"]), final, crc32=int(request["crc32"]))
+        header = _receive_file(
+            self.rfile,
+            int(request["size"]),
+            final,
+            crc32=int(request["crc32"]),
+            key=self._key_of(),
+            mac=request.get("mac"),
+        )
         if (header.job, header.rank, header.step) != (store.job, rank, step):
             final.unlink(missing_ok=True)
             raise ReplicationError(f"header names {header}, the request {store.job} rank {rank} step {step}")
@@ -241,9 +295,13 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._answer({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
                 return
             f.seek(0)
-            # The proof covers the size and the header's CRC-32, which the fetcher checks.
-            self._answer({"ok": True, "size": size, "crc32": crc})
-            self.connection.sendfile(f)
+            mac = _payload_mac(self._key_of())
+            for chunk in iter(lambda: f.read(memckpt.CHUNK), b""):
+                mac.update(chunk)
+            f.seek(0)
+            # The proof covers the size, the header's CRC-32 and the payload MAC, which the fetcher checks.
+            self._answer({"ok": True, "size": size, "crc32": crc, "mac": mac.hexdigest()})
+            self.connection.sendfile(f, 0, size)
 
 
 class ReplicaServer(socketserver.ThreadingTCPServer):
@@ -315,11 +373,19 @@ def _answer_of(stream, key: bytes, nonce: str, what: str) -> dict[str, Any]:
 def send_snapshot(address: tuple[str, int], path: Path, *, job: str, node: str, key: bytes) -> memckpt.Header:
     """Replicate one complete local snapshot to the peer at `address`; returns its header once the
     peer stored it complete. Verifies the local copy first: a corrupt one is never replicated."""
-    header = memckpt.verify(path)
+    header, mac = verify_and_mac(path, key)
     with socket.create_connection(address, timeout=TIMEOUT_S) as sock:
         stream = sock.makefile("rb")
         size = memckpt.HEADER_SIZE + header.size
-        request = {"op": "put", "job": job, "node": node, "name": path.name, "size": size, "crc32": header.crc32}
+        request = {
+            "op": "put",
+            "job": job,
+            "node": node,
+            "name": path.name,
+            "size": size,
+            "crc32": header.crc32,
+            "mac": mac,
+        }
         nonce = _request(sock, stream, key, request)
         try:
             with open(path, "rb") as f:
@@ -348,7 +414,9 @@ def fetch_snapshot(
         request = {"op": "get", "job": job, "node": node, "rank": rank, "step": step, "tier": tier}
         nonce = _request(sock, stream, key, request)
         reply = _answer_of(stream, key, nonce, f"{tier} of rank {rank} step {step}")
-        header = _receive_file(stream, int(reply["size"]), dest, crc32=int(reply["crc32"]))
+        header = _receive_file(
+            stream, int(reply["size"]), dest, crc32=int(reply["crc32"]), key=key, mac=reply.get("mac")
+        )
     if (header.job, header.rank, header.step) != (job, rank, step):
         dest.unlink(missing_ok=True)
         raise memckpt.SnapshotError(f"fetched snapshot names {header}, wanted {job} rank {rank} step {step}")

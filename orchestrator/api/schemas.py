@@ -172,6 +172,9 @@ class NextOut(BaseModel):
     hosts: list[str] | None = None
     # The memory tier's endpoints ({host: addr:port}) when the backend added nodes (a new hot spare).
     memory_peers: dict[str, str] | None = None
+    # Whether the asking attempt is over (ended, or a successor exists): a node whose ranks stalled
+    # asks, to stop them as soon as a failure elsewhere ended the attempt (agent/supervisor.py).
+    attempt_over: bool = False
 
 
 class VerdictIn(BaseModel):

@@ -13,13 +13,19 @@ Per fault, from the failed attempt's and its successor's metrics streams and rec
   warm ranks' go, rendezvous, model build);
 - restore_s: the ranks' restore (the slowest rank's `restored` event);
 - redone_steps / redone_s: steps trained again after the resume point (at the run's median step time);
+- phases: where restart_s goes, seconds after the verdict, from the attempt rows and the nodes'
+  logs (the slowest node's): `announced` (attempt N+1 created), `reaped` (the old group ended and
+  the node reported), `learned` (the agent switched to N+1), `spawned` (the new ranks started),
+  `pg_init` (their process group up), `restored`, `first_step`;
 and per policy the median step time, so snapshot overhead is measured in the same run against a
 policy with snapshots off (plus the snapshots' own cost share, from their `checkpoint_memory` events).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -41,6 +47,8 @@ FAULTS = rank_faults(57, 157, 257)
 POLICIES: dict[str, dict[str, Any]] = {
     "relaunch + S3": {"in_place_restarts": 0, "memory_every_steps": 0},
     "in place + memory": {"in_place_restarts": len(FAULTS), "memory_every_steps": MEMORY_EVERY},
+    # The default interval: as often as the measured cost allows within 1 % of step time.
+    "in place + memory (auto)": {"in_place_restarts": len(FAULTS), "memory_every_steps": "auto"},
 }
 
 
@@ -49,23 +57,45 @@ class PolicyRun:
     policy: str
     job: dict[str, Any]
     wall_s: float
+    fault_list: list[dict[str, Any]] = field(default_factory=lambda: list(FAULTS))
     faults: list[dict[str, Any]] = field(default_factory=list)
     median_step_s: float | None = None
     snapshot_share: float | None = None  # snapshot seconds / step seconds, rank 0
 
 
-def run_policy(cp: ControlPlane, work: Path, policy: str, bucket: str = "s3://aerie/recovery") -> PolicyRun:
-    """One job under `policy` (a key of POLICIES), to its end."""
-    name = "recovery-" + ("memory" if POLICIES[policy]["memory_every_steps"] else "s3")
+def select_faults(kinds: list[str] | None) -> tuple[list[dict[str, Any]], int]:
+    """The faults of these kinds (all: None), renumbered one per attempt, and the steps a job with
+    them needs (its last fault + 43, as the full set's)."""
+    chosen = [dict(f) for f in FAULTS if kinds is None or f["kind"] in kinds]
+    if not chosen:
+        raise ValueError(f"no fault of kinds {kinds}; known: {[f['kind'] for f in FAULTS]}")
+    for n, fault in enumerate(chosen, 1):
+        fault["attempt"] = n
+    return chosen, max(f["step"] for f in chosen) + STEPS - FAULTS[-1]["step"]
+
+
+def run_policy(
+    cp: ControlPlane,
+    work: Path,
+    policy: str,
+    bucket: str = "s3://aerie/recovery",
+    *,
+    kinds: list[str] | None = None,
+    suffix: str = "",
+) -> PolicyRun:
+    """One job under `policy` (a key of POLICIES), to its end; only the faults of `kinds` (all: None)."""
+    faults, steps = select_faults(kinds)
+    every = POLICIES[policy]["memory_every_steps"]
+    name = "recovery-" + ("memory-auto" if every == "auto" else "memory" if every else "s3") + suffix
     path = trainer_spec(
         work / f"{name}.json",
         name,
-        steps=STEPS,
-        faults=FAULTS,
+        steps=steps,
+        faults=faults,
         checkpoint_uri=f"{bucket}/{name}",
         every_steps=S3_EVERY,
-        max_restarts=len(FAULTS),
-        in_place_restarts=POLICIES[policy]["in_place_restarts"],
+        max_restarts=len(faults),
+        in_place_restarts=POLICIES[policy]["in_place_restarts"] and len(faults),
         memory_every_steps=POLICIES[policy]["memory_every_steps"],
     )
     spec = json.loads(path.read_text())
@@ -74,7 +104,7 @@ def run_policy(cp: ControlPlane, work: Path, policy: str, bucket: str = "s3://ae
     started = time.time()
     cp.cli("submit", str(path), check=True)
     job = cp.wait_state(name, JOB_TERMINAL, timeout_s=900)
-    run = PolicyRun(policy=policy, job=job, wall_s=time.time() - started)
+    run = PolicyRun(policy=policy, job=job, wall_s=time.time() - started, fault_list=faults)
     measure(run, cp.home / "jobs" / job["id"])
     return run
 
@@ -93,7 +123,7 @@ def measure(run: PolicyRun, job_dir: Path) -> None:
     ]
     if step_times and snaps:
         run.snapshot_share = sum(snaps) / sum(step_times)
-    for fault, failed, nxt in zip(FAULTS, attempts, attempts[1:], strict=False):
+    for fault, failed, nxt in zip(run.fault_list, attempts, attempts[1:], strict=False):
         run.faults.append(fault_timings(fault, failed, nxt, job_dir, run.median_step_s))
 
 
@@ -126,4 +156,48 @@ def fault_timings(
         out["redone_steps"] = int(last["step"]) - resumed
         if step_s:
             out["redone_s"] = round(out["redone_steps"] * step_s, 2)
+    if verdict:
+        out["phases"] = phases(job_dir, float(verdict), nxt)
     return out
+
+
+# Node-log lines that mark the phases of a restart (agent/supervisor.py, agent/memckpt, trainer/train.py).
+_PHASE_LINES = {
+    "reaped": re.compile(r"\] INFO node \S+ finished: exit"),
+    "learned": re.compile(r"restarts its worker group in place for|INFO memory checkpoints: \S+ serves replicas"),
+    "spawned": re.compile(r"\] INFO starting \d+ rank"),
+    "pg_init": re.compile(r"INFO trainer\.train: process group:"),
+}
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+
+
+def _stamp(line: str) -> float | None:
+    match = _STAMP.search(line)
+    if not match:
+        return None
+    return datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time, as logged
+
+
+def phases(job_dir: Path, verdict: float, nxt: dict[str, Any]) -> dict[str, float]:
+    """Seconds after the verdict at which each restart phase was over on the slowest node."""
+    out: dict[str, float] = {}
+    if isinstance(nxt.get("created_at"), (int, float)):
+        out["announced"] = round(float(nxt["created_at"]) - verdict, 2)
+    for log_path in sorted(job_dir.glob("attempt-*/*/logs/node.log")):
+        seen: dict[str, float] = {}
+        for line in log_path.read_text(errors="replace").splitlines():
+            t = _stamp(line)
+            if t is None or t < verdict - 0.5:
+                continue
+            for phase, pattern in _PHASE_LINES.items():
+                if phase not in seen and pattern.search(line):
+                    seen[phase] = t - verdict
+        for phase, dt in seen.items():
+            out[phase] = round(max(out.get(phase, dt), dt), 2)
+    restored = attempt_step_records(job_dir, nxt["number"], None, MetricEvent.RESTORED)
+    if restored:
+        out["restored"] = round(max(float(r["t"]) for r in restored) - verdict, 2)
+    first = attempt_step_records(job_dir, nxt["number"])
+    if first:
+        out["first_step"] = round(min(float(r["t"]) for r in first) - verdict, 2)
+    return dict(sorted(out.items(), key=lambda kv: kv[1]))

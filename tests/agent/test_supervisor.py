@@ -176,3 +176,31 @@ def test_multi_rank_nodes_go_through_torchrun_with_static_rendezvous(tmp_path):
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=1" in cmd
     assert "--master-addr=10.0.0.1" in cmd and "--master-port=1234" in cmd
     assert cmd[-6:] == [sys.executable, "-m", "agent.rank", "--", "python", "t.py"]
+
+
+def test_with_in_place_restarts_a_dead_rank_takes_its_group_down_at_once(tmp_path):
+    """A rank killed with SIGKILL fails the attempt: with in-place restarts on, the agent kills the
+    rest of its group (here a rank that ignores SIGTERM) at once, not after torchrun's SIGTERM
+    grace, and reports the dead rank as the cause."""
+    script = (
+        "import os, signal, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)\n"
+        "time.sleep(2); os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    contract, env = _node(tmp_path, ["python", "-c", script], procs_per_node=2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env.update({"AERIE_MASTER_ADDR": "127.0.0.1", "AERIE_MASTER_PORT": str(port), "AERIE_IN_PLACE_WAIT_S": "30"})
+    log_path = tmp_path / "node.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "agent.entrypoint"], env=env, cwd=REPO, stdout=log, stderr=log)
+        proc.wait(timeout=120)
+    logged = log_path.read_text()
+    assert "rank 0 on algo-1 exited with code 137: its group is killed now" in logged, logged[-3000:]
+    outcome = json.loads((contract.node_dir / "exit.json").read_text())
+    assert outcome["reason"]["kind"] == "exit.nonzero" and outcome["reason"]["rank"] == 0
+    assert outcome["reason"]["signal"] == signal.SIGKILL
+    survivor = int((contract.node_dir / "ranks" / "rank-1.pid").read_text())
+    assert not _alive(survivor)

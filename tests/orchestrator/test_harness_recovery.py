@@ -5,6 +5,7 @@ attempt before, in the directory of the attempt that launched the agents."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from aerie_contracts.checkpoints import memory_uri
@@ -47,8 +48,29 @@ def test_an_in_place_restart_is_timed_from_the_two_streams(tmp_path):
             {"number": 2, "resume_from": uri, "cause": {"mode": "in_place"}},
         ],
     }
+
+    def stamp(t: float) -> str:  # as the agent's logging writes it (local time, milliseconds)
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f",{round(t % 1 * 1000):03d}"
+
+    log = [
+        f"[agent {stamp(failed_at - 5)}] INFO starting 2 rank(s) on algo-1: python -m trainer.train",
+        f"[agent {stamp(failed_at + 0.5)}] INFO node algo-1 finished: exit 137 {{}}",
+        f"[agent {stamp(failed_at + 0.75)}] INFO node algo-1 restarts its worker group in place for job-a2",
+        f"[agent {stamp(failed_at + 1.0)}] INFO starting 2 rank(s) on algo-1 (warm: torch already imported): x",
+        f"[algo-1 rank 0] {stamp(failed_at + 1.25)} INFO trainer.train: process group: 4 ranks",
+    ]
+    (launched / "algo-1" / "logs").mkdir(parents=True)
+    (launched / "algo-1" / "logs" / "node.log").write_text("\n".join(log) + "\n")
     run = PolicyRun(policy="in place + memory", job=job, wall_s=30.0)
     measure(run, job_dir)
+    assert run.faults[0]["phases"] == {
+        "reaped": 0.5,
+        "learned": 0.75,
+        "spawned": 1.0,
+        "pg_init": 1.25,
+        "restored": 1.75,
+        "first_step": 2.5,
+    }
     assert run.median_step_s == 0.5
     assert run.snapshot_share == 0.02 / (0.5 * 28)
     [fault] = run.faults

@@ -102,9 +102,14 @@ def set_rng_state(blob: bytes) -> None:
 
 def state_to_save(model, optimizer, scheduler, extra_state: dict[str, Any]) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {MODEL: model_sd, OPTIM: optim_sd, **train_and_rng_state(scheduler, extra_state)}
+
+
+def train_and_rng_state(scheduler, extra_state: dict[str, Any]) -> dict[str, Any]:
+    """The part of `state_to_save` beside the model and the optimizer: scheduler + extra, this rank's RNG."""
     train_state = {"scheduler": scheduler.state_dict() if scheduler is not None else None, "extra": dict(extra_state)}
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return {MODEL: model_sd, OPTIM: optim_sd, TRAIN_STATE: pickle.dumps(train_state), _rng_key(rank): rng_state()}
+    return {TRAIN_STATE: pickle.dumps(train_state), _rng_key(rank): rng_state()}
 
 
 def _stager(on_gpu: bool):

@@ -15,6 +15,13 @@ staging buffers (host memory, reused from one snapshot to the next; pinned, with
 on a GPU); a background thread serializes the copy into the snapshot file (CRC as it goes, header
 last). One write at a time: a snapshot due while the last one is still being written first waits
 for it (the buffers are in use). The copies are exact, so a resume from either is bitwise the same.
+
+What the step loop waits for is kept small: the staging buffers are allocated once and reused, and
+the state's structure (`get_state_dict`'s walk of the model and the optimizer to name every tensor,
+which costs more than copying a small model's tensors) is worked out once and kept (`StateCache`):
+later snapshots rebuild the dicts from the live tensors by the names found the first time, as long
+as the model's parameters and the optimizer's state are the same tensors (checked every time, by
+identity and storage; otherwise it is worked out again).
 """
 
 from __future__ import annotations
@@ -154,6 +161,58 @@ class Staging:
         return obj
 
 
+class StateCache:
+    """`dcp.state_to_save` without redoing `get_state_dict` at every snapshot.
+
+    The first call does the full walk and remembers the model's state dict (its tensors share
+    storage with the live parameters and buffers: updated in place, they stay current) and the
+    optimizer's parameter names. Later calls, while the fingerprint holds (the same parameter,
+    buffer and optimizer-state tensors, by identity and storage), rebuild the optimizer's dict
+    from its live state (tensor values, updated in place; other values read afresh) and param
+    groups (lr and the rest read afresh) under those names: the same dict `get_state_dict` gives.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._model_sd: dict[str, Any] = {}
+        self._names: dict[int, str] = {}  # id(parameter) -> its name in the optimizer's dict
+        self._group_names: list[list[str]] = []
+
+    @staticmethod
+    def _fingerprint(model, optimizer) -> tuple:
+        def tensor(t: Any) -> tuple:
+            return (id(t), t.data_ptr()) if isinstance(t, torch.Tensor) else (None, None)
+
+        return (
+            tuple(tensor(p) for p in model.parameters()),
+            tuple(tensor(b) for b in model.buffers()),
+            tuple((id(p), tuple((k, *tensor(v)) for k, v in st.items())) for p, st in optimizer.state.items()),
+            tuple(tuple(id(p) for p in g["params"]) for g in optimizer.param_groups),
+        )
+
+    def state(self, model, optimizer, scheduler, extra_state: dict[str, Any]) -> dict[str, Any]:
+        key = self._fingerprint(model, optimizer)
+        if key != self._key:
+            state = dcp.state_to_save(model, optimizer, scheduler, extra_state)
+            groups = state[dcp.OPTIM].get("param_groups", [])
+            live = optimizer.param_groups
+            names = [list(g.get("params", [])) for g in groups]
+            if len(names) == len(live) and all(len(n) == len(g["params"]) for n, g in zip(names, live, strict=True)):
+                self._key, self._model_sd, self._group_names = key, state[dcp.MODEL], names
+                self._names = {id(p): n for g, ns in zip(live, names, strict=True) for p, n in zip(g["params"], ns)}
+            else:
+                self._key = None  # a layout this cache does not know: the full walk every time
+            return state
+        optim_sd = {
+            "state": {self._names[id(p)]: dict(st) for p, st in optimizer.state.items()},
+            "param_groups": [
+                {**{k: v for k, v in g.items() if k != "params"}, "params": list(names)}
+                for g, names in zip(optimizer.param_groups, self._group_names, strict=True)
+            ],
+        }
+        return {dcp.MODEL: dict(self._model_sd), dcp.OPTIM: optim_sd, **dcp.train_and_rng_state(scheduler, extra_state)}
+
+
 @dataclass(frozen=True)
 class Written:
     """A snapshot complete in shared memory: what the step loop reports (`checkpoint_memory`)."""
@@ -225,7 +284,8 @@ class MemorySnapshotter:
     calls `observe_step(seconds)` after each step and `maybe_snapshot(...)` after it; both are cheap
     when nothing is due. `finished()` hands over the snapshots completed since it was last called
     (what the loop reports), `close()` waits for the one being written. `async_=False` writes in
-    the step loop, as before staging existed (the bench's comparison).
+    the step loop, as before staging existed, and `cache_state=False` walks the state with
+    `get_state_dict` at every snapshot, as before `StateCache` (the bench's comparisons).
     """
 
     def __init__(
@@ -238,6 +298,7 @@ class MemorySnapshotter:
         root: str | os.PathLike[str] | None = None,
         auto: AutoInterval | None = None,
         async_: bool = True,
+        cache_state: bool = True,
     ) -> None:
         self.job, self.attempt, self.rank = job, attempt, rank
         self.every = every
@@ -248,6 +309,7 @@ class MemorySnapshotter:
         self.last_cost_s: float | None = None  # the step loop's wait for the last snapshot
         self.last_write_s: float = 0.0  # the last completed write's own time
         self._staging = Staging()
+        self._state = StateCache() if cache_state else None
         self._writer: threading.Thread | None = None
         self._done: list[Written] = []
         self._lock = threading.Lock()
@@ -280,7 +342,10 @@ class MemorySnapshotter:
         so `auto` stays within its budget even then."""
         started = time.perf_counter()
         self.wait()  # one write at a time: its buffers are about to be reused
-        state = dcp.state_to_save(model, optimizer, scheduler, extra_state)
+        if self._state is not None:
+            state = self._state.state(model, optimizer, scheduler, extra_state)
+        else:
+            state = dcp.state_to_save(model, optimizer, scheduler, extra_state)
         header = None
         if self.async_:
             staged = self._staging.copy(state)

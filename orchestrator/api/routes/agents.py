@@ -129,6 +129,13 @@ def next_attempt(s: SessionDep, attempt: AttemptDep, host: str) -> NextOut:
     successor of this very attempt, once launched on this node, is handed over, with a token
     scoped to it alone; this attempt's own token stays good for this attempt only, which is no
     longer current, so nothing its stale ranks commit is recorded."""
+    answer = _next(s, attempt, host)
+    latest = max(attempt.job.attempts, key=lambda a: a.number).number
+    answer.attempt_over = attempt.state in ATTEMPT_TERMINAL or latest != attempt.number or attempt.job.stop_requested
+    return answer
+
+
+def _next(s, attempt, host: str) -> NextOut:
     job = attempt.job
     if job.stop_requested or job.state in JOB_TERMINAL:
         return NextOut(action=NextAction.EXIT, why=f"job {job.state}")

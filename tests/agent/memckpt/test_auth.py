@@ -8,6 +8,7 @@ import json
 import logging
 import socket
 import threading
+import zlib
 
 import pytest
 
@@ -119,3 +120,86 @@ def test_keys_are_checked():
     assert "secret" not in str(err.value)
     with pytest.raises(ValueError, match="at least 16"):
         memckpt.parse_key("ab" * 8)
+
+
+# XORed into equal-length bytes this leaves a CRC-32 unchanged: the generator polynomial itself,
+# in zlib's bit order (x^32 first, then 0xEDB88320 low bit first). CRC is linear; a MAC is not.
+_CRC_NEUTRAL = (0x1DB710641).to_bytes(5, "little")
+
+
+def _tampering_proxy(upstream: tuple[str, int], at: int, *, answer: bool = False):
+    """A man in the middle: relays one connection both ways and XORs `_CRC_NEUTRAL` into one
+    direction's stream `at` bytes after its JSON lines (inside the snapshot's bytes): the
+    client's (a put's request line), or with `answer` the server's (challenge, answer)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def relay() -> None:
+        conn, _ = listener.accept()
+        with conn, socket.create_connection(upstream) as up:
+            down = threading.Thread(target=_pump, args=(up, conn, at if answer else None, 2), daemon=True)
+            down.start()
+            _pump(conn, up, None if answer else at, 1)
+            down.join(timeout=10)
+
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def _pump(src: socket.socket, dst: socket.socket, tamper_at: int | None, lines: int) -> None:
+    seen, body = bytearray(), None
+    while data := src.recv(1 << 16):
+        start = len(seen)
+        seen += data
+        if tamper_at is not None and body is None and seen.count(b"\n") >= lines:
+            body = [i for i, c in enumerate(seen) if c == ord("\n")][lines - 1] + 1
+        if tamper_at is not None and body is not None:
+            edited = bytearray(data)
+            for i, b in enumerate(_CRC_NEUTRAL):
+                pos = body + tamper_at + i - start
+                if 0 <= pos < len(edited):
+                    edited[pos] ^= b
+            data = bytes(edited)
+        try:
+            dst.sendall(data)
+        except OSError:
+            return
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def test_a_replica_tampered_in_flight_with_its_crc_kept_is_refused(tmp_path):
+    """The CRC-32 catches accidents only; the payload MAC catches a rewrite that keeps it, on a
+    put (no replica counts) and on a restore's fetch (nothing is restored)."""
+    srv = replicate.ReplicaServer(tmp_path / "b", key=KEY).start()
+    try:
+        data = payload(3 * memckpt.CHUNK, 7)
+        path = write(tmp_path / "a", 5, 0, data)
+        offset = memckpt.CHUNK + 11
+        listener, thread = _tampering_proxy(srv.address, memckpt.HEADER_SIZE + offset)
+        with pytest.raises(replicate.ReplicationError, match=r"TamperedSnapshot: .*payload MAC"):
+            replicate.send_snapshot(listener.getsockname(), path, job=JOB, node="a", key=KEY)
+        thread.join(timeout=10)
+        listener.close()
+        assert SnapshotStore(JOB, srv.root).newest(0, replica_of="a") is None
+        assert not list(memckpt.replica_dir(srv.root, JOB, "a").glob("*"))  # not even a partial
+        # The edit really kept the CRC-32: only the MAC told it apart.
+        tampered = bytearray(data)
+        for i, b in enumerate(_CRC_NEUTRAL):
+            tampered[offset + i] ^= b
+        assert tampered != data and zlib.crc32(tampered) == zlib.crc32(data)
+
+        replicate.send_snapshot(srv.address, path, job=JOB, node="a", key=KEY)  # untampered: stored
+        assert SnapshotStore(JOB, srv.root).newest(0, replica_of="a") is not None
+        dest = tmp_path / "c" / memckpt.file_name(5, 0)
+        listener, thread = _tampering_proxy(srv.address, memckpt.HEADER_SIZE + offset, answer=True)
+        with pytest.raises(replicate.TamperedSnapshot):
+            replicate.fetch_snapshot(listener.getsockname(), dest, job=JOB, node="a", rank=0, step=5, key=KEY)
+        thread.join(timeout=10)
+        listener.close()
+        assert not dest.exists() and not list(dest.parent.glob("*"))
+        assert replicate.fetch_snapshot(srv.address, dest, job=JOB, node="a", rank=0, step=5, key=KEY).step == 5
+    finally:
+        srv.close()

@@ -174,7 +174,9 @@ host, port, path, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], bytes.fromhe
 data = open(path, "rb").read()
 crc = zlib.crc32(data[4096:])
 sock = socket.create_connection((host, port))
-line = {"op": "put", "job": "job-mem", "node": "a", "name": path.rsplit("/", 1)[1], "size": len(data), "crc32": crc}
+mac = replicate.verify_and_mac(replicate.Path(path), key)[1]
+name = path.rsplit("/", 1)[1]
+line = {"op": "put", "job": "job-mem", "node": "a", "name": name, "size": len(data), "crc32": crc, "mac": mac}
 replicate._request(sock, sock.makefile("rb"), key, line)
 sock.sendall(data[: len(data) // 2])
 print("sent", flush=True)

@@ -26,6 +26,12 @@ def test_an_agent_waits_then_gets_its_in_place_successor_with_a_token_for_it_alo
     job_id, a1, token = _failed_attempt(app)
     ask = lambda host="algo-1", tok=token: client.get(f"/v1/attempts/{a1}/nodes/{host}/next", headers=auth_header(tok))  # noqa: E731
     assert ask().json()["action"] == "wait"  # no decision yet
+    assert ask().json()["attempt_over"] is True  # (a stalled node's question: it stops its ranks)
+    with app.state.db.session() as s:
+        repo.get_attempt(s, a1).state = "Running"
+    assert ask().json() == {**ask().json(), "action": "wait", "attempt_over": False}  # still running
+    with app.state.db.session() as s:
+        repo.get_attempt(s, a1).state = "Failed"
     a2 = _successor(app, job_id, "in_place")
     assert ask().json()["action"] == "wait"  # decided, not launched yet
     with app.state.db.session() as s:

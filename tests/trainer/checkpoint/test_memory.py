@@ -256,3 +256,48 @@ def test_every_setting(value, every):
 def test_every_setting_refuses_nonsense(value):
     with pytest.raises(ValueError):
         interval.parse_every(value)
+
+
+def test_the_cached_state_is_the_full_walks_and_follows_a_changed_layout():
+    """`StateCache` (no `get_state_dict` walk after the first snapshot) gives the same dict as
+    `dcp.state_to_save` as training and the scheduler move on, and walks again when the
+    optimizer's state tensors are replaced."""
+    from trainer.checkpoint import dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    cache = memory.StateCache()
+
+    def train() -> None:
+        model(torch.randn(3, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+
+    def same(a, b) -> None:
+        if isinstance(a, torch.Tensor):
+            assert isinstance(b, torch.Tensor) and torch.equal(a, b) and a.dtype == b.dtype
+        elif isinstance(a, dict):
+            assert isinstance(b, dict) and set(a) == set(b)
+            for k in a:
+                same(a[k], b[k])
+        elif isinstance(a, (list, tuple)):
+            assert len(a) == len(b)
+            for x, y in zip(a, b, strict=True):
+                same(x, y)
+        else:
+            assert a == b
+
+    for i in range(4):
+        train()
+        rng = torch.get_rng_state()
+        cached = copy.deepcopy(cache.state(model, opt, sched, {"step": i}))
+        torch.set_rng_state(rng)
+        same(cached, dcp.state_to_save(model, opt, sched, {"step": i}))
+    assert cache._key is not None
+    opt.state[next(iter(opt.state))]["exp_avg"] = torch.zeros(8, 4)  # replaced, not updated in place
+    key = cache._key
+    cache.state(model, opt, sched, {"step": 9})
+    assert cache._key != key
