@@ -12,6 +12,10 @@ A world of one on `cuda:0`, precision `auto` (bf16 autocast on a GPU), the stdli
 
 Run on an NVIDIA H200 (PyTorch 2.11.0+cu130, 2026-11-27): both cases passed, every resumed step's
 loss equal to the uninterrupted run's bit for bit (deterministic or not, at this size), 86 s.
+Again on an NVIDIA H100 80GB (PyTorch 2.11.0+cu130, 2026-11-28, with the snapshots' StateCache):
+both passed, 83 s. The same session ran pre-flight's probe (agent/preflight/probe.py) there as two
+nodes on loopback: the CUDA burn measured 217 TFLOP/s bf16 on each (both on the one GPU at once)
+and the TCP all-reduce of 8 MiB summed right.
 There: `pytest --noconftest -o addopts= tests/trainer/test_cuda.py` (the root conftest needs the
 control plane's packages).
 """

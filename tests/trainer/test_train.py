@@ -407,13 +407,14 @@ def test_precision_bf16_runs_the_forward_under_cpu_autocast():
 
 def test_memory_tier_snapshots_and_resume_parity_world_size_2(tmp_path, data_cache):
     """Issue #22's in-memory tier in the real loop: 2 ranks snapshot every 4 steps into shared
-    memory (the newest two kept per rank); attempt 2 resumed from the memory checkpoint of step 8
+    memory (all kept: no agent prunes them here); attempt 2 resumed from the memory checkpoint of step 8
     reports steps 9-12 bitwise as the uninterrupted run did."""
     import shutil
     import tempfile
 
     from aerie_contracts import memckpt
     from aerie_contracts.checkpoints import memory_uri
+    from trainer.checkpoint.memory import KEEP_OWN
 
     root = Path(tempfile.mkdtemp(prefix="aerie-test-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
     try:
@@ -423,8 +424,11 @@ def test_memory_tier_snapshots_and_resume_parity_world_size_2(tmp_path, data_cac
         rc, full = run_trainer(tmp_path, config, 2, name="full", env=env1)
         assert rc == 0
         local = memckpt.local_dir(root, "job-m")
+        # No agent prunes here (the agent owns pruning: agent/memckpt/store.py); a rank only bounds
+        # what it leaves to its newest KEEP_OWN, and all three snapshots fit.
+        assert KEEP_OWN >= 3
         assert sorted(p.name for p in local.iterdir()) == [
-            memckpt.file_name(step, rank) for rank in (0, 1) for step in (8, 12)
+            memckpt.file_name(step, rank) for rank in (0, 1) for step in (4, 8, 12)
         ]
         for rank in (0, 1):
             events = [r for r in read_metrics(full, rank) if r["event"] == "checkpoint_memory"]
