@@ -4,6 +4,10 @@ Each pass reads the store, acts on backends, and writes state changes with their
 transaction. It keeps nothing important in memory: a control plane killed with SIGKILL and
 started again picks up exactly where the store says it was (attempts being launched are launched
 idempotently, running ones re-adopted through their backend handle).
+
+Over 400 lines on purpose: one pass's steps (stop requests, launches, polls, heartbeats, fencing,
+in-place hand-overs, spares) share the same store session pattern and ordering rules, and reading
+them in one place is what shows why each runs where it does.
 """
 
 from __future__ import annotations

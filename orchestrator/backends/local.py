@@ -4,6 +4,10 @@ Each node is a real agent process tree (`python -m agent.entrypoint` -> agent ->
 with its own contract directory. The agents run in their own sessions and record their pid and
 outcome in files, so they outlive a killed control plane and a restarted one can read how they
 ended: the handle is only the attempt's directory.
+
+Over 400 lines on purpose: one Backend implementation (launch, in-place launch, poll, stop,
+fence) with its hot spares (spawn, replenish, replace the dead, keep across a relaunch), which
+share the handle's layout; the process-tree helpers are split out (local_fence.py, nodeenv.py).
 """
 
 from __future__ import annotations
@@ -245,7 +249,15 @@ class LocalBackend(Backend):
         write_json(path, handle)
         # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
         root = Path(handle["root"])
-        for host in fresh:
+        self._spawn_spares(request, root, handle, fresh, int(handle["master_port"]))
+        self._launched[(str(root), request.attempt_id)] = (request, int(handle["master_port"]))
+        return handle
+
+    def _spawn_spares(
+        self, request: LaunchRequest, root: Path, handle: dict[str, Any], hosts: list[str], master_port: int
+    ) -> None:
+        """Start new hot spares' trees (replenished or replacing dead ones) for `handle`'s attempt."""
+        for host in hosts:
             self._spawn(
                 request,
                 root,
@@ -254,10 +266,8 @@ class LocalBackend(Backend):
                 spare=True,
                 peers=handle.get("memory_peers") or {},
                 key=handle.get(memckpt.HANDLE_KEY),
-                master_port=handle["master_port"],
+                master_port=master_port,
             )
-        self._launched[(str(root), request.attempt_id)] = (request, int(handle["master_port"]))
-        return handle
 
     def _replenish(self, request: LaunchRequest, handle: dict[str, Any], count: int | None = None) -> list[str]:
         """The pool refilled (`resources.spare_nodes`): as many new spares as took slots, on the
@@ -316,17 +326,7 @@ class LocalBackend(Backend):
         request, master_port = launched
         new = {**handle, "spares": [h for h in handle["spares"] if h not in dead]}
         fresh = self._replenish(request, new, len(dead))
-        for host in fresh:
-            self._spawn(
-                request,
-                root,
-                host,
-                new["hosts"],
-                spare=True,
-                peers=new.get("memory_peers") or {},
-                key=new.get(memckpt.HANDLE_KEY),
-                master_port=master_port,
-            )
+        self._spawn_spares(request, root, new, fresh, master_port)
         replaced = {h: fresh[i] if i < len(fresh) else "" for i, h in enumerate(dead)}
         return dataclasses.replace(result, spares_replaced=replaced, handle=new)
 

@@ -80,23 +80,7 @@ def record_preflight(s: Session, attempt: Attempt, host: str, result: dict[str, 
     row.preflight = result
     if not first:
         return row
-    failed = [str(c.get("check")) for c in failed_checks(result)]
-    passed = bool(result.get("passed")) and not failed
-    emit(
-        s,
-        attempt.job,
-        DetailType.PREFLIGHT_CHECKED,
-        {
-            "attempt_id": attempt.id,
-            "attempt": attempt.number,
-            "host": host,
-            "passed": passed,
-            "elapsed_s": result.get("elapsed_s"),
-            "failed": failed,
-            "summary": summary_line(result),
-        },
-    )
-    if not passed:
+    if not _emit_checked(s, attempt, host, result):
         record_verdict(
             s, attempt, host, FailureKind.PREFLIGHT_FAILED, f"pre-flight {summary_line(result)}", {"preflight": result}
         )
@@ -111,21 +95,7 @@ def record_spare_preflight(s: Session, attempt: Attempt, host: str, result: dict
     handle = dict(attempt.handle or {})
     handle[HANDLE_SPARE_PREFLIGHT] = {**(handle.get(HANDLE_SPARE_PREFLIGHT) or {}), host: result}
     attempt.handle = handle  # a new dict: the JSON column sees the change
-    emit(
-        s,
-        attempt.job,
-        DetailType.PREFLIGHT_CHECKED,
-        {
-            "attempt_id": attempt.id,
-            "attempt": attempt.number,
-            "host": host,
-            "passed": bool(result.get("passed")) and not failed_checks(result),
-            "elapsed_s": result.get("elapsed_s"),
-            "failed": [str(c.get("check")) for c in failed_checks(result)],
-            "summary": summary_line(result),
-            "spare": True,
-        },
-    )
+    _emit_checked(s, attempt, host, result, spare=True)
 
 
 def preflight_decision(attempt: Attempt) -> tuple[Decision, str, list[str]]:
@@ -188,3 +158,18 @@ def clear_blames(s: Session, job: Job, host: str, by: str) -> int:
     for b in rows:
         b.cleared_at, b.cleared_by = now(), by
     return len(rows)
+
+
+def _emit_checked(s: Session, attempt: Attempt, host: str, result: dict[str, Any], *, spare: bool = False) -> bool:
+    """The `Aerie Preflight Checked` event of one node's (or a spare's) result; whether it passed."""
+    failed = [str(c.get("check")) for c in failed_checks(result)]
+    passed = bool(result.get("passed")) and not failed
+    detail = {"attempt_id": attempt.id, "attempt": attempt.number, "host": host, "passed": passed}
+    emit(
+        s,
+        attempt.job,
+        DetailType.PREFLIGHT_CHECKED,
+        {**detail, "elapsed_s": result.get("elapsed_s"), "failed": failed, "summary": summary_line(result)}
+        | ({"spare": True} if spare else {}),
+    )
+    return passed
