@@ -238,15 +238,22 @@ def detect_nic_stall(w: Window, cfg: HealthConfig) -> Verdict | None:
     retrans_delta, retrans_base = _retrans_rates(w, t_recent)
     retrans_up = retrans_delta >= cfg.nic_min_retrans and retrans_delta > 3 * retrans_base * cfg.nic_window_s
     for name, series in w.nics.items():
-        base = [b for t, b in series if w.now - cfg.nic_baseline_s <= t < t_recent]
-        cur = _since(series, t_recent)
-        if len(base) < 5 or not cur or cur[0][0] > t_recent + cfg.sample_s:
+        link = w.nic_state.get(name, "unknown")
+        # A cut link stalls its peers' NICs too (they wait on the same collective, and retransmit
+        # to it): a node whose own link is up holds the stall a little longer, so that the
+        # node whose link went down speaks first and the attempt's reason names the cause. A few
+        # samples more, not much: a throttled link stays up, and the hang must not come first.
+        extra = min(cfg.nic_window_s / 2, 3 * cfg.sample_s)
+        hold = cfg.nic_window_s if link not in ("up", "unknown") else cfg.nic_window_s + extra
+        t_cur = w.now - hold
+        base = [b for t, b in series if w.now - cfg.nic_baseline_s <= t < t_cur]
+        cur = _since(series, t_cur)
+        if len(base) < 5 or not cur or cur[0][0] > t_cur + cfg.sample_s:
             continue
         base_med = median(base)
         cur_max = max(b for _t, b in cur)
         if base_med < cfg.nic_min_bps or cur_max >= cfg.nic_drop_ratio * base_med:
             continue
-        link = w.nic_state.get(name, "unknown")
         corroborated = []
         if link not in ("up", "unknown"):
             corroborated.append(f"link {link}")
@@ -258,7 +265,7 @@ def detect_nic_stall(w: Window, cfg: HealthConfig) -> Verdict | None:
             continue
         return Verdict(
             FailureKind.SILENT_NIC_STALL,
-            f"{name} throughput {cur_max:.0f} B/s for {cfg.nic_window_s:g}s against its median "
+            f"{name} throughput {cur_max:.0f} B/s for {hold:g}s against its median "
             f"{base_med:.0f} B/s while steps slow ({', '.join(corroborated)})",
             {
                 "interface": name,

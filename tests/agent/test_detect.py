@@ -243,12 +243,24 @@ def test_nic_stall_fires_on_link_down():
 
 
 def test_nic_stall_fires_on_retransmissions_and_on_crawling_steps():
-    w = make_window(200.0, steps_until=176.0, nic=collapsed, retrans=lambda t: int(max(0, t - 175)))
+    # A node whose own link is up holds the stall three samples longer (23 s here), not one window.
+    w = make_window(199.0, steps_until=176.0, nic=collapsed, retrans=lambda t: int(max(0, t - 175)))
     assert detect_nic_stall(w, CFG) is not None
-    crawl = make_window(200.0, steps_until=176.0, nic=collapsed)
+    crawl = make_window(199.0, steps_until=176.0, nic=collapsed)
     for s in crawl.steps.values():
         s.append([195.0, s[-1][1] + 1, 2.0, 19.0])  # one step got through, 19x slower
     assert detect_nic_stall(crawl, CFG).evidence["current_bps"] == 1e3
+
+
+def test_a_node_whose_link_is_up_lets_the_node_whose_link_went_down_speak_first():
+    """A cut link stalls its peer's NIC as well (retransmissions, no traffic): after one window
+    only the node whose own link is down reports, so the attempt's reason names the cause."""
+    retrans = lambda t: int(max(0, t - 175))  # noqa: E731
+    cut = make_window(196.5, steps_until=176.0, nic=collapsed, nic_state="down", retrans=retrans)
+    peer = make_window(196.5, steps_until=176.0, nic=collapsed, retrans=retrans)
+    assert detect_nic_stall(cut, CFG) is not None
+    assert detect_nic_stall(peer, CFG) is None
+    assert detect_nic_stall(make_window(199.0, steps_until=176.0, nic=collapsed, retrans=retrans), CFG) is not None
 
 
 def test_nic_stall_background_retransmissions_do_not_corroborate():
