@@ -38,14 +38,18 @@ from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import attempt_step_records, rank_faults, trainer_spec
 
-STEPS = 300
+STEPS = 400
 S3_EVERY = 20
 MEMORY_EVERY = 5
-# A hundred steps apart (about 5 s of the tiny model's training here): time for a group's warm
-# successor (agent.warm) to be ready, as it is in a real run, whose faults are hours apart.
-FAULTS = rank_faults(57, 157, 257)
+# A hundred steps apart (about 5 s of the tiny model's training here), and the first a hundred
+# steps in: time for a group's warm successor (agent.warm, started at the agent's first heartbeat
+# that shows a step) to be ready, as it is in a real run, whose faults are hours apart.
+FAULTS = rank_faults(157, 257, 357)
 POLICIES: dict[str, dict[str, Any]] = {
     "relaunch + S3": {"in_place_restarts": 0, "memory_every_steps": 0},
+    # The same in-place job with snapshots off: the baseline their overhead is measured against
+    # (the relaunch job differs in more than snapshots: no warm groups, other restarts).
+    "in place, no snapshots": {"in_place_restarts": len(FAULTS), "memory_every_steps": 0},
     "in place + memory": {"in_place_restarts": len(FAULTS), "memory_every_steps": MEMORY_EVERY},
     # The default interval: as often as the measured cost allows within 1 % of step time.
     "in place + memory (auto)": {"in_place_restarts": len(FAULTS), "memory_every_steps": "auto"},
@@ -86,7 +90,9 @@ def run_policy(
     """One job under `policy` (a key of POLICIES), to its end; only the faults of `kinds` (all: None)."""
     faults, steps = select_faults(kinds)
     every = POLICIES[policy]["memory_every_steps"]
-    name = "recovery-" + ("memory-auto" if every == "auto" else "memory" if every else "s3") + suffix
+    in_place = POLICIES[policy]["in_place_restarts"]
+    kind = "memory-auto" if every == "auto" else "memory" if every else "in-place" if in_place else "s3"
+    name = "recovery-" + kind + suffix
     path = trainer_spec(
         work / f"{name}.json",
         name,
