@@ -490,7 +490,15 @@ class Supervisor:
         self.preflight_outcome = None
         if not settings.enabled or (self.groups > 1 and not settings.in_place):
             return True
-        node = Node(cfg.host, tuple(cfg.hosts), cfg.master_addr, cfg.master_port, cfg.attempt, cfg.procs_per_node)
+        node = Node(
+            cfg.host,
+            tuple(cfg.hosts),
+            cfg.master_addr,
+            cfg.master_port,
+            cfg.attempt,
+            cfg.procs_per_node,
+            cfg.interfaces[0] if cfg.interfaces else "",
+        )
         gate = Gate(
             settings,
             node,

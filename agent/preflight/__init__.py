@@ -19,6 +19,7 @@ result and waits for the attempt's decision.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
@@ -34,6 +35,7 @@ from aerie_contracts.health import PreflightSettings
 from aerie_contracts.preflight import Check, CheckResult, Fault, PreflightResult, parse_faults
 from agent.preflight import gpu as gpu_check
 from agent.preflight import host as host_checks
+from agent.preflight import shape
 from agent.preflight import store as store_check
 from agent.preflight.checks import at_least, result, skipped
 from agent.preflight.probe import TAG
@@ -53,6 +55,7 @@ class Node:
     master_port: int
     attempt: str = ""
     procs: int = 1
+    interface: str = ""  # the node's own network interface (platform identity); "" or "lo": shared
 
     @property
     def rank(self) -> int:
@@ -70,7 +73,24 @@ def run_checks(settings: PreflightSettings, node: Node, env: Mapping[str, str], 
     if faults:
         log.warning("pre-flight on %s with injected faults: %s", node.host, ", ".join(faults))
     gpus = gpu_check.GpuHealth(env, nvml)
-    probe = _start_probe(settings, node, deadline, faults, bool(gpus.gpus))
+    # The injected slow link: a real throttled link where this node has one of its own.
+    slow = Fault.SLOW_LINK in faults and len(node.hosts) > 1
+    shaping = shape.throttled(node.interface, _throttle_bps(settings)) if slow else contextlib.nullcontext()
+    with shaping as shaped:
+        checks = _measure(settings, node, env, faults, gpus, deadline, shaped)
+    return _finish(node, settings, checks, t0, faults)
+
+
+def _measure(
+    settings: PreflightSettings,
+    node: Node,
+    env: Mapping[str, str],
+    faults: list[Fault],
+    gpus: gpu_check.GpuHealth,
+    deadline: float,
+    shaped: str | None,
+) -> list[CheckResult]:
+    probe = _start_probe(settings, node, deadline, faults, bool(gpus.gpus), shaped is None)
     checks: list[CheckResult] = [
         host_checks.host_memory(settings),
         host_checks.shm(settings, env, node.procs, faults),
@@ -85,8 +105,14 @@ def run_checks(settings: PreflightSettings, node: Node, env: Mapping[str, str], 
     measured, probe_s = _wait_probe(probe, deadline)
     checks.insert(0, _judge_compute(settings, measured, probe_s, bool(gpus.gpus)))
     checks.insert(1, gpus.finish(settings))
-    checks.append(_judge_collective(settings, node, measured, probe_s))
-    return _finish(node, settings, checks, t0, faults)
+    checks.append(_judge_collective(settings, node, measured, probe_s, shaped))
+    return checks
+
+
+def _throttle_bps(settings: PreflightSettings) -> float:
+    """The injected slow link's rate (bytes/s): a quarter of the minimum link rate (50 Mbit/s when
+    the minimum is the default 0.2 Gbit/s)."""
+    return (settings.min_link_gbps or 0.2) / 4 * 1e9 / 8
 
 
 def _finish(
@@ -105,7 +131,7 @@ def _finish(
 
 
 def _start_probe(
-    settings: PreflightSettings, node: Node, deadline: float, faults: list[Fault], gpus: bool
+    settings: PreflightSettings, node: Node, deadline: float, faults: list[Fault], gpus: bool, sleep_slow: bool = True
 ) -> subprocess.Popen[str]:
     remaining = deadline - time.perf_counter()
     cfg = {
@@ -120,9 +146,10 @@ def _start_probe(
         "port": node.master_port,
         "collective_mb": settings.collective_mb,
         "timeout_s": max(5.0, remaining - RENDEZVOUS_MARGIN_S),
-        "slow_link": Fault.SLOW_LINK in faults,
-        # a quarter of the minimum link rate (bytes/s); 50 Mbit/s when the minimum only reports
-        "throttle_bps": (settings.min_link_gbps or 0.2) / 4 * 1e9 / 8,
+        # the injected slow link where no qdisc could make it real (agent/preflight/shape.py): the
+        # probe's sender sleeps as a link at `throttle_bps` would make it wait
+        "slow_link": Fault.SLOW_LINK in faults and sleep_slow,
+        "throttle_bps": _throttle_bps(settings),
     }
     return subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("probe.py")), json.dumps(cfg)],  # a script: no package imports
@@ -186,7 +213,9 @@ def _judge_compute(settings: PreflightSettings, measured: dict[str, Any], second
     )
 
 
-def _judge_collective(settings: PreflightSettings, node: Node, measured: dict[str, Any], seconds: float) -> CheckResult:
+def _judge_collective(
+    settings: PreflightSettings, node: Node, measured: dict[str, Any], seconds: float, shaped: str | None = None
+) -> CheckResult:
     if len(node.hosts) < 2:
         return skipped(Check.COLLECTIVE, "one node: no collective", 0.0)
     got = measured.get("collective")
@@ -201,6 +230,8 @@ def _judge_collective(settings: PreflightSettings, node: Node, measured: dict[st
     mine = float(links[node.rank]) if node.rank < len(links) else 0.0
     successor = node.hosts[(node.rank + 1) % len(node.hosts)]
     details = {k: got.get(k) for k in ("bytes", "allreduce_s", "allreduce_busbw_gbps", "links_gbps", "joined_s")}
+    if shaped:
+        details["shaped"] = shaped  # the injected slow link was a real qdisc, not the probe's sleep
     if not got.get("sum_ok", True):
         return result(Check.COLLECTIVE, False, "the all-reduce returned a wrong sum", seconds=seconds, **details)
     return at_least(

@@ -154,3 +154,58 @@ def test_an_in_place_restart_runs_preflight_again_before_the_new_worker_group(s3
         assert sorted(results) == ["algo-1", "algo-2"], attempt["nodes"]
         assert all(r and r["passed"] for r in results.values()), results
     print("in-place pre-flight:", [n["preflight"]["elapsed_s"] for n in second["nodes"]], "s")
+
+
+def test_a_really_throttled_link_in_its_own_network_namespace_fails_its_node_s_preflight(tmp_path):
+    """`slow_link` as a real throttled link: each node in its own network namespace (`backend_options:
+    {netns: true}`, collectives across veth pairs); algo-2's agent holds its own `eth0` egress to a
+    quarter of `min_link_gbps` with a tbf qdisc while its probe measures (agent/preflight/shape.py),
+    no sleep in the probe. Its link to algo-1 fails the collective check, the attempt fails with
+    `preflight.failed` on algo-2, and the next attempt (new namespaces, algo-1 + algo-3) completes.
+    Needs root and `ip netns` (CI runs as root); without them the test fails and says why."""
+    from orchestrator.backends import netns
+    from orchestrator.harness.control_plane import ControlPlane
+
+    ok, why = netns.available()
+    if not ok:
+        pytest.fail(f"network namespaces are unavailable here: {why}")
+    home = tmp_path / "home"
+    home.mkdir()
+    # Inside their namespaces the agents reach the API through the bridge: listen beyond loopback.
+    cp = ControlPlane(home, host="0.0.0.0").start()
+    job = None
+    try:
+        spec = contract_spec(
+            tmp_path,
+            "pf-netns",
+            ["--steps", "2"],
+            procs=1,
+            health={"preflight": PREFLIGHT},
+            retry={"max_restarts": 2},
+            env={E.PREFLIGHT_FAULT.name: "slow_link@algo-2"},
+            backend_options={"netns": True},
+        )
+        cp.cli("submit", spec, check=True)
+        job = cp.wait_state("pf-netns", TERMINAL, timeout_s=300)
+        assert job["state"] == "Completed" and len(job["attempt_list"]) == 2, job
+        first = job["attempt_list"][0]
+        reason = first["reason"]
+        assert reason["kind"] == FailureKind.PREFLIGHT_FAILED and reason["host"] == "algo-2", reason
+        assert f"({Check.COLLECTIVE})" in reason["message"] and "link to algo-1" in reason["message"], reason
+        results = {n["host"]: n["preflight"] for n in first["nodes"]}
+        by = {c["check"]: c for c in results["algo-2"]["checks"]}
+        collective = by[Check.COLLECTIVE]
+        assert not collective["passed"], collective
+        # A real qdisc on the node's own interface: 0.05 Gbit/s / 4 = 12.5 Mbit/s.
+        assert collective["details"]["shaped"] == f"tbf 12mbit on {netns.NS_IFACE}", collective
+        peer = next(c for c in results["algo-1"]["checks"] if c["check"] == Check.COLLECTIVE)
+        assert peer["passed"] and "shaped" not in peer["details"], peer
+        attempt_1 = cp.home / "jobs" / job["id"] / "attempt-1"
+        assert _ranks_started(attempt_1, "algo-2") == [] and _ranks_started(attempt_1, "algo-1") == []
+        second = job["attempt_list"][1]
+        assert sorted(n["host"] for n in second["nodes"]) == ["algo-1", "algo-3"], second["nodes"]
+    finally:
+        cp.stop()
+        cp.cleanup_nodes()
+        for a in (job or {}).get("attempt_list") or []:
+            netns.destroy(netns.plan(a["id"], sorted(n["host"] for n in a.get("nodes") or [])))
