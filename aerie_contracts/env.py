@@ -170,14 +170,14 @@ MEMORY_CHECKPOINT_DIR = _var(
     "AERIE_MEMORY_CHECKPOINT_DIR",
     "the node's shared-memory area for in-memory checkpoints (default /dev/shm/aerie-memckpt; on local and slurm, "
     "the control plane's value is the base of every node's own folder)",
-    "local and slurm backends (a folder per node), operator",
+    "local and slurm backends (a folder per node), the agent on SageMaker (agent/memckpt/platform.py), operator",
     "agent, trainer",
 )
 MEMORY_CHECKPOINT_PEERS = _var(
     "AERIE_MEMORY_CHECKPOINT_PEERS",
     "the attempt's replication endpoints, `host=addr:port,...`: each agent serves its own and sends "
     "its ranks' snapshots to the next host's (a ring)",
-    "backend",
+    "local backend; on Slurm and SageMaker each node derives them",
     "agent",
 )
 MEMORY_CHECKPOINT_KEY = _var(
@@ -185,7 +185,7 @@ MEMORY_CHECKPOINT_KEY = _var(
     "the attempt's replication secret (hex): every replication request and answer between the "
     "attempt's agents carries an HMAC made with it, and a stream without one is refused; a new one "
     "per attempt (an in-place successor's comes with GET .../next); never passed to the ranks",
-    "backend (local, slurm: in the attempt's handle), agent (an in-place switch)",
+    "backend (local, slurm, sagemaker: in the attempt's handle), agent (an in-place switch)",
     "agent",
 )
 MEMORY_RESUME_NODES = _var(

@@ -52,8 +52,9 @@ CAUSE_REPLACED_NODES = "replaced_nodes"
 IN_PLACE_BACKENDS = frozenset({"local", "slurm", "sagemaker"})
 
 # Backends that give their nodes the in-memory checkpoint tier (its replication ring needs each
-# node's endpoint: the local backend picks them at launch, Slurm's nodes derive them from the job id).
-MEMORY_TIER_BACKENDS = frozenset({"local", "slurm"})
+# node's endpoint: the local backend picks them at launch, Slurm's nodes derive them from the job id,
+# SageMaker's from resourceconfig.json's hosts and the training job's name).
+MEMORY_TIER_BACKENDS = frozenset({"local", "slurm", "sagemaker"})
 
 # Backends whose relaunched attempt may still find the nodes' shared memory: the local backend's
 # nodes are folders of one host, so a relaunch finds every snapshot and replica that was not

@@ -74,6 +74,9 @@ class NodeIdentity(NodeLayout):
     instance_groups: tuple[dict[str, Any], ...] = ()
     network_interface: str = ""
     source: str = "default"  # where it came from: resourceconfig, slurm, sm_env, default
+    # Every host of the platform's job, hot spares too (`hosts` leaves them out: without_spares);
+    # empty when there are none.
+    all_hosts: tuple[str, ...] = ()
 
     @property
     def node_rank(self) -> int:
@@ -163,7 +166,7 @@ def without_spares(ident: NodeIdentity, spares: list[str]) -> NodeIdentity:
     groups = tuple({**g, "hosts": [h for h in g.get("hosts") or [] if h in hosts]} for g in ident.instance_groups)
     # The rendezvous host stays the first of all (a spare never sorts first); a slot handed over
     # later moves it where needed (the supervisor's `_take_hosts`).
-    return dataclasses.replace(ident, hosts=hosts, instance_groups=groups)
+    return dataclasses.replace(ident, hosts=hosts, instance_groups=groups, all_hosts=tuple(ident.hosts))
 
 
 def from_resource_config(rc: dict[str, Any], env: Mapping[str, str], root: Path) -> NodeIdentity:

@@ -162,7 +162,13 @@ class Supervisor:
 
     def _start_memory_tier(self) -> None:
         from agent.memckpt.node import start_tier
+        from agent.memckpt.platform import sagemaker_env
 
+        # On SageMaker the node derives its area and the ring (every instance, spares too); the
+        # ranks read the area from the same environment.
+        ident = self.cfg.identity
+        everyone = [*self.cfg.hosts, *spare_hosts(), *(ident.all_hosts if ident is not None else ())]
+        os.environ.update(sagemaker_env(os.environ, host=self.cfg.host, everyone=everyone))
         self.memory = start_tier(os.environ, host=self.cfg.host, hosts=list(self.cfg.hosts))
 
     def _begin_memory_group(self) -> None:

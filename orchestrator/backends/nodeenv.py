@@ -117,6 +117,14 @@ def memory_env(spec: Any, host: str, peers: Mapping[str, str], key: str) -> dict
     }
 
 
+def memory_attempt_env(spec: Any, key: str) -> dict[str, str]:
+    """The memory tier's settings that are the same on every node (its interval and the attempt's
+    key), for backends whose nodes derive their own area and the ring's endpoints (Slurm:
+    `agent.slurm.memory_env`; SageMaker: `agent.memckpt.platform.sagemaker_env`)."""
+    every = spec.checkpoint.memory_every_steps if spec.checkpoint else "auto"
+    return {aerie_env.MEMORY_CHECKPOINT_EVERY: str(every), aerie_env.MEMORY_CHECKPOINT_KEY: key}
+
+
 def memory_resume_env(cause: dict[str, Any] | None) -> dict[str, str]:
     """A memory resume point's companions for the nodes (aerie_contracts.restarts): the durable
     fallback, and which node wrote and which holds each rank's snapshot."""

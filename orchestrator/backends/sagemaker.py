@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts import memckpt
 from aerie_contracts.failures import FailureKind
-from aerie_contracts.restarts import NOT_REUSABLE
+from aerie_contracts.restarts import NOT_REUSABLE, memory_tier_off
 from aerie_contracts.states import AttemptState
 
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
@@ -60,6 +61,7 @@ from orchestrator.backends.nodeenv import (
     in_place_env,
     in_place_on,
     log_metrics_env,
+    memory_attempt_env,
     sagemaker_sync_uri,
 )
 from orchestrator.sagemaker_mapping import request_from_spec
@@ -154,7 +156,11 @@ class SageMakerBackend(Backend):
             handle = self._in_place(request)
             if handle is not None:
                 return handle
-        body = create_training_job_request(request, self.defaults, self.in_place_wait_s)
+        # The in-memory checkpoint tier: its interval and this attempt's replication key go in the
+        # Environment (the same on every instance); each node derives its area and the ring's
+        # endpoints (agent.memckpt.platform).
+        key = memckpt.new_key() if memory_tier_off(request.spec.model_dump(), self.name) is None else None
+        body = create_training_job_request(request, self.defaults, self.in_place_wait_s, memory_key=key)
         name = body["TrainingJobName"]
         try:
             self.client.create_training_job(**body)
@@ -162,11 +168,16 @@ class SageMakerBackend(Backend):
             # Idempotent: the controller may launch an attempt again after a crash.
             if _error_code(exc) != "ResourceInUse":
                 raise
+            if key:  # the running training job's nodes hold the key it was created with
+                described = self.client.describe_training_job(TrainingJobName=name)
+                key = (described.get("Environment") or {}).get(aerie_env.MEMORY_CHECKPOINT_KEY) or key
         count = request.spec.resources.instance_count
         hosts = [f"algo-{i + 1}" for i in range(count)]
         handle: dict[str, Any] = {"training_job_name": name, "hosts": hosts, "region": self.region}
         if in_place_on(request.spec):
             handle["agents_wait"] = True  # they outlive worker groups: outcomes_from_agents
+        if key:
+            handle[memckpt.HANDLE_KEY] = key
         spares = spare_hosts(request.spec)
         if spares:
             handle["spares"] = spares
@@ -200,6 +211,9 @@ class SageMakerBackend(Backend):
             handle["hosts"] = [request.replace_nodes.get(h, h) for h in previous["hosts"]]
             handle["spares"] = [h for h in previous.get("spares", []) if h not in request.replace_nodes.values()]
             handle["replaced_nodes"] = dict(request.replace_nodes)
+        if memckpt.HANDLE_KEY in handle:
+            # A key of this attempt's own (GET .../next hands it to each agent as it switches).
+            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
         return handle
 
     def outcomes_from_agents(self, handle: dict[str, Any]) -> bool:
@@ -317,10 +331,15 @@ def in_place_port(spec: Any, restarts: int) -> int:
 
 
 def create_training_job_request(
-    request: LaunchRequest, defaults: dict[str, Any] | None = None, in_place_wait_s: float = IN_PLACE_WAIT_S
+    request: LaunchRequest,
+    defaults: dict[str, Any] | None = None,
+    in_place_wait_s: float = IN_PLACE_WAIT_S,
+    *,
+    memory_key: str | None = None,
 ) -> dict[str, Any]:
     """The CreateTrainingJob request of one attempt (whose agents, where the job may restart in
-    place, wait `in_place_wait_s` after a failed worker group: `in_place_env`)."""
+    place, wait `in_place_wait_s` after a failed worker group: `in_place_env`; with `memory_key`,
+    they run the in-memory checkpoint tier with it)."""
     spec = request.spec
     options = dict(spec.backend_options or {})
     carried = {**(defaults or {}), **(options.get("sagemaker") or {})}
@@ -354,6 +373,8 @@ def create_training_job_request(
     aerie.update(log_metrics_env(spec))
     aerie.update(checkpoint_marker_env(spec))
     aerie.update(in_place_env(spec, in_place_wait_s))
+    if memory_key:
+        aerie.update(memory_attempt_env(spec, memory_key))
     spares = spare_hosts(spec)
     if spares:
         body["ResourceConfig"]["InstanceCount"] = spec.resources.instance_count + len(spares)

@@ -55,7 +55,14 @@ from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
 from orchestrator.backends import base, placement
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
-from orchestrator.backends.nodeenv import attempt_env, channels, in_place_env, in_place_on, inherited_env
+from orchestrator.backends.nodeenv import (
+    attempt_env,
+    channels,
+    in_place_env,
+    in_place_on,
+    inherited_env,
+    memory_attempt_env,
+)
 from orchestrator.backends.placement import PlacementError
 
 # A value that may appear on an #SBATCH line: no spaces, quotes, newlines or shell syntax.
@@ -181,7 +188,7 @@ class SlurmBackend(Backend):
             launch_path = root / "launch.json"
             document = launch_document(request, root, workdir, options, self.in_place_wait_s)
             if handle.get(memckpt.HANDLE_KEY):
-                document["env"]["attempt"].update(memory_env(spec, handle[memckpt.HANDLE_KEY]))
+                document["env"]["attempt"].update(memory_attempt_env(spec, handle[memckpt.HANDLE_KEY]))
                 document["memory_root"] = str(memckpt.root_dir())  # each node's folder beneath
             write_json(launch_path, document)
             os.chmod(launch_path, 0o600)  # it holds the agent token
@@ -532,13 +539,6 @@ def _learned(handle: dict[str, Any], root: Path) -> dict[str, Any] | None:
         if data.get(key):
             learned[key] = data[key]
     return learned
-
-
-def memory_env(spec: Any, key: str) -> dict[str, str]:
-    """The memory tier's settings that are the same on every node (its interval and the attempt's
-    key); each node adds its own area and the ring's endpoints (`agent.slurm.memory_env`)."""
-    every = spec.checkpoint.memory_every_steps if spec.checkpoint else "auto"
-    return {aerie_env.MEMORY_CHECKPOINT_EVERY: str(every), aerie_env.MEMORY_CHECKPOINT_KEY: key}
 
 
 def spare_nodes(spec: Any) -> int:

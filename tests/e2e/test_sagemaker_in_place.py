@@ -16,6 +16,8 @@ whose pre-flight fails, in place.
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import psutil
 import pytest
@@ -26,7 +28,7 @@ from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMo
 from agent.proctree import kill_subtree
 from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
 from orchestrator.harness.jobs import FAST_HEALTH
-from tests.helpers.attempt_files import attempt_of, pids, running_pids
+from tests.helpers.attempt_files import attempt_of, good_memory, pids, running_pids
 from tests.helpers.contract_jobs import CONTRACT
 from tests.helpers.wait import wait_for
 
@@ -187,3 +189,61 @@ def test_a_spare_instance_takes_the_slot_of_a_node_that_fails_preflight(tmp_path
     assert (tj.host_root("algo-3") / "output" / "metrics" / "rank-00001.jsonl").exists()
     log = (tj.root / "algo-3.log").read_text()
     assert "contract ok=True host=algo-3 rank=1 world=2 hosts=['algo-1', 'algo-3']" in log, log[-3000:]
+
+
+def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_job(
+    tmp_path, s3_bucket, s3_env, sagemaker
+):
+    """Issue #22's in-memory checkpoint tier on SageMaker: the control plane puts only the interval
+    and the attempt's replication key in the training job's Environment; each instance derives its
+    shared-memory area and the ring's endpoints from resourceconfig.json and TRAINING_JOB_NAME
+    (agent/memckpt/platform.py). Two instances, one rank each, a snapshot every 2 steps and no S3
+    checkpoint before the crash: once a memory checkpoint is good, rank 1 is killed (SIGKILL) ->
+    attempt 2 in place inside the same training job, its ranks restored from the nodes' memory (own
+    copies), and the job completes."""
+    home = tmp_path / "home"
+    home.mkdir()
+    aws = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url, "AERIE_SAGEMAKER_ROLE_ARN": "arn:aws:iam::1:role/aerie"}
+    cp = ControlPlane(home, extra_env=aws).start()
+    steps = 300
+    try:
+        spec = write_spec(
+            tmp_path / "sm-mem.json",
+            name="sm-mem",
+            image="123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
+            entrypoint=["python", "-m", "trainer.train"],
+            args=["--config", "examples/configs/pythia-tiny.yaml"],
+            hyperparameters={"steps": str(steps), "eval_every": "1000000", "seq_len": "64"},
+            output={"s3_uri": f"s3://{s3_bucket}/output"},
+            resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1},
+            checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": 1000, "memory_every_steps": 2},
+            retry={"max_restarts": 1},
+            health=FAST_HEALTH,
+            backend="sagemaker",
+            backend_options={"container_workdir": str(REPO), "master_port": free_port()},
+        )
+        cp.cli("submit", str(spec), check=True)
+        job_id = wait_for(what="the job", check=lambda: cp.job("sm-mem")["id"], timeout_s=60)
+        tj = wait_for(what="the training job", check=lambda: sagemaker.jobs.get(f"{job_id}-a1"), timeout_s=60)
+        wait_for(what="a good memory checkpoint", check=lambda: good_memory(cp, job_id, 4, 1), timeout_s=180)
+        (rank_1,) = pids(tj.host_root("algo-2") / "agent", "ranks/rank-*.pid")
+        os.kill(rank_1, signal.SIGKILL)
+        job = cp.wait_state("sm-mem", {"Completed", "Failed", "Stopped"}, timeout_s=300)
+    finally:
+        cp.stop()
+    assert job["state"] == "Completed", json.dumps(job)[:3000]
+    first, second = job["attempt_list"]
+    assert first["reason"]["kind"] == "exit.nonzero" and first["reason"]["rank"] == 1, first["reason"]
+    assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
+    # From the memory tier: a snapshot attempt 1 took (no S3 checkpoint exists).
+    assert second["resume_from"].startswith("mem://"), second["resume_from"]
+    resumed = int(second["resume_from"].split("/step_")[1][:8])
+    assert resumed >= 4 and resumed % 2 == 0, second["resume_from"]
+    assert sagemaker.requests.count("CreateTrainingJob") == 1, sagemaker.requests
+    for rank, host in enumerate(("algo-1", "algo-2")):
+        stream = tj.host_root(host) / "output" / "metrics" / f"rank-{rank:05d}.jsonl"
+        records = [json.loads(line) for line in stream.read_text().splitlines()]
+        restored = [r for r in records if r.get("event") == "restored"]
+        assert [r.get("uri") for r in restored] == [second["resume_from"]], (host, restored)
+        trained = [r["step"] for r in records if r.get("event") is None and r.get("step") is not None]
+        assert trained[0] == resumed + 1 and trained[-1] == steps, (host, trained[:3], trained[-1:])

@@ -20,6 +20,7 @@ import pytest
 from botocore.exceptions import ParamValidationError
 from botocore.stub import ANY, Stubber
 
+from aerie_contracts import memckpt
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.sagemaker import (
     SageMakerBackend,
@@ -73,20 +74,27 @@ def test_there_is_a_sagemaker_example():
 
 
 @pytest.mark.parametrize("example", _sagemaker_examples(), ids=lambda p: p.stem)
-def test_create_training_job_of_each_example_is_valid_and_matches_its_golden(example):
+def test_create_training_job_of_each_example_is_valid_and_matches_its_golden(example, monkeypatch):
     spec = JobSpec.load(example)
     request = _request(spec)
     body = create_training_job_request(request)
     expected = _golden(f"{example.stem}.create_training_job.json", body)
     assert body == expected
 
+    # The launch turns the in-memory checkpoint tier on (two instances, in-place restarts): its
+    # interval and the attempt's replication key (fixed here) join the golden's Environment.
+    key = "ab" * 32
+    monkeypatch.setattr(memckpt, "new_key", lambda: key)
+    launched = {**expected, "Environment": {**expected["Environment"]}}
+    launched["Environment"].update({"AERIE_MEMORY_CHECKPOINT_EVERY": "auto", "AERIE_MEMORY_CHECKPOINT_KEY": key})
+    assert create_training_job_request(request, memory_key=key) == launched
     client = _client("sagemaker")
     backend = SageMakerBackend(client=client, region="us-east-1")
     with Stubber(client) as stub:
         stub.add_response(
             "create_training_job",
             {"TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{JOB_ID}-a1"},
-            expected,
+            launched,
         )
         handle = backend.launch(request)
         stub.assert_no_pending_responses()
@@ -96,6 +104,7 @@ def test_create_training_job_of_each_example_is_valid_and_matches_its_golden(exa
         "hosts": ["algo-1", "algo-2"],
         "region": "us-east-1",
         "agents_wait": True,
+        memckpt.HANDLE_KEY: key,
     }
 
     # What the golden promises, spelled out.
@@ -163,11 +172,12 @@ def test_botocore_rejects_a_request_the_service_model_forbids():
             client.create_training_job(**body)
 
 
-def test_attempt_two_resumes_with_the_same_checkpoint_uri_and_a_new_name():
+def test_attempt_two_resumes_with_the_same_checkpoint_uri_and_a_new_name(monkeypatch):
     spec = JobSpec.load(REPO / "examples" / "pythia-tiny-sagemaker.yaml")
     first = create_training_job_request(_request(spec, 1))
     resume = f"s3://aerie-checkpoints/checkpoints/{JOB_ID}/step_00000200"
-    second = create_training_job_request(_request(spec, 2, resume_from=resume))
+    monkeypatch.setattr(memckpt, "new_key", lambda: "cd" * 32)  # each attempt's replication key: fixed here
+    second = create_training_job_request(_request(spec, 2, resume_from=resume), memory_key="cd" * 32)
     assert second["TrainingJobName"] == f"{JOB_ID}-a2" != first["TrainingJobName"]
     assert second["Environment"]["AERIE_RESUME_FROM"] == resume
     assert second["Environment"]["AERIE_ATTEMPT"] == f"{JOB_ID}-a2"
@@ -184,10 +194,15 @@ def test_attempt_two_resumes_with_the_same_checkpoint_uri_and_a_new_name():
 def test_launch_again_after_a_crash_is_idempotent():
     spec = JobSpec.load(REPO / "examples" / "pythia-tiny-sagemaker.yaml")
     client = _client("sagemaker")
+    running = _described("InProgress", "Training", [], Environment={"AERIE_MEMORY_CHECKPOINT_KEY": "ef" * 32})
     with Stubber(client) as stub:
         stub.add_client_error("create_training_job", "ResourceInUse", "Training job names must be unique")
+        stub.add_response("describe_training_job", running, {"TrainingJobName": f"{JOB_ID}-a1"})
         handle = SageMakerBackend(client=client).launch(_request(spec))
+        stub.assert_no_pending_responses()
     assert handle["training_job_name"] == f"{JOB_ID}-a1"
+    # The running job's nodes hold the replication key it was created with, not a new one.
+    assert handle[memckpt.HANDLE_KEY] == "ef" * 32
 
 
 def test_training_job_names_are_unique_per_attempt_and_fit_sagemaker():

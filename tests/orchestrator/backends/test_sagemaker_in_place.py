@@ -7,10 +7,12 @@ tests/e2e/test_sagemaker_in_place.py."""
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import boto3
 from botocore.stub import Stubber
 
+from aerie_contracts import memckpt
 from aerie_contracts.states import AttemptState
 from agent.identity import DEFAULT_MASTER_PORT
 from orchestrator.backends.base import LaunchRequest, NodeStatus, PollResult, with_reported_exits
@@ -157,11 +159,11 @@ def test_hot_spares_are_extra_instances_of_the_training_job_and_take_slots_in_pl
         update={"resources": _request(1).spec.resources.model_copy(update={"spare_nodes": 1})}
     )
     request = dataclasses.replace(_request(1), spec=spec)
-    body = create_training_job_request(request)
+    body = create_training_job_request(request, memory_key="ab" * 32)
     assert body["ResourceConfig"]["InstanceCount"] == 3 and body["Environment"]["AERIE_SPARE_HOSTS"] == "algo-3"
     client = _client()
     backend = SageMakerBackend(client=client)
-    with Stubber(client) as stub:
+    with Stubber(client) as stub, mock.patch.object(memckpt, "new_key", side_effect=["ab" * 32, "cd" * 32]):
         stub.add_response(
             "create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"}, body
         )
@@ -171,6 +173,8 @@ def test_hot_spares_are_extra_instances_of_the_training_job_and_take_slots_in_pl
         second = backend.launch(swapped)
         stub.assert_no_pending_responses()
     assert first["hosts"] == ["algo-1", "algo-2"] and first["spares"] == ["algo-3"]
+    # The memory tier's key: the training job's for attempt 1, a new one for the in-place attempt.
+    assert (first[memckpt.HANDLE_KEY], second[memckpt.HANDLE_KEY]) == ("ab" * 32, "cd" * 32)
     # The spare takes algo-1's rank slot (rank 0: the rendezvous moves with it); none is left.
     assert second["hosts"] == ["algo-3", "algo-2"] and second["spares"] == []
     assert second["replaced_nodes"] == {"algo-1": "algo-3"} and second["training_job_name"] == f"{JOB}-a1"

@@ -16,12 +16,12 @@ from agent.slurm import memory_env as node_memory_env
 from agent.slurm import memory_port, split_hosts
 from orchestrator.backends import slurm as slurm_backend
 from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.nodeenv import memory_attempt_env as memory_env
 from orchestrator.backends.slurm import (
     SlurmBackend,
     SlurmOptions,
     _learned,
     launch_document,
-    memory_env,
     render_script,
 )
 from orchestrator.spec import JobSpec
