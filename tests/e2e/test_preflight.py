@@ -13,6 +13,7 @@ the TCP all-reduce), the contract-check job as the ranks.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from aerie_contracts import DetailType, FailureKind
 from aerie_contracts import env as E
 from aerie_contracts.preflight import Check
 from tests.helpers.contract_jobs import contract_spec
+from tests.helpers.planes import netns_plane
 
 pytestmark = pytest.mark.slow
 
@@ -164,17 +166,11 @@ def test_a_really_throttled_link_in_its_own_network_namespace_fails_its_node_s_p
     `preflight.failed` on algo-2, and the next attempt (new namespaces, algo-1 + algo-3) completes.
     Needs root and `ip netns` (CI runs as root); without them the test fails and says why."""
     from orchestrator.backends import netns
-    from orchestrator.harness.control_plane import ControlPlane
 
-    ok, why = netns.available()
-    if not ok:
-        pytest.fail(f"network namespaces are unavailable here: {why}")
-    home = tmp_path / "home"
-    home.mkdir()
-    # Inside their namespaces the agents reach the API through the bridge: listen beyond loopback.
-    cp = ControlPlane(home, host="0.0.0.0").start()
     job = None
-    try:
+    with contextlib.ExitStack() as cleanup:
+        cp = cleanup.enter_context(netns_plane(tmp_path / "home"))
+        cleanup.callback(lambda: _destroy_namespaces(job))
         spec = contract_spec(
             tmp_path,
             "pf-netns",
@@ -204,8 +200,11 @@ def test_a_really_throttled_link_in_its_own_network_namespace_fails_its_node_s_p
         assert _ranks_started(attempt_1, "algo-2") == [] and _ranks_started(attempt_1, "algo-1") == []
         second = job["attempt_list"][1]
         assert sorted(n["host"] for n in second["nodes"]) == ["algo-1", "algo-3"], second["nodes"]
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
-        for a in (job or {}).get("attempt_list") or []:
-            netns.destroy(netns.plan(a["id"], sorted(n["host"] for n in a.get("nodes") or [])))
+
+
+def _destroy_namespaces(job: dict | None) -> None:
+    """What the local backend made for each attempt (it removes them itself when an attempt ends)."""
+    from orchestrator.backends import netns
+
+    for a in (job or {}).get("attempt_list") or []:
+        netns.destroy(netns.plan(a["id"], sorted(n["host"] for n in a.get("nodes") or [])))

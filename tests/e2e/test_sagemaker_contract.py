@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import re
 
-from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
-from orchestrator.harness.jobs import FAST_HEALTH
+from orchestrator.harness.control_plane import event_story
+from tests.helpers.sagemaker_jobs import sagemaker_plane, sagemaker_spec
 
 # Alone (the serial phase): as on SageMaker, the first container to exit non-zero names the failure,
 # and beside the unit tests the killed rank's peer (its collective broken) once exited first. Which
@@ -26,35 +26,21 @@ STEPS, EVERY, KILL_AT = 12, 4, 9
 
 
 def test_two_instances_train_with_only_sagemakers_contract(tmp_path, s3_bucket, s3_env, sagemaker):
-    home = tmp_path / "home"
-    home.mkdir()
-    aws = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url, "AERIE_SAGEMAKER_ROLE_ARN": "arn:aws:iam::1:role/aerie"}
-    cp = ControlPlane(home, extra_env=aws).start()
-    try:
-        spec = write_spec(
+    with sagemaker_plane(tmp_path / "home", sagemaker) as cp:
+        spec = sagemaker_spec(
             tmp_path / "sm.json",
-            name="sm-contract",
-            image="123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
-            entrypoint=["python", "-m", "trainer.train"],
-            args=["--config", "examples/configs/pythia-tiny.yaml"],
-            hyperparameters={"steps": str(STEPS), "eval_every": "1000000", "seq_len": "64"},
-            output={"s3_uri": f"s3://{s3_bucket}/output"},
-            resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1},
+            "sm-contract",
+            s3_bucket,
+            steps=STEPS,
             checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": EVERY},
             # A relaunch, not an in-place restart (tests/e2e/test_sagemaker_in_place.py): a new
             # training job, restored from S3 alone.
             retry={"max_restarts": 1, "in_place_restarts": 0},
-            health=FAST_HEALTH,
             env={"AERIE_FAULTS": json.dumps([{"kind": "sigkill", "step": KILL_AT, "rank": 1}])},
-            backend="sagemaker",
-            # The image's code directory, and a rendezvous port of the test's own (the spec's option).
-            backend_options={"container_workdir": str(REPO), "master_port": free_port()},
         )
         cp.cli("submit", str(spec), check=True)
         job = cp.wait_state("sm-contract", {"Completed", "Failed", "Stopped"}, timeout_s=300)
         story = [e for e in event_story(cp.events("sm-contract")) if e.startswith(("job ", "attempt "))]
-    finally:
-        cp.stop()
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     assert story == [
         "job Submitted",

@@ -26,10 +26,11 @@ from aerie_contracts import FailureKind
 from aerie_contracts import env as E
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from agent.proctree import kill_subtree
-from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, free_port, write_spec
+from orchestrator.harness.control_plane import event_story
 from orchestrator.harness.jobs import FAST_HEALTH
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, running_pids
 from tests.helpers.contract_jobs import CONTRACT
+from tests.helpers.sagemaker_jobs import sagemaker_plane, sagemaker_spec
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -47,26 +48,15 @@ FAULTS = [
 def test_a_rank_crash_restarts_inside_the_training_job_and_a_lost_instance_relaunches(
     tmp_path, s3_bucket, s3_env, sagemaker
 ):
-    home = tmp_path / "home"
-    home.mkdir()
-    aws = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url, "AERIE_SAGEMAKER_ROLE_ARN": "arn:aws:iam::1:role/aerie"}
-    cp = ControlPlane(home, extra_env=aws).start()
-    try:
-        spec = write_spec(
+    with sagemaker_plane(tmp_path / "home", sagemaker) as cp:
+        spec = sagemaker_spec(
             tmp_path / "sm.json",
-            name="sm-warm",
-            image="123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
-            entrypoint=["python", "-m", "trainer.train"],
-            args=["--config", "examples/configs/pythia-tiny.yaml"],
-            hyperparameters={"steps": str(STEPS), "eval_every": "1000000", "seq_len": "64"},
-            output={"s3_uri": f"s3://{s3_bucket}/output"},
-            resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1},
+            "sm-warm",
+            s3_bucket,
+            steps=STEPS,
             checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": EVERY},
             retry={"max_restarts": 2},
-            health=FAST_HEALTH,
             env={"AERIE_FAULTS": json.dumps(FAULTS)},
-            backend="sagemaker",
-            backend_options={"container_workdir": str(REPO), "master_port": free_port()},
         )
         cp.cli("submit", str(spec), check=True)
         job_id = wait_for(what="the job", check=lambda: cp.job("sm-warm")["id"], timeout_s=60)
@@ -103,8 +93,6 @@ def test_a_rank_crash_restarts_inside_the_training_job_and_a_lost_instance_relau
         events = cp.events("sm-warm")
         story = [e for e in event_story(events) if e.startswith(("job ", "attempt "))]
         print("\n".join(f"{e['time']} {w}" for e, w in zip(events, event_story(events), strict=True)))
-    finally:
-        cp.stop()
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     assert story == [
         "job Submitted",
@@ -144,36 +132,27 @@ def test_a_spare_instance_takes_the_slot_of_a_node_that_fails_preflight(tmp_path
     """Issue #23 on SageMaker: 2 instances + 1 spare in ONE training job (InstanceCount 3); algo-2's
     pre-flight fails (a full /dev/shm injected) -> attempt 2 in place on algo-1 + the spare algo-3,
     inside the same training job; algo-2's agent, left out, exits 0, and the job completes."""
-    home = tmp_path / "home"
-    home.mkdir()
-    aws = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url, "AERIE_SAGEMAKER_ROLE_ARN": "arn:aws:iam::1:role/aerie"}
     preflight = {"enabled": True, "burn_s": 0.5, "collective_mb": 2, "min_link_gbps": 0.05, "budget_s": 60}
-    cp = ControlPlane(home, extra_env=aws).start()
-    try:
-        spec = write_spec(
+    with sagemaker_plane(tmp_path / "home", sagemaker) as cp:
+        spec = sagemaker_spec(
             tmp_path / "spare.json",
-            name="sm-spare",
-            image="123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
+            "sm-spare",
+            s3_bucket,
+            spare_nodes=1,
             entrypoint=CONTRACT,
             args=["--steps", "2"],
-            output={"s3_uri": f"s3://{s3_bucket}/output"},
-            resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1, "spare_nodes": 1},
             checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints"},
             retry={"max_restarts": 2},
             # Heartbeats every 5 s (15 s to node.lost): at load ~25 an agent once went 7 s without
             # one between its in-place pre-flight and its warm ranks' start.
             health={**FAST_HEALTH, "heartbeat_s": 5, "preflight": preflight},
             env={E.PREFLIGHT_FAULT.name: "shm_full@algo-2"},
-            backend="sagemaker",
-            backend_options={"container_workdir": str(REPO), "master_port": free_port()},
         )
         cp.cli("submit", str(spec), check=True)
         job = cp.wait_state("sm-spare", {"Completed", "Failed", "Stopped"}, timeout_s=240)
         # The agents report their exits before their containers end: SageMaker's status follows.
         (tj,) = sagemaker.jobs.values()
         wait_for(what="the training job's end", check=lambda: tj.status != "InProgress", timeout_s=60)
-    finally:
-        cp.stop()
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     assert len(job["attempt_list"]) == 2, job["attempt_list"]
     first, second = job["attempt_list"]
@@ -201,26 +180,15 @@ def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_
     checkpoint before the crash: once a memory checkpoint is good, rank 1 is killed (SIGKILL) ->
     attempt 2 in place inside the same training job, its ranks restored from the nodes' memory (own
     copies), and the job completes."""
-    home = tmp_path / "home"
-    home.mkdir()
-    aws = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url, "AERIE_SAGEMAKER_ROLE_ARN": "arn:aws:iam::1:role/aerie"}
-    cp = ControlPlane(home, extra_env=aws).start()
     steps = 300
-    try:
-        spec = write_spec(
+    with sagemaker_plane(tmp_path / "home", sagemaker) as cp:
+        spec = sagemaker_spec(
             tmp_path / "sm-mem.json",
-            name="sm-mem",
-            image="123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
-            entrypoint=["python", "-m", "trainer.train"],
-            args=["--config", "examples/configs/pythia-tiny.yaml"],
-            hyperparameters={"steps": str(steps), "eval_every": "1000000", "seq_len": "64"},
-            output={"s3_uri": f"s3://{s3_bucket}/output"},
-            resources={"instance_type": "ml.m5.xlarge", "instance_count": 2, "procs_per_node": 1},
+            "sm-mem",
+            s3_bucket,
+            steps=steps,
             checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": 1000, "memory_every_steps": 2},
             retry={"max_restarts": 1},
-            health=FAST_HEALTH,
-            backend="sagemaker",
-            backend_options={"container_workdir": str(REPO), "master_port": free_port()},
         )
         cp.cli("submit", str(spec), check=True)
         job_id = wait_for(what="the job", check=lambda: cp.job("sm-mem")["id"], timeout_s=60)
@@ -229,8 +197,6 @@ def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_
         (rank_1,) = pids(tj.host_root("algo-2") / "agent", "ranks/rank-*.pid")
         os.kill(rank_1, signal.SIGKILL)
         job = cp.wait_state("sm-mem", {"Completed", "Failed", "Stopped"}, timeout_s=300)
-    finally:
-        cp.stop()
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     first, second = job["attempt_list"]
     assert first["reason"]["kind"] == "exit.nonzero" and first["reason"]["rank"] == 1, first["reason"]

@@ -9,10 +9,13 @@ Real agents, torchrun, gloo collectives and signals; the faults come from `train
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from orchestrator.harness.control_plane import ControlPlane
 from orchestrator.harness.jobs import trainer_spec
+from tests.helpers.planes import netns_plane
 
 pytestmark = pytest.mark.slow
 
@@ -113,15 +116,10 @@ def test_nic_stall_of_one_node_in_its_own_network_namespace(tmp_path):
 
     from orchestrator.backends import netns
 
-    ok, why = netns.available()
-    if not ok:
-        pytest.fail(f"network namespaces are unavailable here: {why}")
-    home = tmp_path / "home"
-    home.mkdir()
-    # Inside their namespaces the agents reach the API through the bridge: listen beyond loopback.
-    cp = ControlPlane(home, host="0.0.0.0").start()
     attempt_id = None
-    try:
+    with contextlib.ExitStack() as cleanup:
+        cp = cleanup.enter_context(netns_plane(tmp_path / "home"))
+        cleanup.callback(lambda: attempt_id and netns.destroy(netns.plan(attempt_id, ["algo-1", "algo-2"])))
         spec = trainer_spec(
             tmp_path / "spec.json",
             "nic-stall",
@@ -159,8 +157,3 @@ def test_nic_stall_of_one_node_in_its_own_network_namespace(tmp_path):
         # The verdict itself travels over the cut link: it reaches the control plane once the
         # node's agent gives up; the node's own outcome file carries the cause meanwhile.
         assert "throughput" in attempt["reason"]["message"]
-    finally:
-        cp.stop()
-        cp.cleanup_nodes()
-        if attempt_id:
-            netns.destroy(netns.plan(attempt_id, ["algo-1", "algo-2"]))
