@@ -194,8 +194,11 @@ def test_a_really_throttled_link_in_its_own_network_namespace_fails_its_node_s_p
         assert not collective["passed"], collective
         # A real qdisc on the node's own interface: 0.05 Gbit/s / 4 = 12.5 Mbit/s.
         assert collective["details"]["shaped"] == f"tbf 12mbit on {netns.NS_IFACE}", collective
-        peer = next(c for c in results["algo-1"]["checks"] if c["check"] == Check.COLLECTIVE)
-        assert peer["passed"] and "shaped" not in peer["details"], peer
+        # The healthy peer's result, when it reached the control plane before attempt 1 ended (its
+        # report is refused once attempt 2 is current; the parametrized test above checks it).
+        if results.get("algo-1"):
+            peer = next(c for c in results["algo-1"]["checks"] if c["check"] == Check.COLLECTIVE)
+            assert peer["passed"] and "shaped" not in peer["details"], peer
         attempt_1 = cp.home / "jobs" / job["id"] / "attempt-1"
         assert _ranks_started(attempt_1, "algo-2") == [] and _ranks_started(attempt_1, "algo-1") == []
         second = job["attempt_list"][1]

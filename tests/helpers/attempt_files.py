@@ -44,10 +44,14 @@ def restored_events(attempt_dir: Path, nodes: str = "algo-*") -> list[dict]:
     return out
 
 
-def s3_requests_since(log: Path, mark: int) -> list[str]:
-    """The request lines the S3 server logged after byte `mark` of its log."""
+def s3_requests_since(log: Path, mark: int, *, ignore_attempt: int | None = None) -> list[str]:
+    """The request lines the S3 server logged after byte `mark` of its log; `ignore_attempt`: less
+    that attempt's own checkpoint objects (`.../attempt_NNNN/`): a restore reads what an earlier
+    attempt wrote, and the restored ranks may already be saving their next checkpoint."""
     time.sleep(0.3)  # the server logs a request after answering it
-    return [m.group(0) for m in _LINE.finditer(log.read_bytes()[mark:].decode("utf-8", "replace"))]
+    lines = [m.group(0) for m in _LINE.finditer(log.read_bytes()[mark:].decode("utf-8", "replace"))]
+    own = f"/attempt_{ignore_attempt:04d}/" if ignore_attempt is not None else None
+    return [line for line in lines if own is None or own not in line]
 
 
 def attempt_of(cp: ControlPlane, job: str, n: int) -> dict | None:
