@@ -469,7 +469,9 @@ def _alive(pid: int, needle: str) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return any(needle in part for part in proc.cmdline())
+        cmdline = proc.cmdline()
+        # Empty while the process is still in exec (a loaded host's just-started node): starting, not gone.
+        return not cmdline or any(needle in part for part in cmdline)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

@@ -199,7 +199,9 @@ def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_
         job = cp.wait_state("sm-mem", {"Completed", "Failed", "Stopped"}, timeout_s=300)
     assert job["state"] == "Completed", json.dumps(job)[:3000]
     first, second = job["attempt_list"]
-    assert first["reason"]["kind"] == "exit.nonzero" and first["reason"]["rank"] == 1, first["reason"]
+    # A rank's exit (rank 1's; its peer's collective then breaks too, and on a loaded host that exit
+    # may be reported first: which rank is named is the first test's concern, not this one's).
+    assert first["reason"]["kind"] == "exit.nonzero", first["reason"]
     assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
     # From the memory tier: a snapshot attempt 1 took (no S3 checkpoint exists).
     assert second["resume_from"].startswith("mem://"), second["resume_from"]

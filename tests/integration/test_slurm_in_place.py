@@ -167,7 +167,9 @@ def test_an_in_place_slurm_attempt_resumes_from_the_memory_tier(tmp_path, slurm_
         mark = s3_log.stat().st_size  # chaining's S3 listing is done: what follows is the restore
         assert second["cause"][CAUSE_MODE] == RestartMode.IN_PLACE, second["cause"]
         assert tier_of_uri(second["resume_from"]) == CheckpointTier.MEMORY, second
-        assert step_of_uri(second["resume_from"]) == 8, second
+        # The newest memory checkpoint good at the decision: step 8, or 4 while 8's replica was
+        # still on its way when rank 1 exited at step 11 (a loaded host).
+        assert step_of_uri(second["resume_from"]) in (4, 8), second
         restored = wait_for(
             what="attempt 2's ranks restored",
             check=lambda: len(r := restored_events(root, "node*")) == 2 and r,
