@@ -87,6 +87,9 @@ class Controller:
         self._booted_at: dict[str, float] = {}
         self.stragglers = StragglerTracker()  # node.straggler: who has been an outlier since when
         self._replay_judged: set[str] = set()  # attempts whose NaN replay was decided
+        # Running attempts whose backend holds what launched them: launched by this process, or
+        # handed back once after a restart (`_adopt`).
+        self._adopted: set[str] = set()
 
     # --- loop -----------------------------------------------------------------------------
 
@@ -174,32 +177,9 @@ class Controller:
                 job = attempt.job
                 if attempt.state == AttemptState.PENDING:
                     repo.set_attempt_state(s, attempt, AttemptState.LAUNCHING)
-                token = repo.mint_token(
-                    s, "agent", tenant=job.tenant, attempt_id=attempt.id, name=f"agent for {attempt.id}"
-                )
-                request = LaunchRequest(
-                    job_id=job.id,
-                    job_name=job.name,
-                    attempt_id=attempt.id,
-                    attempt_number=attempt.number,
-                    spec=JobSpec.model_validate(job.spec),
-                    api_url=self.settings.api_url,
-                    agent_token=token,
-                    resume_from=attempt.resume_from,
-                    exclude_nodes=tuple(attempt.exclude_nodes or ()),
-                    # What earlier attempts learned about section durations (learned timeouts).
-                    extra_env={
-                        **learned_env(job, attempt.number),
-                        **memory_resume_env(attempt.cause),
-                        **checkpoint_mtbf_env(s, job, time.time()),  # for checkpoint.every_steps: auto
-                    },
-                )
+                request = self._launch_request(s, job, attempt)
                 previous_handle = self._previous_handle(job, attempt)
-                if mode_of(attempt.cause) == RestartMode.IN_PLACE and previous_handle is not None:
-                    swaps = (attempt.cause or {}).get(CAUSE_REPLACED_NODES) or {}
-                    replaced = {str(k): str(v) for k, v in swaps.items()}
-                    request = dataclasses.replace(request, in_place_of=previous_handle, replace_nodes=replaced)
-                elif previous_handle is not None and job.backend in IN_PLACE_BACKENDS:
+                if request.in_place_of is None and previous_handle is not None and job.backend in IN_PLACE_BACKENDS:
                     # A relaunch after a failure whose agents were kept up for a warm restart; its
                     # hot spares still waiting are the new attempt's (local), not stopped.
                     self._stop_nodes(job.backend, previous_handle)
@@ -230,12 +210,60 @@ class Controller:
                 early = (attempt.handle or {}).get(HANDLE_SPARE_PREFLIGHT)
                 attempt.handle = {**handle, HANDLE_SPARE_PREFLIGHT: early} if early else handle
                 repo.set_attempt_state(s, attempt, AttemptState.RUNNING)
+            self._adopted.add(attempt_id)
+
+    def _launch_request(self, s, job: Job, attempt: Attempt) -> LaunchRequest:
+        """What `attempt` is launched with, from the store, with an agent token minted for it: one
+        recipe for its launch and for the backend of a restarted control plane that adopts it
+        running (`_adopt`), whose request is never stored (the token). An in-place attempt names
+        the failed one's handle; which spares a relaunch keeps is its launch's own business."""
+        token = repo.mint_token(s, "agent", tenant=job.tenant, attempt_id=attempt.id, name=f"agent for {attempt.id}")
+        request = LaunchRequest(
+            job_id=job.id,
+            job_name=job.name,
+            attempt_id=attempt.id,
+            attempt_number=attempt.number,
+            spec=JobSpec.model_validate(job.spec),
+            api_url=self.settings.api_url,
+            agent_token=token,
+            resume_from=attempt.resume_from,
+            exclude_nodes=tuple(attempt.exclude_nodes or ()),
+            # What earlier attempts learned about section durations (learned timeouts).
+            extra_env={
+                **learned_env(job, attempt.number),
+                **memory_resume_env(attempt.cause),
+                **checkpoint_mtbf_env(s, job, time.time()),  # for checkpoint.every_steps: auto
+            },
+        )
+        previous_handle = self._previous_handle(job, attempt)
+        if mode_of(attempt.cause) == RestartMode.IN_PLACE and previous_handle is not None:
+            swaps = (attempt.cause or {}).get(CAUSE_REPLACED_NODES) or {}
+            replaced = {str(k): str(v) for k, v in swaps.items()}
+            request = dataclasses.replace(request, in_place_of=previous_handle, replace_nodes=replaced)
+        return request
+
+    def _adopt(self, backend: Backend, attempt_id: str, handle: dict) -> None:
+        """A running attempt this process did not launch (the control plane restarted, or another
+        one led when it was launched): its backend gets its request back (`Backend.adopt`; the
+        local one replaces dead hot spares with it), once, before this process first polls it."""
+        self._adopted.add(attempt_id)  # once: a failure is logged, not retried (and minted) each pass
+        if not getattr(backend, "adopts", False):
+            return  # no token minted for a backend that would drop it
+        try:
+            with self.db.session() as s:
+                attempt = repo.get_attempt(s, attempt_id)
+                request = self._launch_request(s, attempt.job, attempt)
+            backend.adopt(request, handle)
+        except Exception:
+            log.exception("adopting %s failed: its dead hot spares are not replaced", attempt_id)
 
     def _poll_running(self) -> None:
         with self.db.session() as s:
             running = [(a.id, a.handle, a.job.backend) for a in repo.attempts_in(s, {AttemptState.RUNNING})]
         for attempt_id, handle, backend_name in running:
             backend = self.backends[backend_name]
+            if attempt_id not in self._adopted:
+                self._adopt(backend, attempt_id, handle)
             try:
                 result = backend.poll(handle)
             except Exception:
@@ -256,6 +284,7 @@ class Controller:
                     self._check_nan_replay(s, repo.get_attempt(s, attempt_id), completed=True)
             if result.terminal:
                 self._booted_at.pop(attempt_id, None)
+                self._adopted.discard(attempt_id)
                 self.stragglers.forget(attempt_id)
             if result.state == AttemptState.FAILED and not self._keeps_warm(attempt_id, backend_name, result):
                 self._stop_nodes(backend_name, handle)  # the surviving nodes would only wait for their dead peer

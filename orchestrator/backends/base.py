@@ -3,6 +3,8 @@
 A backend turns one attempt into running nodes and reports how they are doing. It keeps no state
 of its own in memory: everything needed to find the attempt again lives in the JSON `handle` it
 returns, which the controller stores, so a restarted control plane re-adopts running attempts.
+(The one exception, the local backend's launch requests, which hold an agent token and so are
+never stored, is handed back to a restarted control plane's backend rebuilt: `Backend.adopt`.)
 """
 
 from __future__ import annotations
@@ -94,6 +96,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def stop(self, handle: dict[str, Any]) -> None:
         """Ask every node to stop (non-blocking; later polls escalate if needed)."""
+
+    # Whether `adopt` wants the running attempts a restarted control plane finds (building each
+    # one's request mints an agent token: not done for backends that would drop it).
+    adopts = False
+
+    def adopt(self, request: LaunchRequest, handle: dict[str, Any]) -> None:
+        """A running attempt this backend instance did not launch (the control plane restarted, or
+        another one led when it was launched), with its request rebuilt as its launch built it (a
+        fresh agent token): for a backend that keeps what it launched in memory (`local`: what a
+        spare that dies while it waits is replaced with). Called once per attempt, before its first
+        poll, only where `adopts`; never spawns anything. Default: nothing (the handle suffices)."""
+        return None
 
     def chaos(self, handle: dict[str, Any], host: str, request: dict[str, Any]) -> None:
         """Hand a fault request (`aerie chaos`) to `host`'s agent. Backends that cannot reach their

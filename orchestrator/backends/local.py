@@ -3,10 +3,12 @@
 Each node is a real agent process tree (`python -m agent.entrypoint` -> agent -> torchrun -> ranks)
 with its own contract directory. The agents run in their own sessions and record their pid and
 outcome in files, so they outlive a killed control plane and a restarted one can read how they
-ended: the handle is only the attempt's directory.
+ended: the handle is only the attempt's directory. Replacing a hot spare that died while it waited
+also takes the attempt's launch request (its agents' environment), which is never written to disk
+(it holds the agent token): a restarted control plane hands it back, rebuilt (`adopt`).
 
-Over 400 lines on purpose: one Backend implementation (launch, in-place launch, poll, stop,
-fence) with its hot spares (spawn, replenish, replace the dead, keep across a relaunch), which
+Over 400 lines on purpose: one Backend implementation (launch, in-place launch, adopt, poll,
+stop, fence) with its hot spares (spawn, replenish, replace the dead, keep across a relaunch), which
 share the handle's layout; the process-tree helpers are split out (local_fence.py, nodeenv.py).
 """
 
@@ -59,6 +61,8 @@ class LocalBackend(Backend):
     # A failed attempt's hot spares are left waiting (the controller stops the rest): a relaunch
     # keeps them (`LaunchRequest.reuse_spares`).
     keeps_spares = True
+    # A restarted control plane hands back the running attempts' requests (`adopt`).
+    adopts = True
 
     def __init__(self, jobs_dir: Path, channel_cache: Path | None = None):
         self.jobs_dir = Path(jobs_dir)
@@ -66,8 +70,9 @@ class LocalBackend(Backend):
         # them, beside the jobs (AERIE_CHANNEL_CACHE, set for the control plane, wins).
         self.channel_cache = Path(channel_cache) if channel_cache else self.jobs_dir.parent / "cache" / "channels"
         # What launched each running attempt ((root, in-place attempt id) -> request, rendezvous
-        # port): a spare that dies while it waits is replaced with it. Not kept across a restart of
-        # the control plane (its spares are then not replaced).
+        # port): a spare that dies while it waits is replaced with it. In memory only (the request
+        # holds the agent token): after a restart of the control plane the controller rebuilds each
+        # running attempt's request and hands it back (`adopt`); until then its spares are not replaced.
         self._launched: dict[tuple[str, str | None], tuple[LaunchRequest, int]] = {}
 
     # --- launch -----------------------------------------------------------------------------
@@ -112,11 +117,17 @@ class LocalBackend(Backend):
             # Re-adopted: the handle as launched (its replication key and memory ring's endpoints
             # included), when it got that far.
             recorded = read_json(root / "handle.json")
-            return recorded if isinstance(recorded, dict) and recorded.get("hosts") == hosts else handle
+            if isinstance(recorded, dict) and recorded.get("hosts") == hosts:
+                handle = recorded
+            self.adopt(request, handle)  # this process's request: its spares can be replaced
+            return handle
         with os.fdopen(fd, "w") as marker:
             marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
 
         master_port = _free_port()
+        # Kept for spares started later (`_replace_dead_spares`), by this control plane or a
+        # restarted one (`adopt`); an in-place successor's handle has a port of its own.
+        handle["master_port"] = master_port
         if spec.backend_options.get("container_paths"):
             check_container_paths()
         if net:
@@ -147,7 +158,7 @@ class LocalBackend(Backend):
                 net=net,
             )
         write_json(root / "handle.json", handle)
-        self._launched[(str(root), None)] = (request, master_port)
+        self.adopt(request, handle)
         return handle
 
     def _spawn(
@@ -223,6 +234,7 @@ class LocalBackend(Backend):
         path = Path(request.in_place_of["root"]) / f"handle-{request.attempt_number}.json"
         existing = read_json(path)
         if isinstance(existing, dict) and existing.get("attempt_id") == request.attempt_id:
+            self.adopt(request, existing)
             return existing  # idempotent: a re-adopted launch keeps its port
         # A rendezvous port of its own: a new worker group can never join a store the last one's
         # torchrun still serves while it is being stopped.
@@ -250,8 +262,23 @@ class LocalBackend(Backend):
         # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
         root = Path(handle["root"])
         self._spawn_spares(request, root, handle, fresh, int(handle["master_port"]))
-        self._launched[(str(root), request.attempt_id)] = (request, int(handle["master_port"]))
+        self.adopt(request, handle)
         return handle
+
+    def adopt(self, request: LaunchRequest, handle: dict[str, Any]) -> None:
+        """Remember what launched `handle`'s attempt, for `_replace_dead_spares`: `launch` and
+        `_in_place` call it as they return, the controller once for each running attempt a
+        restarted control plane finds (the request rebuilt as its launch built it, with a new
+        agent token: the spares it starts authenticate with that). Keyed as `poll` looks it up: an
+        in-place handle names its attempt, a fresh launch's does not (its folder is the attempt's).
+        Spawns nothing, so adopting twice is harmless."""
+        port = handle.get("master_port")
+        if port is None:
+            # A handle launched before fresh launches kept their port: any free one. A spare's tree
+            # uses it for nothing (its pre-flight takes a port of its own); the in-place attempt
+            # that hands it a rank slot names that attempt's port (GET .../next).
+            port = _free_port()
+        self._launched[(str(Path(handle["root"])), handle.get("attempt_id"))] = (request, int(port))
 
     def _spawn_spares(
         self, request: LaunchRequest, root: Path, handle: dict[str, Any], hosts: list[str], master_port: int

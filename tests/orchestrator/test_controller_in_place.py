@@ -1,16 +1,20 @@
 """The controller's half of an in-place restart: a failed attempt that may restart in place keeps
 its agents (no `stop`); an in-place successor is launched with the failed attempt's handle; a
-relaunch stops that handle's agents first. The backend records the calls (the local backend's
-side runs on real processes: tests/orchestrator/backends/test_local_in_place.py and
-tests/e2e/test_in_place_restart.py)."""
+relaunch stops that handle's agents first; a restarted controller hands each running attempt's
+rebuilt request back to a backend that `adopts` them. The backend records the calls (the local
+backend's side runs on real processes: tests/orchestrator/backends/test_local_in_place.py,
+test_local_spares.py and tests/e2e/test_in_place_restart.py)."""
 
 from __future__ import annotations
 
-from aerie_contracts.restarts import CAUSE_MODE
+from sqlalchemy import func, select
+
+from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES
 from orchestrator.backends.base import Backend, NodeStatus, PollResult
 from orchestrator.controller import Controller
 from orchestrator.settings import Settings
 from orchestrator.store import Database, repo
+from orchestrator.store.models import Token
 
 HANDLE = {"root": "/nowhere", "hosts": ["algo-1", "algo-2"]}
 
@@ -113,3 +117,74 @@ def test_a_handle_the_backend_learned_more_of_is_stored(aerie_home):
     Controller(db, Settings(), {"local": backend}, chaining=True).reconcile_once()
     with db.session() as s:
         assert repo.get_job(s, "default", job_id).attempts[0].handle == learned
+
+
+def test_a_restarted_controller_hands_each_running_attempt_it_did_not_launch_back_once(aerie_home):
+    """The local backend replaces a dead hot spare with the request its attempt was launched with,
+    which lives in memory only (it holds the agent token): a controller hands the backend each
+    running attempt it finds but did not launch (`Backend.adopt`), rebuilt as its launch built it
+    (a new token for that attempt; an in-place attempt's failed handle and swaps), before it first
+    polls it and only once; not an attempt it launched itself, nor to a backend that does not adopt."""
+
+    class Adopter(Recorder):
+        adopts = True
+
+        def adopt(self, request, handle):
+            self.requests.append(request)
+            self.calls.append(("adopt", request.attempt_number, handle["attempt_id"]))
+
+        def poll(self, handle):
+            self.calls.append(("poll", handle["attempt_id"]))
+            return super().poll(handle)
+
+    db = Database(Settings().db_url)
+    job_id = _job(db)
+    with db.session() as s:
+        job = repo.get_job(s, "default", job_id)
+        first = job.attempts[0]
+        repo.set_attempt_state(s, first, "Failed", {"kind": "exit.nonzero"})
+        second = repo.create_attempt(s, job, 2)
+        second.cause = {CAUSE_MODE: "in_place", CAUSE_REPLACED_NODES: {"algo-2": "algo-3"}}
+        repo.set_attempt_state(s, second, "Running")
+        second.handle = {**HANDLE, "attempt_id": second.id, "in_place": True}
+        second_id, first_handle = second.id, dict(first.handle)
+        launched = repo.create_job(s, {"name": "k", "backend": "local", "entrypoint": ["x"]}, "default")
+        repo.set_job_state(s, launched, "InProgress")
+        repo.create_attempt(s, launched, 1)  # pending: launched by the controller itself
+        launched_id = launched.id
+
+    backend = Adopter()
+    backend.requests = []
+    controller = Controller(db, Settings(), {"local": backend}, chaining=True)
+    controller.reconcile_once()
+    controller.reconcile_once()
+    adopted = [c for c in backend.calls if c[0] == "adopt"]
+    assert adopted == [("adopt", 2, second_id)]  # once, and never the attempt it launched
+    assert backend.calls.index(("adopt", 2, second_id)) < backend.calls.index(("poll", second_id))
+    (request,) = backend.requests
+    assert request.attempt_id == second_id and request.job_id == job_id and request.api_url == Settings().api_url
+    assert request.in_place_of == first_handle and request.replace_nodes == {"algo-2": "algo-3"}
+    with db.session() as s:
+        token = repo.find_token(s, request.agent_token)
+        assert token is not None and token.kind == "agent" and token.attempt_id == second_id
+
+    # Another restart hands both back (the one launched before it too); a backend that does not
+    # adopt gets nothing, and no token is minted for it.
+    with db.session() as s:
+        other = repo.get_job(s, "default", launched_id).attempts[0].id
+        tokens = s.scalar(select(func.count()).select_from(Token))
+    again = Adopter()
+    again.requests = []
+    Controller(db, Settings(), {"local": again}, chaining=True).reconcile_once()
+    assert sorted(c[2] for c in again.calls if c[0] == "adopt") == sorted([second_id, other])
+
+    class Ignorer(Adopter):
+        adopts = False
+
+    plain = Ignorer()
+    plain.requests = []
+    Controller(db, Settings(), {"local": plain}, chaining=True).reconcile_once()
+    assert plain.requests == []
+    with db.session() as s:
+        assert s.scalar(select(func.count()).select_from(Token)) == tokens + 2  # `again`'s two
+    db.dispose()
