@@ -198,8 +198,17 @@ def event_story(events: list[dict]) -> list[str]:
     return out
 
 
+def job_story(*attempt_ends: str) -> list[str]:
+    """The `event_story` of a job whose attempts end in these states, one after the other; the job
+    ends as its last attempt does."""
+    story = ["job Submitted", "job InProgress"]
+    for n, end in enumerate(attempt_ends, 1):
+        story += [f"attempt {n} Running", f"attempt {n} {end}"]
+    return [*story, f"job {attempt_ends[-1]}"]
+
+
 # The story of a job that completes on its first attempt.
-FIRST_ATTEMPT_STORY = ["job Submitted", "job InProgress", "attempt 1 Running", "attempt 1 Completed", "job Completed"]
+FIRST_ATTEMPT_STORY = job_story("Completed")
 
 
 def write_spec(path: Path, **fields) -> Path:

@@ -95,12 +95,20 @@ def step_records(attempt_dir: Path, rank: int | None = 0) -> list[dict]:
     return _steps_in(attempt_dir, "metrics", rank)
 
 
-def _steps_in(root: Path, metrics: str, rank: int | None, event: str | None = None) -> list[dict]:
+def event_records(attempt_dir: Path, event: str, nodes: str = "algo-*") -> list[dict]:
+    """`event`'s lines in the live metrics streams of every rank under an attempt directory
+    (`nodes`: its node folders, e.g. `node*` on Slurm)."""
+    return _steps_in(attempt_dir, "metrics", None, event, nodes)
+
+
+def _steps_in(
+    root: Path, metrics: str, rank: int | None, event: str | None = None, nodes: str = "algo-*"
+) -> list[dict]:
     """The training-step lines (or, with `event`, that event's lines) of the `metrics` streams
-    under `root`'s nodes (a torn line skipped)."""
+    under `root`'s `nodes` (a torn line skipped)."""
     pattern = "rank-*.jsonl" if rank is None else f"rank-{rank:05d}.jsonl"
     recs = []
-    for f in root.glob(f"algo-*/output/{metrics}/{pattern}"):
+    for f in root.glob(f"{nodes}/output/{metrics}/{pattern}"):
         for line in f.read_text().splitlines():
             try:
                 rec = json.loads(line)

@@ -14,19 +14,11 @@ from agent.config import AgentConfig
 from agent.monitor import Monitor
 from agent.progress_sources import prints_progress
 from agent.supervisor import Supervisor
-from tests.helpers.supervisor_parts import RecordingReporter, SampleMonitor
+from tests.helpers.supervisor_parts import RecordingReporter, SampleMonitor, agent_config
 
 
 def _cfg(tmp_path: Path, host: str) -> AgentConfig:
-    return AgentConfig(
-        ml_root=tmp_path,
-        node_dir=tmp_path / "agent",
-        metrics_dir=tmp_path / "m",
-        hosts=("algo-1", "algo-2"),
-        host=host,
-        entrypoint=("true",),
-        procs_per_node=2,
-    )
+    return agent_config(tmp_path, host=host, entrypoint=("true",), procs_per_node=2)
 
 
 def test_the_node_hosting_the_printing_rank_judges(tmp_path):

@@ -13,12 +13,14 @@ import pytest
 from agent.config import AgentConfig
 from agent.contract import NodeContract, trainer_env
 from agent.identity import (
+    DEFAULT_GROUP,
     DEFAULT_MASTER_PORT,
     IdentityError,
     expand_hostlist,
     from_slurm,
     node_dir,
     resolve_identity,
+    resource_config,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,20 +165,10 @@ def test_a_rank_without_aerie_node_dir_writes_where_the_agent_reads(tmp_path):
 def test_a_sagemaker_jobs_hot_spares_are_set_apart_on_every_instance(tmp_path):
     """AERIE_SPARE_HOSTS (the sagemaker backend's `resources.spare_nodes`): the attempt's nodes
     leave the spares out; a spare is a node of no attempt yet, its own host alone."""
-    plain = {
-        "current_host": "algo-2",
-        "current_instance_type": "ml.m5.xlarge",
-        "current_group_name": "homogeneousCluster",
-        "hosts": ["algo-1", "algo-2", "algo-3"],
-        "instance_groups": [
-            {
-                "instance_group_name": "homogeneousCluster",
-                "instance_type": "ml.m5.xlarge",
-                "hosts": ["algo-3", "algo-2", "algo-1"],
-            }
-        ],
-        "network_interface_name": "eth0",
-    }
+    # One homogeneous group, its hosts unsorted as in HETERO.
+    m5 = "ml.m5.xlarge"
+    group = {"instance_group_name": DEFAULT_GROUP, "instance_type": m5, "hosts": ["algo-3", "algo-2", "algo-1"]}
+    plain = resource_config("algo-2", ["algo-1", "algo-2", "algo-3"], m5, "eth0", instance_groups=[group])
     root = _root(tmp_path, plain)
     env = {"AERIE_ML_ROOT": str(root), "AERIE_SPARE_HOSTS": "algo-3"}
     node = resolve_identity(env)

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.config import AgentConfig
 from agent.supervisor import Supervisor
-from tests.helpers.supervisor_parts import RecordingReporter, SampleMonitor
+from tests.helpers.supervisor_parts import RecordingReporter, SampleMonitor, agent_config
 
 
 def test_rank0_steps_are_batched_and_json_safe(tmp_path: Path):
-    cfg = AgentConfig(
-        ml_root=tmp_path,
-        node_dir=tmp_path / "agent",
-        metrics_dir=tmp_path / "m",
-        hosts=("algo-1",),
-        host="algo-1",
-        entrypoint=("true",),
-    )
+    cfg = agent_config(tmp_path, hosts=("algo-1",), host="algo-1", entrypoint=("true",))
     monitor, reporter = SampleMonitor(), RecordingReporter()
     sup = Supervisor(cfg, monitor=monitor, reporter=reporter)
     monitor.last_sample = {

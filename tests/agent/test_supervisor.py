@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig, rank_command
+from agent.config import rank_command
 from agent.contract import NodeContract
+from tests.helpers.supervisor_parts import agent_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,18 +161,7 @@ def test_a_rank_killed_by_a_signal_is_reported_with_it(tmp_path):
 
 
 def test_multi_rank_nodes_go_through_torchrun_with_static_rendezvous(tmp_path):
-    cfg = AgentConfig(
-        ml_root=tmp_path,
-        node_dir=tmp_path / "agent",
-        metrics_dir=tmp_path / "m",
-        hosts=("algo-1", "algo-2"),
-        host="algo-2",
-        entrypoint=("python", "t.py"),
-        procs_per_node=4,
-        master_addr="10.0.0.1",
-        master_port=1234,
-    )
-    cmd = rank_command(cfg)
+    cmd = rank_command(agent_config(tmp_path, procs_per_node=4, master_addr="10.0.0.1", master_port=1234))
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=1" in cmd
     assert "--master-addr=10.0.0.1" in cmd and "--master-port=1234" in cmd

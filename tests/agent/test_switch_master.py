@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 
 from aerie_contracts import env as E
-from agent.config import AgentConfig, rank_command
+from agent.config import rank_command
 from agent.supervisor import Supervisor
-from tests.helpers.supervisor_parts import SampleMonitor
+from tests.helpers.supervisor_parts import SampleMonitor, agent_config
 
 
 class Reporter:
@@ -23,17 +23,8 @@ def test_a_spare_in_rank_0_s_slot_moves_the_rendezvous_to_its_address(tmp_path, 
     switched = (E.ATTEMPT, E.AGENT_TOKEN, E.ATTEMPT_NUMBER, E.RESUME_FROM, E.RESUME_FALLBACK)
     for name in (*switched, E.MEMORY_RESUME_NODES, E.MASTER_PORT, E.MASTER_ADDR):
         monkeypatch.setenv(name, "")  # restored after the test: the switch writes them
-    cfg = AgentConfig(
-        ml_root=tmp_path,
-        node_dir=tmp_path / "agent",
-        metrics_dir=tmp_path / "m",
-        hosts=("algo-1", "algo-2"),
-        host="algo-2",
-        entrypoint=("python", "t.py"),
-        procs_per_node=2,
-        master_addr="10.0.0.1",  # algo-1's: the node that was lost
-        master_port=1234,
-    )
+    # Rank 0's address is algo-1's: the node that was lost.
+    cfg = agent_config(tmp_path, procs_per_node=2, master_addr="10.0.0.1", master_port=1234)
     sup = Supervisor(cfg, monitor=SampleMonitor(), reporter=Reporter())
     successor = {
         "action": "restart",

@@ -130,17 +130,16 @@ def test_an_in_place_restart_runs_preflight_again_before_the_new_worker_group(s3
     """The agents stay up across an in-place restart (a rank's crash); each checks its node again
     before the new group's ranks start, for the new attempt (its collective on the new port)."""
     from aerie_contracts.restarts import CAUSE_MODE, RestartMode
-    from orchestrator.harness.jobs import trainer_spec
+    from orchestrator.harness.jobs import s3_spec
 
     cp = s3_plane
-    spec = trainer_spec(
-        tmp_path / "spec.json",
+    spec = s3_spec(
+        tmp_path,
         "pf-warm",
         steps=10,
+        s3_every=3,
+        memory_every=0,
         procs=1,
-        checkpoint_uri="s3://aerie/pf-warm",
-        every_steps=3,
-        memory_every_steps=0,
         max_restarts=1,
         health={"preflight": PREFLIGHT},
         faults=[{"kind": "sigkill", "step": 5, "rank": 1, "attempt": 1}],

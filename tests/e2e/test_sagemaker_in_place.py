@@ -26,11 +26,11 @@ from aerie_contracts import FailureKind
 from aerie_contracts import env as E
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from agent.proctree import kill_subtree
-from orchestrator.harness.control_plane import event_story
+from orchestrator.harness.control_plane import event_story, job_story
 from orchestrator.harness.jobs import FAST_HEALTH
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, running_pids
 from tests.helpers.contract_jobs import CONTRACT
-from tests.helpers.sagemaker_jobs import sagemaker_plane, sagemaker_spec
+from tests.helpers.sagemaker_jobs import sagemaker_job
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -48,17 +48,16 @@ FAULTS = [
 def test_a_rank_crash_restarts_inside_the_training_job_and_a_lost_instance_relaunches(
     tmp_path, s3_bucket, s3_env, sagemaker
 ):
-    with sagemaker_plane(tmp_path / "home", sagemaker) as cp:
-        spec = sagemaker_spec(
-            tmp_path / "sm.json",
-            "sm-warm",
-            s3_bucket,
-            steps=STEPS,
-            checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": EVERY},
-            retry={"max_restarts": 2},
-            env={"AERIE_FAULTS": json.dumps(FAULTS)},
-        )
-        cp.cli("submit", str(spec), check=True)
+    with sagemaker_job(
+        tmp_path,
+        sagemaker,
+        "sm-warm",
+        s3_bucket,
+        steps=STEPS,
+        checkpoint={"every_steps": EVERY},
+        retry={"max_restarts": 2},
+        env={"AERIE_FAULTS": json.dumps(FAULTS)},
+    ) as cp:
         job_id = wait_for(what="the job", check=lambda: cp.job("sm-warm")["id"], timeout_s=60)
         first_name = f"{job_id}-a1"
         tj = wait_for(what="the training job", check=lambda: sagemaker.jobs.get(first_name), timeout_s=60)
@@ -94,17 +93,7 @@ def test_a_rank_crash_restarts_inside_the_training_job_and_a_lost_instance_relau
         story = [e for e in event_story(events) if e.startswith(("job ", "attempt "))]
         print("\n".join(f"{e['time']} {w}" for e, w in zip(events, event_story(events), strict=True)))
     assert job["state"] == "Completed", json.dumps(job)[:3000]
-    assert story == [
-        "job Submitted",
-        "job InProgress",
-        "attempt 1 Running",
-        "attempt 1 Failed",
-        "attempt 2 Running",
-        "attempt 2 Failed",
-        "attempt 3 Running",
-        "attempt 3 Completed",
-        "job Completed",
-    ], story
+    assert story == job_story("Failed", "Failed", "Completed"), story
     first, second, third = job["attempt_list"]
     assert first["reason"]["kind"] == "exit.nonzero" and first["reason"]["rank"] == 1, first["reason"]
     assert second["reason"]["kind"] == "node.lost", second["reason"]
@@ -133,22 +122,20 @@ def test_a_spare_instance_takes_the_slot_of_a_node_that_fails_preflight(tmp_path
     pre-flight fails (a full /dev/shm injected) -> attempt 2 in place on algo-1 + the spare algo-3,
     inside the same training job; algo-2's agent, left out, exits 0, and the job completes."""
     preflight = {"enabled": True, "burn_s": 0.5, "collective_mb": 2, "min_link_gbps": 0.05, "budget_s": 60}
-    with sagemaker_plane(tmp_path / "home", sagemaker) as cp:
-        spec = sagemaker_spec(
-            tmp_path / "spare.json",
-            "sm-spare",
-            s3_bucket,
-            spare_nodes=1,
-            entrypoint=CONTRACT,
-            args=["--steps", "2"],
-            checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints"},
-            retry={"max_restarts": 2},
-            # Heartbeats every 5 s (15 s to node.lost): at load ~25 an agent once went 7 s without
-            # one between its in-place pre-flight and its warm ranks' start.
-            health={**FAST_HEALTH, "heartbeat_s": 5, "preflight": preflight},
-            env={E.PREFLIGHT_FAULT.name: "shm_full@algo-2"},
-        )
-        cp.cli("submit", str(spec), check=True)
+    with sagemaker_job(
+        tmp_path,
+        sagemaker,
+        "sm-spare",
+        s3_bucket,
+        spare_nodes=1,
+        entrypoint=CONTRACT,
+        args=["--steps", "2"],
+        retry={"max_restarts": 2},
+        # Heartbeats every 5 s (15 s to node.lost): at load ~25 an agent once went 7 s without
+        # one between its in-place pre-flight and its warm ranks' start.
+        health={**FAST_HEALTH, "heartbeat_s": 5, "preflight": preflight},
+        env={E.PREFLIGHT_FAULT.name: "shm_full@algo-2"},
+    ) as cp:
         job = cp.wait_state("sm-spare", {"Completed", "Failed", "Stopped"}, timeout_s=240)
         # The agents report their exits before their containers end: SageMaker's status follows.
         (tj,) = sagemaker.jobs.values()
@@ -181,16 +168,15 @@ def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_
     attempt 2 in place inside the same training job, its ranks restored from the nodes' memory (own
     copies), and the job completes."""
     steps = 300
-    with sagemaker_plane(tmp_path / "home", sagemaker) as cp:
-        spec = sagemaker_spec(
-            tmp_path / "sm-mem.json",
-            "sm-mem",
-            s3_bucket,
-            steps=steps,
-            checkpoint={"s3_uri": f"s3://{s3_bucket}/checkpoints", "every_steps": 1000, "memory_every_steps": 2},
-            retry={"max_restarts": 1},
-        )
-        cp.cli("submit", str(spec), check=True)
+    with sagemaker_job(
+        tmp_path,
+        sagemaker,
+        "sm-mem",
+        s3_bucket,
+        steps=steps,
+        checkpoint={"every_steps": 1000, "memory_every_steps": 2},
+        retry={"max_restarts": 1},
+    ) as cp:
         job_id = wait_for(what="the job", check=lambda: cp.job("sm-mem")["id"], timeout_s=60)
         tj = wait_for(what="the training job", check=lambda: sagemaker.jobs.get(f"{job_id}-a1"), timeout_s=60)
         wait_for(what="a good memory checkpoint", check=lambda: good_memory(cp, job_id, 4, 1), timeout_s=180)

@@ -14,6 +14,7 @@ from aerie_contracts import env
 from aerie_contracts.checkpoints import CheckpointTier, memory_uri
 from aerie_contracts.metrics import MetricEvent
 from orchestrator.harness.control_plane import ControlPlane
+from orchestrator.harness.jobs import event_records
 from tests.helpers.s3_requests import _LINE
 from tests.helpers.wait import wait_for
 
@@ -32,16 +33,7 @@ def pids(folder: Path, pattern: str) -> set[int]:
 def restored_events(attempt_dir: Path, nodes: str = "algo-*") -> list[dict]:
     """The `restored` events of the live metrics stream of every rank under an attempt directory
     (`nodes`: its node folders, e.g. `node*` on Slurm)."""
-    out = []
-    for f in attempt_dir.glob(f"{nodes}/output/metrics/rank-*.jsonl"):
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") == MetricEvent.RESTORED:
-                out.append(rec)
-    return out
+    return event_records(attempt_dir, MetricEvent.RESTORED, nodes)
 
 
 def s3_requests_since(log: Path, mark: int, *, ignore_attempt: int | None = None) -> list[str]:

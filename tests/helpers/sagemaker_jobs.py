@@ -1,5 +1,5 @@
 """Jobs on the SageMaker stand-in (tests/helpers/sagemaker_standin.py): a control plane whose
-`sagemaker` backend talks to it, and the spec of a job in the trainer image."""
+`sagemaker` backend talks to it, the spec of a job in the trainer image, and the two together."""
 
 from __future__ import annotations
 
@@ -47,3 +47,16 @@ def sagemaker_spec(
     if steps is not None:
         spec["hyperparameters"] = {"steps": str(steps), "eval_every": "1000000", "seq_len": "64"}
     return write_spec(path, **{**spec, **fields})
+
+
+@contextmanager
+def sagemaker_job(
+    tmp_path: Path, standin: Any, name: str, bucket: str, *, checkpoint: dict[str, Any] | None = None, **fields
+) -> Iterator[ControlPlane]:
+    """A `sagemaker_plane` in `tmp_path` with the `sagemaker_spec` job `name` submitted, its
+    checkpoints under s3://`bucket`/checkpoints (`checkpoint`: the other checkpoint fields)."""
+    with sagemaker_plane(tmp_path / "home", standin) as cp:
+        checkpoint = {"s3_uri": f"s3://{bucket}/checkpoints", **(checkpoint or {})}
+        spec = sagemaker_spec(tmp_path / f"{name}.json", name, bucket, checkpoint=checkpoint, **fields)
+        cp.cli("submit", str(spec), check=True)
+        yield cp

@@ -1,4 +1,5 @@
-"""A control plane on the local Slurm cluster for whole-job tests, cleaned up after them."""
+"""A control plane on the local Slurm cluster for whole-job tests, cleaned up after them, and the
+stepper's job they run on it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from orchestrator.harness.control_plane import ControlPlane
+from aerie_contracts import env as aerie_env
+from orchestrator.harness.control_plane import ControlPlane, write_spec
 
 
 @contextmanager
@@ -25,3 +28,31 @@ def slurm_control_plane(home: Path, env: dict[str, str], s3: bool = False) -> It
         for handle in (plane.home / "jobs").glob("*/attempt-*/handle.json"):
             subprocess.run(["scancel", str(json.loads(handle.read_text())["slurm_job_id"])], capture_output=True)
         plane.cleanup_nodes()
+
+
+def stepper_spec(
+    folder: Path,
+    name: str,
+    *,
+    steps: int,
+    step_s: float,
+    faults: list[dict[str, Any]],
+    health: dict[str, Any],
+    nodes: int = 1,
+    spare_nodes: int = 0,
+) -> Path:
+    """<folder>/<name>.json: a `slurm` job of the stepper (tests/helpers/stepper.py), one rank on
+    each of `nodes` nodes (and `spare_nodes` spares), `steps` steps `step_s` apart, the AERIE_FAULTS
+    `faults` and up to two restarts."""
+    resources = {"instance_count": nodes, "procs_per_node": 1} | ({"spare_nodes": spare_nodes} if spare_nodes else {})
+    return write_spec(
+        folder / f"{name}.json",
+        name=name,
+        entrypoint=["python", "tests/helpers/stepper.py"],
+        args=["--steps", str(steps), "--step-s", str(step_s)],
+        backend="slurm",
+        resources=resources,
+        retry={"max_restarts": 2},
+        health=health,
+        env={aerie_env.FAULTS: json.dumps(faults)},
+    )

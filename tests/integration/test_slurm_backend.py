@@ -13,6 +13,7 @@ from orchestrator.backends.placement import PlacementError
 from orchestrator.backends.slurm import SlurmBackend, slurm_job_state
 from orchestrator.harness.control_plane import REPO
 from orchestrator.spec import JobSpec
+from tests.helpers.launch_requests import attempt_request
 
 # Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
 # the backend's own calls on one-node contract-check jobs (a 60 s heartbeat), no verdicts.
@@ -31,16 +32,7 @@ def _request(job_id: str, exclude: tuple[str, ...] = (), args: tuple[str, ...] =
             "health": {"heartbeat_s": 60},
         }
     )
-    return LaunchRequest(
-        job_id=job_id,
-        job_name="direct",
-        attempt_id=f"{job_id}-a1",
-        attempt_number=1,
-        spec=spec,
-        api_url="http://127.0.0.1:9",
-        agent_token="unused",
-        exclude_nodes=exclude,
-    )
+    return attempt_request(spec, 1, job_id, api_url="http://127.0.0.1:9", agent_token="unused", exclude_nodes=exclude)
 
 
 def _poll_until_terminal(backend: SlurmBackend, handle: dict, timeout_s: float = 90):

@@ -19,10 +19,9 @@ import pytest
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from orchestrator.backends.slurm import _find_job_by_name, slurm_job_state
-from orchestrator.harness.control_plane import write_spec
-from orchestrator.harness.jobs import trainer_spec
+from orchestrator.harness.jobs import s3_spec
 from tests.helpers.attempt_files import attempt_of, job_processes, pids, restored_events, s3_requests_since
-from tests.helpers.slurm_plane import slurm_control_plane
+from tests.helpers.slurm_plane import slurm_control_plane, stepper_spec
 from tests.helpers.wait import wait_for
 
 HOSTS = ("node1", "node2")
@@ -36,17 +35,9 @@ def cp(tmp_path, slurm_cluster):
 
 def _submit(cp, tmp_path: Path, name: str, steps: int) -> None:
     """Two nodes x one rank of the stepper, whose rank 1 exits at step 4 of attempt 1."""
-    spec = write_spec(
-        tmp_path / f"{name}.json",
-        name=name,
-        entrypoint=["python", "tests/helpers/stepper.py"],
-        args=["--steps", str(steps), "--step-s", "0.3"],
-        backend="slurm",
-        resources={"instance_count": 2, "procs_per_node": 1},
-        retry={"max_restarts": 2},
-        health={"startup_grace_s": 1, "heartbeat_s": 1},
-        env={"AERIE_FAULTS": json.dumps([{"kind": "exit", "step": 4, "rank": 1, "attempt": 1}])},
-    )
+    faults = [{"kind": "exit", "step": 4, "rank": 1, "attempt": 1}]
+    health = {"startup_grace_s": 1, "heartbeat_s": 1}
+    spec = stepper_spec(tmp_path, name, steps=steps, step_s=0.3, faults=faults, health=health, nodes=2)
     cp.cli("submit", str(spec), check=True)
 
 
@@ -138,14 +129,13 @@ def test_an_in_place_slurm_attempt_resumes_from_the_memory_tier(tmp_path, slurm_
     resumes from the memory checkpoint of step 8, and no request reaches the S3 server while it
     restores."""
     with slurm_control_plane(tmp_path / "home", slurm_cluster, s3=True) as cp:
-        path = trainer_spec(
-            tmp_path / "slurm-mem.json",
+        path = s3_spec(
+            tmp_path,
             "slurm-mem",
             steps=14,
+            s3_every=20,
+            memory_every=4,
             procs=1,
-            checkpoint_uri="s3://aerie/slurm-mem",
-            every_steps=20,
-            memory_every_steps=4,
             max_restarts=2,
             faults=[{"kind": "exit", "step": 11, "rank": 1, "attempt": 1}],
         )

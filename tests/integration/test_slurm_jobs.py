@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, ControlPlane, event_story, write_spec
+from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, ControlPlane, event_story
 from tests.helpers.attempt_files import job_processes
 from tests.helpers.contract_jobs import contract_spec
-from tests.helpers.slurm_plane import slurm_control_plane
+from tests.helpers.slurm_plane import slurm_control_plane, stepper_spec
 
 
 @pytest.fixture
@@ -175,17 +175,8 @@ def test_a_nan_excludes_nothing_and_a_hang_excludes_its_node_with_exclude(cp, tm
     (silent.hang on its only node: blamed), attempt 3 is relaunched (a new `sbatch`) with
     `#SBATCH --exclude=<that node>` on the other node and completes."""
     faults = [{"kind": "nan", "step": 3, "attempt": 1}, {"kind": "busy_hang", "step": 3, "attempt": 2}]
-    spec = write_spec(
-        tmp_path / "slurm-blame.json",
-        name="slurm-blame",
-        entrypoint=["python", "tests/helpers/stepper.py"],
-        args=["--steps", "8", "--step-s", "0.2"],
-        backend="slurm",
-        resources={"instance_count": 1, "procs_per_node": 1},
-        retry={"max_restarts": 2},
-        health={"startup_grace_s": 1, "hang_floor_s": 3, "heartbeat_s": 1},
-        env={"AERIE_FAULTS": json.dumps(faults)},
-    )
+    health = {"startup_grace_s": 1, "hang_floor_s": 3, "heartbeat_s": 1}
+    spec = stepper_spec(tmp_path, "slurm-blame", steps=8, step_s=0.2, faults=faults, health=health)
     cp.cli("submit", str(spec), check=True)
     job = cp.wait_state("slurm-blame", {"Completed", "Failed", "Stopped"}, timeout_s=180)
     assert job["state"] == "Completed", json.dumps(job)[:3000]

@@ -14,9 +14,8 @@ import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from orchestrator.backends.slurm import TERMINAL, _find_job_by_name, slurm_job_state
-from orchestrator.harness.control_plane import write_spec
 from tests.helpers.attempt_files import pids
-from tests.helpers.slurm_plane import slurm_control_plane
+from tests.helpers.slurm_plane import slurm_control_plane, stepper_spec
 from tests.helpers.wait import wait_for
 
 
@@ -27,17 +26,15 @@ def cp(tmp_path, slurm_cluster):
 
 
 def test_a_blamed_node_is_replaced_by_a_spare_inside_one_slurm_allocation(cp, tmp_path):
-    spec = write_spec(
-        tmp_path / "slurm-spare.json",
-        name="slurm-spare",
-        entrypoint=["python", "tests/helpers/stepper.py"],
-        args=["--steps", "8", "--step-s", "0.2"],
-        backend="slurm",
-        resources={"instance_count": 1, "procs_per_node": 1, "spare_nodes": 1},
-        retry={"max_restarts": 2},
+    spec = stepper_spec(
+        tmp_path,
+        "slurm-spare",
+        steps=8,
+        step_s=0.2,
+        spare_nodes=1,
+        faults=[{"kind": "busy_hang", "step": 3, "attempt": 1}],
         # A hang floor above a loaded host's exit of a torch-warm interpreter after its last step.
         health={"startup_grace_s": 1, "hang_floor_s": 8, "heartbeat_s": 1},
-        env={"AERIE_FAULTS": json.dumps([{"kind": "busy_hang", "step": 3, "attempt": 1}])},
     )
     cp.cli("submit", str(spec), check=True)
     job_id = wait_for(what="the job", check=lambda: cp.job("slurm-spare")["id"], timeout_s=60)

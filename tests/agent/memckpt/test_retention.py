@@ -48,13 +48,18 @@ def learn_good(servers, reps, step: int | None) -> None:
         reps[n].good = servers[n].good_step = step
 
 
+def replicated_good(ring2, step: int) -> None:
+    """Both nodes snapshot `step` and replicate it, and the control plane records it good."""
+    roots, servers, reps = ring2
+    write(roots["node1"], step, 0, b"n1-%d" % step)
+    write(roots["node2"], step, 1, b"n2-%d" % step)
+    assert reps["node1"].tick().step == step and reps["node2"].tick().step == step
+    learn_good(servers, reps, step)
+
+
 def test_a_step_one_node_replicated_does_not_replace_the_good_one_until_it_is_good(ring2):
     roots, servers, reps = ring2
-    # Step 10: both nodes replicate it, the control plane records it good.
-    write(roots["node1"], 10, 0, b"n1-10")
-    write(roots["node2"], 10, 1, b"n2-10")
-    assert reps["node1"].tick().step == 10 and reps["node2"].tick().step == 10
-    learn_good(servers, reps, 10)
+    replicated_good(ring2, 10)
 
     # Step 12: node1 replicates it, node2 never finishes it.
     write(roots["node1"], 12, 0, b"n1-12")
@@ -77,11 +82,8 @@ def test_a_step_one_node_replicated_does_not_replace_the_good_one_until_it_is_go
 
 
 def test_a_peer_that_stays_behind_costs_at_most_max_held_snapshots_never_the_good_one(ring2):
-    roots, servers, reps = ring2
-    write(roots["node1"], 10, 0, b"n1-10")
-    write(roots["node2"], 10, 1, b"n2-10")
-    assert reps["node1"].tick().step == 10 and reps["node2"].tick().step == 10
-    learn_good(servers, reps, 10)
+    roots, _, reps = ring2
+    replicated_good(ring2, 10)
     for step in range(12, 30, 2):  # node2 is stuck: node1 alone goes on replicating
         write(roots["node1"], step, 0, b"n1-%d" % step)
         assert reps["node1"].tick().step == step

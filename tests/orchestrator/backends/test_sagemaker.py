@@ -29,6 +29,7 @@ from orchestrator.backends.sagemaker import (
     training_job_name,
 )
 from orchestrator.spec import NAME_PATTERN, JobSpec
+from tests.helpers.launch_requests import attempt_request
 
 REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "tests" / "data" / "sagemaker"
@@ -41,15 +42,8 @@ def _client(service: str):
 
 
 def _request(spec: JobSpec, number: int = 1, resume_from: str | None = None, job_id: str = JOB_ID) -> LaunchRequest:
-    return LaunchRequest(
-        job_id=job_id,
-        job_name=spec.name,
-        attempt_id=f"{job_id}-a{number}",
-        attempt_number=number,
-        spec=spec,
-        api_url="https://aerie.example.com",
-        agent_token=TOKEN,
-        resume_from=resume_from,
+    return attempt_request(
+        spec, number, job_id, api_url="https://aerie.example.com", agent_token=TOKEN, resume_from=resume_from
     )
 
 

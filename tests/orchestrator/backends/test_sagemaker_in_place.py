@@ -17,7 +17,7 @@ from aerie_contracts.states import AttemptState
 from agent.identity import DEFAULT_MASTER_PORT
 from orchestrator.backends.base import LaunchRequest, NodeStatus, PollResult, with_reported_exits
 from orchestrator.backends.sagemaker import SageMakerBackend, create_training_job_request, in_place_port
-from orchestrator.spec import JobSpec
+from tests.helpers.launch_requests import launch_request
 
 JOB = "warm-abc"
 
@@ -27,28 +27,15 @@ def _client():
 
 
 def _request(number: int, retry: dict | None = None, in_place_of: dict | None = None, **options) -> LaunchRequest:
-    spec = JobSpec.model_validate(
-        {
-            "name": "warm",
-            "entrypoint": ["python", "train.py"],
-            "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
-            "output": {"s3_uri": "s3://b/out"},
-            "resources": {"instance_type": "ml.m5.xlarge", "instance_count": 2},
-            "backend": "sagemaker",
-            "backend_options": {"sagemaker": {"RoleArn": "arn:aws:iam::1:role/r"}, **options},
-            "retry": retry or {"max_restarts": 2},
-        }
-    )
-    return LaunchRequest(
-        job_id=JOB,
-        job_name="warm",
-        attempt_id=f"{JOB}-a{number}",
-        attempt_number=number,
-        spec=spec,
-        api_url="http://127.0.0.1:8470",
-        agent_token="tok",
-        in_place_of=in_place_of,
-    )
+    spec = {
+        "name": "warm",
+        "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0",
+        "output": {"s3_uri": "s3://b/out"},
+        "resources": {"instance_type": "ml.m5.xlarge", "instance_count": 2},
+        "backend": "sagemaker",
+        "backend_options": {"sagemaker": {"RoleArn": "arn:aws:iam::1:role/r"}, **options},
+    }
+    return launch_request(number, spec, retry, in_place_of=in_place_of)
 
 
 def _described(status: str) -> dict:

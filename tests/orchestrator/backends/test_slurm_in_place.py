@@ -12,29 +12,12 @@ from aerie_contracts.states import AttemptState
 from agent.contract import write_json
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import SlurmBackend, SlurmOptions, _node_status, in_place_port, launch_document
-from orchestrator.spec import JobSpec
+from tests.helpers.launch_requests import launch_request
 
 
 def _request(number: int, retry: dict | None = None, in_place_of: dict | None = None) -> LaunchRequest:
-    spec = JobSpec.model_validate(
-        {
-            "name": "warm",
-            "entrypoint": ["python", "train.py"],
-            "resources": {"instance_count": 2},
-            "backend": "slurm",
-            "retry": retry or {"max_restarts": 2},
-        }
-    )
-    return LaunchRequest(
-        job_id="warm-abc",
-        job_name="warm",
-        attempt_id=f"warm-abc-a{number}",
-        attempt_number=number,
-        spec=spec,
-        api_url="http://127.0.0.1:8470",
-        agent_token="tok",
-        in_place_of=in_place_of,
-    )
+    spec = {"name": "warm", "resources": {"instance_count": 2}, "backend": "slurm"}
+    return launch_request(number, spec, retry, in_place_of=in_place_of)
 
 
 def _allocation(tmp_path: Path, job_id: int = 4242) -> dict:

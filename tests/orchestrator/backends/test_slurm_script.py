@@ -14,6 +14,7 @@ from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.nodeenv import node_env
 from orchestrator.backends.slurm import SlurmOptions, _exit_code, _state_word, launch_document, render_script
 from orchestrator.spec import JobSpec
+from tests.helpers.launch_requests import attempt_request
 
 
 def _request(exclude: tuple[str, ...] = (), **spec_fields) -> LaunchRequest:
@@ -29,17 +30,8 @@ def _request(exclude: tuple[str, ...] = (), **spec_fields) -> LaunchRequest:
             **spec_fields,
         }
     )
-    return LaunchRequest(
-        job_id="slurm-job-abc123",
-        job_name="slurm-job",
-        attempt_id="slurm-job-abc123-a2",
-        attempt_number=2,
-        spec=spec,
-        api_url="http://127.0.0.1:8470",
-        agent_token="tok",
-        resume_from="s3://b/ck/slurm-job-abc123/step_00000100",
-        exclude_nodes=exclude,
-    )
+    resume_from = "s3://b/ck/slurm-job-abc123/step_00000100"
+    return attempt_request(spec, 2, "slurm-job-abc123", resume_from=resume_from, exclude_nodes=exclude)
 
 
 def _sbatch_lines(script: str) -> list[str]:

@@ -25,28 +25,12 @@ from orchestrator.backends.slurm import (
     render_script,
 )
 from orchestrator.spec import JobSpec
+from tests.helpers.launch_requests import launch_request
 
 
 def _request(number: int = 1, retry: dict | None = None, **more) -> LaunchRequest:
-    spec = JobSpec.model_validate(
-        {
-            "name": "spare",
-            "entrypoint": ["python", "train.py"],
-            "resources": {"instance_count": 2, "spare_nodes": 1},
-            "backend": "slurm",
-            "retry": retry or {"max_restarts": 2},
-        }
-    )
-    return LaunchRequest(
-        job_id="spare-abc",
-        job_name="spare",
-        attempt_id=f"spare-abc-a{number}",
-        attempt_number=number,
-        spec=spec,
-        api_url="http://127.0.0.1:8470",
-        agent_token="tok",
-        **more,
-    )
+    spec = {"name": "spare", "resources": {"instance_count": 2, "spare_nodes": 1}, "backend": "slurm"}
+    return launch_request(number, spec, retry, **more)
 
 
 def test_the_allocation_holds_the_spares_and_a_spare_s_exit_ends_no_one():
