@@ -12,10 +12,11 @@ which say why a node ended (a verdict, a rank's exit code, a stop). Stop is `sca
 SIGTERM to every process of the job, then SIGKILL after `KillWait`. The handle is plain JSON, so a
 restarted control plane re-adopts running jobs.
 
-An in-place attempt (issue #22) submits nothing: the failed attempt's agents are still up in its
-allocation and restart their worker groups for it. Its handle is the allocation's, with the
-attempt's id (only that attempt's node outcomes count, not the Slurm job's end) and a rendezvous
-port of its own; every stop still ends the whole allocation, and a relaunch is a new `sbatch`.
+An in-place attempt (issue #22) submits no allocation of its own (at most spares', below): the
+failed attempt's agents are still up in its allocation and restart their worker groups for it.
+Its handle is the allocation's, with the attempt's id (only that attempt's node outcomes count,
+not the Slurm job's end) and a rendezvous port of its own; every stop still ends the whole
+allocation, and a relaunch is a new `sbatch`.
 
 Hot spares (`resources.spare_nodes: K`, issue #23) are K more nodes of the same allocation
 (`--nodes=N+K`): the nodes sort the job's hosts and take the first N as the attempt's, the last K
@@ -221,7 +222,8 @@ class SlurmBackend(Backend):
         return handle
 
     def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
-        """A warm attempt in the failed attempt's allocation: no `sbatch`. Its agents learn of it
+        """A warm attempt in the failed attempt's allocation: no `sbatch` but the replenished
+        spares' (`_spare_allocation`), where spares took slots. Its agents learn of it
         from the control plane (GET .../next, which hands it only to the handle's hosts) and restart
         their worker groups on a new rendezvous port. The handle is the allocation's, told to read
         only this attempt's outcomes, beside the allocation's own (idempotent per attempt)."""
@@ -289,7 +291,15 @@ class SlurmBackend(Backend):
         index = (
             int(handle.get("nodes") or 0) + int(handle.get("spare_nodes") or 0) + sum(int(a["nodes"]) for a in earlier)
         )
-        allocation: dict[str, Any] = {"job_name": name, "nodes": count, "root": str(folder), "exclude": exclude}
+        # The attempt it serves: its agents speak with that attempt's token (GET .../next finds
+        # them by it when only a later attempt's poll learned their hosts).
+        allocation: dict[str, Any] = {
+            "job_name": name,
+            "attempt_id": request.attempt_id,
+            "nodes": count,
+            "root": str(folder),
+            "exclude": exclude,
+        }
         existing = _find_job_by_name(name)
         if existing is None:
             options = SlurmOptions.resolve(spec, self.defaults)

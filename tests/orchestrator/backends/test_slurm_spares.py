@@ -171,6 +171,7 @@ def test_a_spare_taking_a_slot_submits_a_spare_allocation_of_as_many_nodes(tmp_p
     assert second["spare_allocations"] == [
         {
             "job_name": "spare-abc-a2-spares",
+            "attempt_id": "spare-abc-a2",
             "nodes": 1,
             "root": str(folder),
             "exclude": ["node1", "node2", "node3", "node7", "node9"],
