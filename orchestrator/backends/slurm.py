@@ -316,7 +316,12 @@ class SlurmBackend(Backend):
             write_json(launch_path, document)
             os.chmod(launch_path, 0o600)  # it holds the agent token
             script = folder / "job.sbatch"
-            script.write_text(render_script(request, options, job_name=name, nodes=count, exclude=exclude))
+            try:
+                text = render_script(request, options, job_name=name, nodes=count, exclude=[_hostlist(exclude)])
+            except ValueError as exc:  # too many nodes to exclude on one #SBATCH line
+                log.warning("%s: no replenished hot spare (%s)", request.attempt_id, exc)
+                return None
+            script.write_text(text)
             env = {**inherited_env(), aerie_env.SLURM_LAUNCH: str(launch_path), aerie_env.SLURM_PYTHON: self.python}
             try:
                 out = _run(["sbatch", "--parsable", "--export=ALL", str(script)], cwd=folder, env=env)
@@ -610,6 +615,19 @@ def _job_steps(job_id: int) -> list[str]:
     except SlurmError:
         return []
     return [s for s in out.split() if re.fullmatch(rf"{job_id}\.\d+", s)]
+
+
+def _hostlist(names: list[str]) -> str:
+    """`names` for an #SBATCH value: joined with commas, or where that is too long for one
+    (a spare allocation excludes every node a large job used), Slurm's own compressed form
+    (`scontrol show hostlist`: node[1-64]); the joined names when scontrol does not answer."""
+    joined = ",".join(names)
+    if len(joined) <= 256:
+        return joined
+    try:
+        return _run(["scontrol", "show", "hostlist", joined]).strip() or joined
+    except SlurmError:
+        return joined
 
 
 def _find_job_by_name(name: str) -> int | None:

@@ -289,3 +289,22 @@ def test_a_spare_allocation_s_ring_ports_follow_the_main_allocation_s():
     launch = {"memory_root": "/shm", "memory_job_id": 4242, "memory_index": 3}
     mine = node_memory_env(launch, "node4", 4243, ["node4"])
     assert mine[aerie_env.MEMORY_CHECKPOINT_PEERS].endswith(f":{memory_port(4242, 3)}")
+
+
+def test_a_long_exclude_list_is_compressed_or_costs_the_spare_not_the_attempt(tmp_path, monkeypatch):
+    slurm = FakeSlurm(scontrol=lambda argv: "node[1-99]\n" if argv[:3] == ["scontrol", "show", "hostlist"] else "")
+    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    first, _ = _in_place_from(tmp_path)
+    many = tuple(f"node{i}" for i in range(4, 100))  # 96 blamed nodes: over an #SBATCH value's 256
+    request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=many)
+    second = SlurmBackend(tmp_path / "jobs").launch(request)
+    assert "#SBATCH --exclude=node[1-99]\n" in slurm.scripts[78]  # Slurm's own compressed form
+    assert len(second["spare_allocations"][0]["exclude"]) == 99  # the handle keeps every name
+
+    # Where scontrol does not compress them, the in-place attempt goes on without the spare.
+    slurm = FakeSlurm()
+    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    first, _ = _in_place_from(tmp_path / "again")
+    request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=many)
+    second = SlurmBackend(tmp_path / "again" / "jobs").launch(request)
+    assert slurm.of("sbatch") == [] and "spare_allocations" not in second and second["hosts"] == ["node3", "node2"]
