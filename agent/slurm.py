@@ -10,7 +10,10 @@ node, output appended to the node's `logs/node.log`.
 
 With hot spares (`resources.spare_nodes`) the allocation holds more nodes than the attempt: the
 first `nodes` of the sorted hosts are the attempt's, the rest spares (`AERIE_SPARE=1`, a contract
-naming themselves alone); `hosts.json` records both for the control plane.
+naming themselves alone); `hosts.json` records both for the control plane. A spare allocation
+(the backend's replenished spares, `nodes: 0`) is all spares: its nodes record themselves in the
+file `hosts_file` names (not the main allocation's `hosts.json`), under the same attempt root, and
+take their memory ring ports after the main allocation's (`memory_job_id`, `memory_index`).
 
 LAUNCH_JSON (written by `orchestrator.backends.slurm` beside the batch script) carries every user
 value, so nothing a user wrote is ever pasted into shell text. Torch-free, and it imports nothing
@@ -47,7 +50,8 @@ def main(argv: list[str]) -> int:
         # A hot spare is a node of no attempt yet: its own host alone, until it is handed a slot.
         spare = host in spares
         ident = from_slurm(slurm_vars, expand=lambda _: [host] if spare else hosts, root=root / host)
-        master_addr = node_address(hosts[0])
+        # A spare allocation runs no attempt: a spare is its own rendezvous until handed a slot.
+        master_addr = node_address(hosts[0] if hosts else host)
         master_port = int(launch.get("master_port") or ident.master_port)
         job_id = int(os.environ["SLURM_JOB_ID"])
         record: dict[str, Any] = {"hosts": hosts, "slurm_job_id": job_id}
@@ -56,7 +60,7 @@ def main(argv: list[str]) -> int:
         memory = memory_env(launch, host, job_id, list(everyone))
         if memory:
             record["memory_peers"] = dict(p.split("=", 1) for p in memory[aerie_env.MEMORY_CHECKPOINT_PEERS].split(","))
-        write_json(root / "hosts.json", record)
+        write_json(Path(launch.get("hosts_file") or root / "hosts.json"), record)
         contract = NodeContract(
             ml_root=root / ident.current_host,
             hosts=ident.hosts,
@@ -105,7 +109,7 @@ def compose_env(
 def split_hosts(everyone: tuple[str, ...] | list[str], nodes: Any) -> tuple[list[str], list[str]]:
     """The job's sorted hosts as (the attempt's, the hot spares'): the first `nodes` (launch.json's
     `instance_count`) and the rest (`resources.spare_nodes`); every node computes the same split."""
-    count = int(nodes) if nodes else len(everyone)
+    count = len(everyone) if nodes is None else int(nodes)  # 0: a spare allocation, all spares
     return list(everyone[:count]), list(everyone[count:])
 
 
@@ -117,7 +121,12 @@ def memory_env(launch: dict[str, Any], host: str, job_id: int, everyone: list[st
     if not root:
         return {}
     addresses = node_addresses(everyone)
-    peers = ",".join(f"{h}={addresses.get(h, h)}:{memory_port(job_id, i)}" for i, h in enumerate(everyone))
+    # A spare allocation's nodes take the ports after the main allocation's (derived from its job
+    # id, not their own): every node of the emulated cluster shares one address, and a port
+    # derived from the spare allocation's id (the next one, often) would be one of the main's.
+    base_id = int(launch.get("memory_job_id") or job_id)
+    first = int(launch.get("memory_index") or 0)
+    peers = ",".join(f"{h}={addresses.get(h, h)}:{memory_port(base_id, first + i)}" for i, h in enumerate(everyone))
     return {
         aerie_env.MEMORY_CHECKPOINT_DIR: str(Path(root) / memckpt.safe_name(host, "host")),
         aerie_env.MEMORY_CHECKPOINT_PEERS: peers,

@@ -12,17 +12,24 @@ which say why a node ended (a verdict, a rank's exit code, a stop). Stop is `sca
 SIGTERM to every process of the job, then SIGKILL after `KillWait`. The handle is plain JSON, so a
 restarted control plane re-adopts running jobs.
 
-An in-place attempt (issue #22) submits nothing: the failed attempt's agents are still up in its
-allocation and restart their worker groups for it. Its handle is the allocation's, with the
-attempt's id (only that attempt's node outcomes count, not the Slurm job's end) and a rendezvous
-port of its own; every stop still ends the whole allocation, and a relaunch is a new `sbatch`.
+An in-place attempt (issue #22) submits no allocation of its own (at most spares', below): the
+failed attempt's agents are still up in its allocation and restart their worker groups for it.
+Its handle is the allocation's, with the attempt's id (only that attempt's node outcomes count,
+not the Slurm job's end) and a rendezvous port of its own; every stop still ends the whole
+allocation, and a relaunch is a new `sbatch`.
 
 Hot spares (`resources.spare_nodes: K`, issue #23) are K more nodes of the same allocation
 (`--nodes=N+K`): the nodes sort the job's hosts and take the first N as the attempt's, the last K
 as spares (`agent.slurm`), which wait without ranks for the control plane's word. The nodes are
 known only once the job starts, so `poll` returns the handle with them (`PollResult.handle`). A
 blamed or lost node's slot goes to a spare in an in-place attempt of the same job. A fixed
-allocation cannot grow, so spares are not replenished: the pool shrinks, and a relaunch (a new
+allocation cannot grow, so the pool is replenished beside it: the in-place attempt that hands U
+spares a slot submits a *spare allocation*, a second `sbatch` of U nodes (`--exclude=` every node
+the job has used, the blamed ones among them) whose agents, started from the same launch.json path
+and `agent.slurm`, are all spares of that attempt. Its nodes join the handle's `spares` (and the
+memory ring's peers) once they record themselves, so a later in-place attempt hands one a slot as
+it hands a main-allocation spare one. The handle lists the spare allocations
+(`spare_allocations`); every stop and fence cancels them with the main one, and a relaunch (a new
 `sbatch`) asks for K again.
 
 The in-memory checkpoint tier (issue #22) runs here too: the attempt's replication key travels in
@@ -37,6 +44,7 @@ validation of every value that reaches a batch script, which must stay next to t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -64,6 +72,8 @@ from orchestrator.backends.nodeenv import (
     memory_attempt_env,
 )
 from orchestrator.backends.placement import PlacementError
+
+log = logging.getLogger(__name__)
 
 # A value that may appear on an #SBATCH line: no spaces, quotes, newlines or shell syntax.
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:\[\]=/@+%-]{1,256}$")
@@ -212,7 +222,8 @@ class SlurmBackend(Backend):
         return handle
 
     def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
-        """A warm attempt in the failed attempt's allocation: no `sbatch`. Its agents learn of it
+        """A warm attempt in the failed attempt's allocation: no `sbatch` but the replenished
+        spares' (`_spare_allocation`), where spares took slots. Its agents learn of it
         from the control plane (GET .../next, which hands it only to the handle's hosts) and restart
         their worker groups on a new rendezvous port. The handle is the allocation's, told to read
         only this attempt's outcomes, beside the allocation's own (idempotent per attempt)."""
@@ -235,11 +246,11 @@ class SlurmBackend(Backend):
             "in_place_restarts": restarts,
             "master_port": in_place_port(root, int(previous["slurm_job_id"]), restarts),
         }
+        used: list[str] = []
         if request.replace_nodes:
-            # Hot spares take the replaced nodes' rank slots. Not replenished: the allocation's
-            # node count is fixed, so the pool shrinks (a relaunch asks for spare_nodes again).
+            # Hot spares take the replaced nodes' rank slots.
             handle["hosts"] = placement.swap(hosts, request.replace_nodes)
-            used = set(request.replace_nodes.values())
+            used = [h for h in request.replace_nodes.values() if h in (previous.get("spares") or [])]
             handle["spares"] = [h for h in previous.get("spares") or [] if h not in used]
             handle["replaced_nodes"] = dict(request.replace_nodes)
             # A spare may hold rank 0's slot now: the agents' rendezvous moves to its address.
@@ -247,8 +258,81 @@ class SlurmBackend(Backend):
         if memckpt.HANDLE_KEY in handle:
             # A key of this attempt's own (GET .../next hands it to each agent as it switches).
             handle[memckpt.HANDLE_KEY] = memckpt.new_key()
+        if used:
+            # The allocation cannot grow: the pool is refilled by an allocation of its own.
+            allocation = self._spare_allocation(request, root, handle, len(used))
+            if allocation is not None:
+                handle["spare_allocations"] = [*(previous.get("spare_allocations") or []), allocation]
         write_json(path, handle)
         return handle
+
+    def _spare_allocation(
+        self, request: LaunchRequest, root: Path, handle: dict[str, Any], count: int
+    ) -> dict[str, Any] | None:
+        """Submit `count` replenished hot spares of `handle`'s in-place attempt: an `sbatch` of
+        their own whose agents (`agent.slurm` with `nodes: 0`: all spares) wait for a slot with this
+        attempt's token, in node directories beside the main allocation's (the handle's root, so a
+        later attempt's poll finds a spare that took a slot where it finds every node). None when
+        Slurm cannot place them: a spare is a bonus, never a reason to fail the attempt.
+        Idempotent: a job of this name already submitted (a controller that died between sbatch
+        and recording the handle) is the one."""
+        spec = request.spec
+        name = f"{request.attempt_id}-spares"
+        folder = root / f"spares-{request.attempt_number}"
+        folder.mkdir(parents=True, exist_ok=True)
+        # Every node this allocation family ever ran on is left out, not only the blamed ones: a
+        # node directory under the root belongs to one agent (its pid, outcome and logs).
+        ran = {p.parent.name for p in root.glob("*/agent")}
+        exclude = sorted(
+            {*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *request.exclude_nodes, *ran}
+        )
+        earlier = handle.get("spare_allocations") or []
+        # The memory ring's ports continue after the main allocation's nodes and earlier spares'.
+        index = (
+            int(handle.get("nodes") or 0) + int(handle.get("spare_nodes") or 0) + sum(int(a["nodes"]) for a in earlier)
+        )
+        # The attempt it serves: its agents speak with that attempt's token (GET .../next finds
+        # them by it when only a later attempt's poll learned their hosts).
+        allocation: dict[str, Any] = {
+            "job_name": name,
+            "attempt_id": request.attempt_id,
+            "nodes": count,
+            "root": str(folder),
+            "exclude": exclude,
+        }
+        existing = _find_job_by_name(name)
+        if existing is None:
+            options = SlurmOptions.resolve(spec, self.defaults)
+            workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
+            document = launch_document(request, root, workdir, options, self.in_place_wait_s)
+            # Spares of this attempt only: no ranks until an in-place attempt hands one a slot.
+            document.update({"nodes": 0, "hosts_file": str(folder / "hosts.json")})
+            if handle.get(memckpt.HANDLE_KEY):
+                document["env"]["attempt"].update(memory_attempt_env(spec, handle[memckpt.HANDLE_KEY]))
+                document["memory_root"] = str(memckpt.root_dir())
+                document["memory_job_id"] = int(handle["slurm_job_id"])
+                document["memory_index"] = index
+            launch_path = folder / "launch.json"
+            write_json(launch_path, document)
+            os.chmod(launch_path, 0o600)  # it holds the agent token
+            script = folder / "job.sbatch"
+            try:
+                text = render_script(request, options, job_name=name, nodes=count, exclude=[_hostlist(exclude)])
+            except ValueError as exc:  # too many nodes to exclude on one #SBATCH line
+                log.warning("%s: no replenished hot spare (%s)", request.attempt_id, exc)
+                return None
+            script.write_text(text)
+            env = {**inherited_env(), aerie_env.SLURM_LAUNCH: str(launch_path), aerie_env.SLURM_PYTHON: self.python}
+            try:
+                out = _run(["sbatch", "--parsable", "--export=ALL", str(script)], cwd=folder, env=env)
+            except SlurmError as exc:
+                log.warning("%s: no replenished hot spare (%s)", request.attempt_id, exc)
+                return None
+            existing = int(out.strip().split(";")[0])
+        allocation["slurm_job_id"] = existing
+        if handle.get(memckpt.HANDLE_KEY):
+            allocation["memory_index"] = index
+        return allocation
 
     # --- poll -------------------------------------------------------------------------------
 
@@ -259,6 +343,7 @@ class SlurmBackend(Backend):
         # The handle's hosts once known (an in-place attempt's, a spare in a failed node's slot).
         hosts = list(handle.get("hosts") or []) or _hosts(root)
         learned = _learned(handle, root)
+        learned = _learned_spares(learned or handle) or learned
         slurm_state = job["state"] if job else None
         if slurm_state is None:
             # Neither scontrol nor sacct knows it (yet): give a fresh submission time to show up.
@@ -295,10 +380,11 @@ class SlurmBackend(Backend):
         stop = read_json(root / "stop.json") or {}
         # scancel once, and again if Slurm still runs it much later (a lost cancel, a slurmctld restart).
         if first or time.time() - float(stop.get("t", 0)) > 45:
-            try:
-                _run(["scancel", str(handle["slurm_job_id"])])
-            except SlurmError:
-                pass  # already gone
+            for job_id in [handle["slurm_job_id"], *_spare_job_ids(handle)]:
+                try:
+                    _run(["scancel", str(job_id)])
+                except SlurmError:
+                    pass  # already gone
             if not first:
                 write_json(root / "stop.json", {**stop, "t": time.time()})
 
@@ -310,6 +396,13 @@ class SlurmBackend(Backend):
         controller's `stop` that follows from cancelling (so signalling) the job for 45 s. A node
         slurmd cannot reach is fenced by the store (its attempt's commits are refused)."""
         write_json(Path(handle["root"]) / "stop.json", {"t": time.time(), "fenced": True, "hosts": list(hosts)})
+        # The replenished spares run no ranks (nothing to pause or save): a plain cancel, now,
+        # since the stop marker keeps the controller's `stop` from cancelling them for 45 s.
+        for spare_job in _spare_job_ids(handle):
+            try:
+                _run(["scancel", str(spare_job)])
+            except SlurmError:
+                pass  # already gone
         job_id = handle.get("slurm_job_id")
         if not job_id:
             return
@@ -336,23 +429,33 @@ class SlurmBackend(Backend):
 # --- rendering ------------------------------------------------------------------------------------
 
 
-def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
-    """The batch script: checked #SBATCH values and a fixed srun line; nothing else from the user."""
+def render_script(
+    request: LaunchRequest,
+    options: SlurmOptions,
+    *,
+    job_name: str | None = None,
+    nodes: int | None = None,
+    exclude: list[str] | None = None,
+) -> str:
+    """The batch script: checked #SBATCH values and a fixed srun line; nothing else from the user.
+    The attempt's allocation by default; a spare allocation names its own job, node count and
+    excluded nodes."""
     spec = request.spec
+    count = int(spec.resources.instance_count) + spare_nodes(spec) if nodes is None else int(nodes)
     lines = [
         "#!/bin/bash",
         f"# Aerie attempt {_safe(request.attempt_id, 'attempt id')} of job {_safe(request.job_id, 'job id')}.",
         "# Rendered by orchestrator/backends/slurm.py. Every user value is in launch.json beside",
         "# this script ($AERIE_SLURM_LAUNCH); agent.slurm reads it on each node.",
-        f"#SBATCH --job-name={_safe(request.attempt_id, 'attempt id')}",
-        f"#SBATCH --nodes={int(spec.resources.instance_count) + spare_nodes(spec)}",
+        f"#SBATCH --job-name={_safe(job_name or request.attempt_id, 'job name')}",
+        f"#SBATCH --nodes={count}",
         "#SBATCH --ntasks-per-node=1",
         "#SBATCH --output=slurm-%j.out",
         "#SBATCH --open-mode=append",
     ]
     # The optional text values, each checked, on a line only where set: (option, value, its name).
     texts = [
-        ("exclude", ",".join(request.exclude_nodes), "exclude_nodes"),
+        ("exclude", ",".join(request.exclude_nodes if exclude is None else exclude), "exclude_nodes"),
         ("partition", options.partition, "partition"),
         ("account", options.account, "account"),
         ("time", str(options.time or ""), "time"),
@@ -365,7 +468,7 @@ def render_script(request: LaunchRequest, options: SlurmOptions) -> str:
     # One task per node; if one node's agent fails, Slurm ends the others (the attempt has failed).
     # Not with hot spares: a failed or replaced node's agent exits while the others and a spare go
     # on in place (the control plane ends the allocation: `stop`).
-    kill = 0 if spare_nodes(spec) else 1
+    kill = 0 if spare_nodes(spec) or nodes is not None else 1
     lines += [
         "set -eu",
         f"exec srun --kill-on-bad-exit={kill} --ntasks-per-node=1"
@@ -514,6 +617,19 @@ def _job_steps(job_id: int) -> list[str]:
     return [s for s in out.split() if re.fullmatch(rf"{job_id}\.\d+", s)]
 
 
+def _hostlist(names: list[str]) -> str:
+    """`names` for an #SBATCH value: joined with commas, or where that is too long for one
+    (a spare allocation excludes every node a large job used), Slurm's own compressed form
+    (`scontrol show hostlist`: node[1-64]); the joined names when scontrol does not answer."""
+    joined = ",".join(names)
+    if len(joined) <= 256:
+        return joined
+    try:
+        return _run(["scontrol", "show", "hostlist", joined]).strip() or joined
+    except SlurmError:
+        return joined
+
+
 def _find_job_by_name(name: str) -> int | None:
     try:
         out = _run(["squeue", "-h", "--states=all", f"--name={name}", "-o", "%i"])
@@ -539,6 +655,35 @@ def _learned(handle: dict[str, Any], root: Path) -> dict[str, Any] | None:
         if data.get(key):
             learned[key] = data[key]
     return learned
+
+
+def _learned_spares(handle: dict[str, Any]) -> dict[str, Any] | None:
+    """The handle with its spare allocations' nodes among its hot spares (and their endpoints in
+    the memory ring's peers), for each allocation whose nodes recorded themselves (its
+    hosts.json) and the handle does not know yet; None when nothing is new."""
+    allocations = handle.get("spare_allocations") or []
+    if not any("hosts" not in a for a in allocations):
+        return None
+    learned = {**handle, "spare_allocations": [dict(a) for a in allocations]}
+    changed = False
+    for allocation in learned["spare_allocations"]:
+        if "hosts" in allocation:
+            continue
+        data = read_json(Path(allocation["root"]) / "hosts.json")
+        if not isinstance(data, dict) or not data.get("spares"):
+            continue
+        fresh = [h for h in data["spares"] if h not in learned.get("hosts", []) and h not in learned.get("spares", [])]
+        allocation["hosts"] = list(data["spares"])
+        learned["spares"] = [*(learned.get("spares") or []), *fresh]
+        if data.get("memory_peers") and learned.get("memory_peers"):
+            # Only where the tier is on (the main allocation's ring is known): the ring grows.
+            learned["memory_peers"] = {**data["memory_peers"], **learned["memory_peers"]}
+        changed = True
+    return learned if changed else None
+
+
+def _spare_job_ids(handle: dict[str, Any]) -> list[int]:
+    return [int(a["slurm_job_id"]) for a in handle.get("spare_allocations") or [] if a.get("slurm_job_id")]
 
 
 def spare_nodes(spec: Any) -> int:

@@ -75,11 +75,11 @@ def test_a_job_whose_every_node_is_excluded_fails_to_place_with_slurms_reason(sl
     """Excluding every node is refused by sbatch itself; the attempt fails as placement.failed
     (not retried) instead of waiting in the queue forever or being retried through the budget."""
     backend = SlurmBackend(tmp_path / "jobs")
-    request = _request(f"direct-none-{int(time.time() * 1000) % 10**8}", exclude=("node1", "node2"))
+    request = _request(f"direct-none-{int(time.time() * 1000) % 10**8}", exclude=("node1", "node2", "node3"))
     with pytest.raises(PlacementError) as err:
         backend.launch(request)
     assert err.value.failure_kind == "placement.failed"
-    assert "node1, node2 excluded" in str(err.value) and "Requested node configuration is not available" in str(
+    assert "node1, node2, node3 excluded" in str(err.value) and "Requested node configuration is not available" in str(
         err.value
     )
 

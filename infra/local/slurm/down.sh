@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop the cluster infra/local/slurm/up.sh started: cancel its jobs, then stop slurmd x2 and slurmctld.
+# Stop the cluster infra/local/slurm/up.sh started: cancel its jobs, then stop every slurmd and slurmctld.
 #
 # Uses up.sh's own pid records (slurmd deletes its pid file on exit). munged is left running: it
 # holds no state of the cluster and other tools on the machine may use it. The state directory is

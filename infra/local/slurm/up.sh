@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Start a one-host Slurm cluster with two emulated nodes (node1, node2) for tests and the demo.
+# Start a one-host Slurm cluster with three emulated nodes (node1..node3) for tests and the demo.
+# Most jobs ask for one or two nodes; the third is where a hot spare allocation goes once a spare
+# of the first two took a blamed node's slot (tests/integration/test_slurm_spares.py).
 #
 # Installs Debian's slurm-wlm + munge if missing, creates the munge key, starts munged, writes its
 # own slurm.conf under a scratch directory (SLURM_CONF points there, /etc/slurm is never touched),
-# starts slurmctld and one slurmd per node, and waits until `sinfo` shows both nodes usable.
+# starts slurmctld and one slurmd per node, and waits until `sinfo` shows every node usable.
 # Idempotent: with the daemons already up it only verifies them. Run as root (CI runs as root).
 # Prints the line to eval: `export SLURM_CONF=...`.
 #
 #   eval "$(infra/local/slurm/up.sh | tail -n 1)"   # then sinfo, sbatch, aerie submit --backend slurm
 #
 # Environment: AERIE_SLURM_DIR (scratch dir, default /tmp/aerie-slurm), AERIE_SLURM_CTLD_PORT
-# (default 16817), AERIE_SLURM_NODE_PORT (node1's slurmd port, node2 gets the next, default 17001),
+# (default 16817), AERIE_SLURM_NODE_PORT (node1's slurmd port, node2 and node3 the next, default 17001),
 # AERIE_SLURM_CPUS (CPUs per emulated node, default 2).
 set -euo pipefail
 
@@ -18,7 +20,7 @@ DIR="${AERIE_SLURM_DIR:-/tmp/aerie-slurm}"
 CTLD_PORT="${AERIE_SLURM_CTLD_PORT:-16817}"
 NODE_PORT="${AERIE_SLURM_NODE_PORT:-17001}"
 CPUS="${AERIE_SLURM_CPUS:-2}"
-NODES=(node1 node2)
+NODES=(node1 node2 node3)
 CONF="$DIR/slurm.conf"
 export SLURM_CONF="$CONF"
 
@@ -71,7 +73,7 @@ HOST="$(hostname -s)"
 mkdir -p "$DIR"/{state,spool,log,run,pids}
 NEW_CONF="$DIR/slurm.conf.new"
 {
-  echo "# Written by infra/local/slurm/up.sh: a one-host cluster with two emulated nodes."
+  echo "# Written by infra/local/slurm/up.sh: a one-host cluster with three emulated nodes."
   echo "ClusterName=aerie"
   echo "SlurmctldHost=$HOST(127.0.0.1)"
   echo "SlurmctldPort=$CTLD_PORT"
@@ -107,7 +109,7 @@ NEW_CONF="$DIR/slurm.conf.new"
     echo "NodeName=$n NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$port CPUs=$CPUS RealMemory=4000 State=UNKNOWN"
     port=$((port + 1))
   done
-  echo "PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+  echo "PartitionName=debug Nodes=node[1-3] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
 } > "$NEW_CONF"
 
 alive() {  # alive NAME: our recorded pid of NAME runs and is that daemon

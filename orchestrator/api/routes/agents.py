@@ -140,7 +140,7 @@ def _next(s, attempt, host: str) -> NextOut:
     if job.stop_requested or job.state in JOB_TERMINAL:
         return NextOut(action=NextAction.EXIT, why=f"job {job.state}")
     latest = max(job.attempts, key=lambda a: a.number)
-    if host in ((attempt.handle or {}).get("spares") or ()):
+    if host in ((attempt.handle or {}).get("spares") or ()) or _replenished_by(attempt, latest, host):
         return _next_for_spare(s, attempt, latest, host)
     if latest.number == attempt.number:
         why = "no decision yet" if attempt.state in ATTEMPT_TERMINAL else f"attempt {attempt.state}"
@@ -152,6 +152,18 @@ def _next(s, attempt, host: str) -> NextOut:
     if latest.state in ATTEMPT_TERMINAL or host not in (latest.handle.get("hosts") or ()):
         return NextOut(action=NextAction.EXIT, why=f"attempt {latest.number} {LEFT_OUT} {host}")
     return _hand_over(s, latest, host)
+
+
+def _replenished_by(attempt, latest, host: str) -> bool:
+    """Whether `host` is a hot spare that `attempt` started but only a later attempt's handle
+    names: a Slurm spare allocation (`spare_allocations`, each with the attempt that submitted it)
+    whose nodes recorded themselves after that attempt's last poll, learned by its in-place
+    successor's. Its agent still speaks with `attempt`'s token, so without this it would be sent
+    home as a node the successor left out while the successor counts it as a spare."""
+    if latest.number == attempt.number:
+        return False
+    allocations = (latest.handle or {}).get("spare_allocations") or ()
+    return any(a.get("attempt_id") == attempt.id and host in (a.get("hosts") or ()) for a in allocations)
 
 
 def _next_for_spare(s, attempt, latest, host: str) -> NextOut:

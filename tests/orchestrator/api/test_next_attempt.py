@@ -127,3 +127,35 @@ def test_a_hot_spare_waits_through_attempts_until_one_gives_it_a_slot_with_the_n
         relaunch.handle = {"root": "/elsewhere", "hosts": ["algo-1", "algo-3"], "spares": ["algo-5"]}
         repo.set_attempt_state(s, relaunch, "Running")
     assert ask("algo-4")["action"] == "exit"
+
+
+def test_a_replenished_spare_learned_only_by_the_next_attempt_still_waits_and_takes_a_slot(api):
+    """A Slurm spare allocation submitted by attempt 2 whose node recorded itself after attempt 2's
+    last poll: attempt 3's handle names it (`spare_allocations`, with attempt 2's id); its agent,
+    with attempt 2's token, is a spare of the chain, not a node attempt 3 left out."""
+    client, app, _admin = api
+    with app.state.db.session() as s:
+        job = repo.create_job(s, {"name": "refill", "backend": "slurm", "entrypoint": ["x"]}, "default")
+        repo.set_job_state(s, job, "InProgress")
+        a2 = repo.create_attempt(s, job, 2)
+        a2.cause = {CAUSE_MODE: "in_place"}
+        a2.handle = {"root": "/r", "hosts": ["node2"], "spares": [], "spare_allocations": [{"attempt_id": a2.id}]}
+        repo.set_attempt_state(s, a2, "Failed", {"kind": "exit.nonzero"})
+        job_id, a2_id, token = job.id, a2.id, repo.mint_token(s, "agent", attempt_id=a2.id)
+    ask = lambda host="node3": client.get(f"/v1/attempts/{a2_id}/nodes/{host}/next", headers=auth_header(token)).json()  # noqa: E731
+    allocation = {"attempt_id": a2_id, "hosts": ["node3"]}
+    with app.state.db.session() as s:
+        a3 = repo.create_attempt(s, repo.get_job(s, "default", job_id), 3)
+        a3.cause = {CAUSE_MODE: "in_place"}
+        a3.handle = {"root": "/r", "hosts": ["node2"], "spares": ["node3"], "spare_allocations": [allocation]}
+        repo.set_attempt_state(s, a3, "Running")
+    assert ask()["action"] == "wait"  # still a spare of attempt 3
+    assert ask("node4")["action"] == "exit"  # a host no spare allocation of attempt 2 holds
+    with app.state.db.session() as s:
+        repo.set_attempt_state(s, repo.get_attempt(s, a3.id), "Failed", {"kind": "exit.nonzero"})
+        a4 = repo.create_attempt(s, repo.get_job(s, "default", job_id), 4)
+        a4.cause = {CAUSE_MODE: "in_place"}
+        a4.handle = {"root": "/r", "hosts": ["node3"], "spares": [], "spare_allocations": [allocation]}
+        repo.set_attempt_state(s, a4, "Running")
+    answer = ask()
+    assert answer["action"] == "restart" and answer["attempt_number"] == 4 and answer["hosts"] == ["node3"]
