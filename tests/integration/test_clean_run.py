@@ -43,7 +43,10 @@ def test_clean_long_run_raises_no_verdict(s3_plane, tmp_path):
     spec = trainer_spec(
         tmp_path / "clean.json",
         "clean-run",
-        steps=10**7,
+        # Never done before RUN_S (each step sleeps STEP_WAIT_S), and no more: rank 0 builds the
+        # dataset's sample index for every step up front, and for 10**7 steps that took a core for
+        # minutes and ~10 GB of memory before the first step.
+        steps=int(RUN_S / STEP_WAIT_S) + 1,
         checkpoint_uri="s3://aerie/clean",
         every_steps=75,
         extra_hps={"eval_every": "125", "eval_iters": "40"},
