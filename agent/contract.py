@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,7 +194,11 @@ def env_name(channel: str) -> str:
 
 
 def _write_json(path: Path, data: object) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    """Atomically: readers see the old file or the new one. The temporary name is the writer's own
+    (pid, thread): several processes may write one file at once (every node of a Slurm allocation
+    records `hosts.json`), and with one shared name a writer's rename took another's file away
+    (FileNotFoundError in the node's bootstrap)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 

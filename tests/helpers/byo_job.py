@@ -84,7 +84,17 @@ def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_key
     def good() -> list[dict]:
         return [c for c in cp.get(f"/v1/jobs/{job_id}/checkpoints") if c["state"] == "good"]  # type: ignore[union-attr]
 
-    wait_for(what="a committed checkpoint", check=lambda: good() or None, timeout_s=240)
+    committed = wait_for(what="a committed checkpoint", check=lambda: good() or None, timeout_s=240)
+    # Attempt 1 must have trained past the checkpoint attempt 2 resumes from, so the callers can
+    # compare both attempts' loss at the step after it: on a loaded host the commit can land before
+    # rank 0 logs that step, and the hang then stopped it short (CI: `31 in first` failed).
+    newest = max(_step_of(c["uri"]) for c in committed)
+    wait_for(
+        what=f"rank 0 of attempt 1 past step {newest}",
+        check=lambda: _logged_steps(cp, job_id, 1) > newest,
+        timeout_s=60,
+        every_s=0.1,
+    )
     cp.cli("chaos", job_id, "--node", "0", "--rank", "1", "--fault", "sigstop", check=True)
     pid_file = next((cp.home / "jobs" / job_id).glob("attempt-1/algo-1/agent/ranks/rank-1.pid"))
     rank1 = psutil.Process(int(pid_file.read_text()))
@@ -104,7 +114,7 @@ def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_key
     assert attempts[0]["reason"]["kind"] in ("silent.hang", "exit.nonzero"), attempts[0]
     resumed = attempts[1]["resume_from"]
     assert resumed in {c["uri"] for c in good()}, (resumed, good())
-    resume_step = int(resumed.split("step_")[1][:8])
+    resume_step = _step_of(resumed)
     assert resume_step >= save_steps
 
     # The curve (the dashboard's series.json: attempt 1's points after the resume step are dropped).
@@ -120,3 +130,20 @@ def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_key
     # Attempt 2 really resumed: its first step is the one after the restored checkpoint's.
     assert min(r["step"] for r in result.rank0_steps(cp, 2)) == resume_step + 1
     return result
+
+
+def _step_of(uri: str) -> int:
+    """The training step in a committed checkpoint's URI (`.../step_00000030`)."""
+    return int(uri.split("step_")[1][:8])
+
+
+def _logged_steps(cp: ControlPlane, job_id: str, attempt: int) -> int:
+    """The newest step rank 0 of `attempt` logged so far (0 before its metrics stream exists)."""
+    steps = [0]
+    for path in (cp.home / "jobs" / job_id).glob(f"attempt-{attempt}/*/output/metrics/rank-00000.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                steps.append(int(json.loads(line).get("step") or 0))
+            except (ValueError, AttributeError):
+                continue  # a line still being written
+    return max(steps)
