@@ -38,8 +38,7 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark `serial` every test that runs whole jobs (see SERIAL_DIRS, and anything `slow`) unless
-    it is `side_by_side`: `make test` runs the rest on three workers (one of them the clean run's),
-    then the serial ones alone."""
+    it is `side_by_side`: `make test` runs the rest on two workers, then the serial ones alone."""
     for item in items:
         if item.get_closest_marker("side_by_side"):
             continue
@@ -47,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
         if top in SERIAL_DIRS or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.serial)
     # The longest test (an xdist group of its own: the clean 10-minute run) goes first, so one
-    # worker starts it at once while the others take everything else; collected last (it lives in
+    # worker starts it at once while the other takes everything else; collected last (it lives in
     # tests/integration), it started minutes late and the phase outlasted it by as much.
     items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else 1)
 
