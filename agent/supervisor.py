@@ -256,7 +256,9 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
         if self.memory is not None:
-            self.memory.end_group()
+            # A failed group's newest snapshot is replicated and reported before this node's
+            # failure report: it may be what the restart resumes from.
+            self.memory.end_group(flush=self.proc.returncode != 0 and not self.stop_requested)
         self._tick(time.time(), detect=False)  # pick up the last metrics lines (checkpoints)
         if self.proc.returncode == 0 and self.verdict is None and not self.stop_requested:
             self._drain_checkpoints()

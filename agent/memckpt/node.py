@@ -91,7 +91,7 @@ class NodeMemoryTier:
         self.server: ReplicaServer | None = None
         self.lease: lease.Lease | None = None
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._stop, self._flush = threading.Event(), threading.Event()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, host: str, hosts: list[str]) -> NodeMemoryTier | None:
@@ -188,17 +188,22 @@ class NodeMemoryTier:
             key=self.key,
         )
         replicator.replicated = resumed_step
-        self._stop = threading.Event()
+        self._stop, self._flush = threading.Event(), threading.Event()
 
-        def loop(stop: threading.Event = self._stop) -> None:
-            while not stop.wait(TICK_S):
+        def loop(stop: threading.Event = self._stop, flush: threading.Event = self._flush) -> None:
+            while True:
+                stopping = stop.wait(TICK_S)
+                if stopping and not flush.is_set():
+                    return
                 try:
                     self.learn_good(replicator, getattr(reporter, "memory_good_step", None))
                     done = replicator.tick()
                 except Exception:  # never take the agent down over a replica
                     log.exception("memory checkpoint replication failed")
-                    continue
-                if done is not None and not stop.is_set():
+                    done = None
+                # After a stop, only a flush reports (this tick's step or the one an earlier tick
+                # was busy with when the stop came): never another attempt's records otherwise.
+                if done is not None and (flush.is_set() or not stop.is_set()):
                     body = report_body(
                         done,
                         job=self.job,
@@ -215,6 +220,8 @@ class NodeMemoryTier:
                         done.ranks,
                         self.peer_node,
                     )
+                if stopping:  # the flush's one last tick is done
+                    return
 
         self._thread = threading.Thread(target=loop, name="memckpt-replicate", daemon=True)
         self._thread.start()
@@ -261,8 +268,15 @@ class NodeMemoryTier:
                 return str(node), (info or {}).get("replica_node")
         return self.host, self.peer_node
 
-    def end_group(self) -> None:
-        """Stop replicating (before the agent speaks for another attempt)."""
+    def end_group(self, *, flush: bool = False) -> None:
+        """Stop replicating (before the agent speaks for another attempt). With `flush` (the group
+        failed), first replicate and report the newest snapshot every local rank finished: the
+        ranks run ahead of the replication thread, and the peer may
+        have reported that very step already, so this one report can make it good before the
+        control plane picks the resume point (seen on Slurm: the peer had reported step 8, this
+        node only 4, when a rank exited at 11; no memory checkpoint was good, none was used)."""
+        if flush:
+            self._flush.set()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)

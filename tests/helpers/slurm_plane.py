@@ -12,12 +12,19 @@ from typing import Any
 
 from aerie_contracts import env as aerie_env
 from orchestrator.harness.control_plane import ControlPlane, write_spec
+from orchestrator.harness.wait import wait_for
 
 
 @contextmanager
-def slurm_control_plane(home: Path, env: dict[str, str], s3: bool = False) -> Iterator[ControlPlane]:
+def slurm_control_plane(
+    home: Path, env: dict[str, str], s3: bool = False, idle_first: bool = False
+) -> Iterator[ControlPlane]:
     """A started control plane (`env`: the Slurm cluster's and more; `s3`: with the loopback S3
-    server); afterwards its jobs' Slurm allocations are cancelled, so none outlives the test."""
+    server); afterwards its jobs' Slurm allocations are cancelled, so none outlives the test.
+    `idle_first`: only once every node is idle (a serial test that names the nodes Slurm picks;
+    beside other Slurm tests, in `make test`'s first phase, that wait could outlast them)."""
+    if idle_first:
+        await_idle_nodes()
     plane = ControlPlane(home, extra_env=env, s3=s3)
     plane.home.mkdir()
     plane.start()
@@ -28,6 +35,25 @@ def slurm_control_plane(home: Path, env: dict[str, str], s3: bool = False) -> It
         for handle in (plane.home / "jobs").glob("*/attempt-*/handle.json"):
             subprocess.run(["scancel", str(json.loads(handle.read_text())["slurm_job_id"])], capture_output=True)
         plane.cleanup_nodes()
+
+
+def await_idle_nodes(timeout_s: float = 60) -> None:
+    """Wait until every node of the cluster is idle. A test's allocation would otherwise go wherever
+    the previous test's (still completing) left room: with three nodes, node2 and node3 once, where
+    the tests expect Slurm's own first choice, node1 and node2."""
+
+    def states() -> str:
+        return subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True).stdout.strip()
+
+    try:
+        wait_for(
+            what="every Slurm node idle",
+            check=lambda: (lines := states().splitlines()) and all(line.split()[-1] == "idle" for line in lines),
+            timeout_s=timeout_s,
+            every_s=0.3,
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} (sinfo: {states()!r})") from None
 
 
 def stepper_spec(

@@ -29,7 +29,7 @@ HOSTS = ("node1", "node2")
 
 @pytest.fixture
 def cp(tmp_path, slurm_cluster):
-    with slurm_control_plane(tmp_path / "home", slurm_cluster) as plane:
+    with slurm_control_plane(tmp_path / "home", slurm_cluster, idle_first=True) as plane:
         yield plane
 
 
@@ -128,7 +128,7 @@ def test_an_in_place_slurm_attempt_resumes_from_the_memory_tier(tmp_path, slurm_
     snapshot, which both nodes have replicated by then) -> attempt 2 in place in the same allocation
     resumes from the memory checkpoint of step 8, and no request reaches the S3 server while it
     restores."""
-    with slurm_control_plane(tmp_path / "home", slurm_cluster, s3=True) as cp:
+    with slurm_control_plane(tmp_path / "home", slurm_cluster, s3=True, idle_first=True) as cp:
         path = s3_spec(
             tmp_path,
             "slurm-mem",

@@ -25,7 +25,7 @@ from tests.helpers.wait import wait_for
 
 @pytest.fixture
 def cp(tmp_path, slurm_cluster):
-    with slurm_control_plane(tmp_path / "home", slurm_cluster) as plane:
+    with slurm_control_plane(tmp_path / "home", slurm_cluster, idle_first=True) as plane:
         yield plane
 
 

@@ -291,9 +291,10 @@ def test_metrics_stream_and_tensorboard_of_a_run(tmp_path, data_cache):
 
     config = write_config(tmp_path, data_cache, steps=6, eval_every=3, eval_iters=2)
     ckpt = tmp_path / "ckpt"
-    # Rank 1 is a straggler (0.3 s of sleep a step): both ranks' steps take as long (lockstep),
-    # but rank 0 spends the difference waiting in the gradient all-reduce.
-    slow = json.dumps([{"kind": "slow", "step": 2, "rank": 1, "seconds": 0.3}])
+    # Rank 1 is a straggler (0.6 s of sleep a step): both ranks' steps take as long (lockstep),
+    # but rank 0 spends the difference waiting in the gradient all-reduce. The sleep is three
+    # times the margin asserted below: on a loaded CI host 0.3 s once left rank 0 waiting 0.22 s.
+    slow = json.dumps([{"kind": "slow", "step": 2, "rank": 1, "seconds": 0.6}])
     rc, metrics = run_trainer(
         tmp_path,
         config,

@@ -118,6 +118,34 @@ def test_a_group_is_replicated_reported_then_staged_on_a_replacement_node(tmp_pa
     assert not memckpt.area_dir(tmp_path / "algo-1", JOB).exists()
 
 
+@pytest.mark.parametrize("flush", [True, False])
+def test_a_failed_groups_last_snapshot_is_flushed_before_the_node_reports_the_failure(tmp_path, monkeypatch, flush):
+    """The ranks run ahead of the replication thread: when a group fails, its newest snapshot (that
+    the peer may have reported already) is replicated and reported by `end_group(flush=True)`, not
+    dropped; a group that ends otherwise (a stop, a switch) reports nothing more. The thread's
+    ticks are an hour apart here, so only the end of the group can replicate."""
+    from agent.memckpt import node
+
+    monkeypatch.setattr(node, "TICK_S", 3600.0)
+    hosts = ["algo-1", "algo-2"]
+    peers = ",".join(f"{h}=127.0.0.1:{_port()}" for h in hosts)
+    tiers = {h: NodeMemoryTier.from_env(_env(tmp_path, h, peers), host=h, hosts=hosts) for h in hosts}
+    reports = Reports()
+    try:
+        for tier in tiers.values():
+            tier.start()
+        tiers["algo-2"].begin_group(reports, attempt=1, ranks=[2, 3], world_size=4, resumed_step=None)
+        for rank in (2, 3):
+            write(tmp_path / "algo-2", 8, rank, payload(5000, rank))
+        tiers["algo-2"].end_group(flush=flush)
+        assert [b["step"] for b in reports.bodies] == ([8] if flush else [])
+        replicas = {e.header.step for e in tiers["algo-1"].store.complete("algo-2").get(2, [])}
+        assert replicas == ({8} if flush else set())
+    finally:
+        for tier in tiers.values():
+            tier.close(job_over=True)
+
+
 def test_an_in_place_switch_brings_the_next_attempts_key(tmp_path):
     """The endpoint accepts only the attempt the node serves: after `begin_from_env` with attempt
     N+1's key, a peer still on N is refused, and one on N+1 is served."""
