@@ -235,7 +235,8 @@ class NodeMemoryTier:
 
     def stage(self, ranks: list[int], step: int, writers: Mapping[str, Any] | None = None) -> dict[int, str]:
         """Before the ranks start from a memory checkpoint: each local rank's snapshot of `step`
-        verified in place, or fetched from the node that holds its replica. `writers` (the
+        verified in place, or fetched from the node that holds its replica, or from the node that
+        wrote it. `writers` (the
         checkpoint's record, {node: {ranks, replica_node}}) says which node wrote each rank and
         which holds its replica: a replacement node's ranks were written elsewhere. Without it,
         this node wrote them and its ring successor holds them (an in-place restart). A rank with
@@ -247,10 +248,20 @@ class NodeMemoryTier:
             address = self.peers.get(holder) if holder else None
             if holder == self.host:
                 address = self.peers[self.host]  # this node holds it: its own server hands it over
+            # The writer, if another node of the job, still has its own copy (a relaunch without the
+            # first node moves the survivors' ranks: the replica's holder may be the node left out).
+            writer_at = self.peers.get(writer) if writer != self.host else None
             deadline = time.time() + FETCH_WAIT_S
             while True:
                 source = resolve(
-                    self.store, rank=rank, step=step, written_by=writer, holder=address, s3_uri=None, key=self.key
+                    self.store,
+                    rank=rank,
+                    step=step,
+                    written_by=writer,
+                    holder=address,
+                    s3_uri=None,
+                    key=self.key,
+                    writer=writer_at,
                 )
                 # The holder's agent may not serve yet (a relaunch starts every agent at once), or
                 # still serve the last attempt (an in-place switch: it refuses this one's key).

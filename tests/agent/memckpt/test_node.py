@@ -118,6 +118,30 @@ def test_a_group_is_replicated_reported_then_staged_on_a_replacement_node(tmp_pa
     assert not memckpt.area_dir(tmp_path / "algo-1", JOB).exists()
 
 
+def test_a_rank_whose_replica_holder_is_gone_is_fetched_from_the_node_that_wrote_it(tmp_path):
+    """A relaunch without the first node (algo-1) moves algo-2's ranks 2-3 to the new algo-3,
+    while algo-2 takes ranks 0-1: the replica of ranks 2-3 was on algo-1, gone; algo-2, their
+    writer, still has its own copies, and serves them."""
+    hosts = ["algo-2", "algo-3"]
+    peers = ",".join(f"{h}=127.0.0.1:{_port()}" for h in hosts)
+    tiers = {h: NodeMemoryTier.from_env(_env(tmp_path, h, peers), host=h, hosts=hosts) for h in hosts}
+    try:
+        for tier in tiers.values():
+            tier.start()
+        for rank in (2, 3):
+            write(tmp_path / "algo-2", 8, rank, payload(5000, rank))
+        writers = {
+            "algo-1": {"ranks": [0, 1], "replica_node": "algo-2"},
+            "algo-2": {"ranks": [2, 3], "replica_node": "algo-1"},
+        }
+        assert tiers["algo-3"].stage([2, 3], 8, writers) == {2: "writer", 3: "writer"}
+        staged = memckpt.local_dir(tmp_path / "algo-3", JOB) / memckpt.file_name(8, 3)
+        assert memckpt.verify(staged).rank == 3
+    finally:
+        for tier in tiers.values():
+            tier.close(job_over=True)
+
+
 @pytest.mark.parametrize("flush", [True, False])
 def test_a_failed_groups_last_snapshot_is_flushed_before_the_node_reports_the_failure(tmp_path, monkeypatch, flush):
     """The ranks run ahead of the replication thread: when a group fails, its newest snapshot (that
