@@ -236,12 +236,11 @@ class NodeMemoryTier:
     def stage(self, ranks: list[int], step: int, writers: Mapping[str, Any] | None = None) -> dict[int, str]:
         """Before the ranks start from a memory checkpoint: each local rank's snapshot of `step`
         verified in place, or fetched from the node that holds its replica, or from the node that
-        wrote it. `writers` (the
-        checkpoint's record, {node: {ranks, replica_node}}) says which node wrote each rank and
-        which holds its replica: a replacement node's ranks were written elsewhere. Without it,
-        this node wrote them and its ring successor holds them (an in-place restart). A rank with
-        neither copy is left to the trainer, whose ranks then all take the durable fallback
-        together (trainer/resume.py). Returns {rank: tier used}."""
+        wrote it. `writers` (the checkpoint's record, {node: {ranks, replica_node}}) says which
+        node wrote each rank and which holds its replica: a replacement node's ranks were written
+        elsewhere. Without it, this node wrote them and its ring successor holds them (an in-place
+        restart). A rank with no copy left is left to the trainer, whose ranks then all take the
+        durable fallback together (trainer/resume.py). Returns {rank: tier used}."""
         used = {}
         for rank in ranks:
             writer, holder = self._writer_of(rank, writers)
@@ -282,10 +281,10 @@ class NodeMemoryTier:
     def end_group(self, *, flush: bool = False) -> None:
         """Stop replicating (before the agent speaks for another attempt). With `flush` (the group
         failed), first replicate and report the newest snapshot every local rank finished: the
-        ranks run ahead of the replication thread, and the peer may
-        have reported that very step already, so this one report can make it good before the
-        control plane picks the resume point (seen on Slurm: the peer had reported step 8, this
-        node only 4, when a rank exited at 11; no memory checkpoint was good, none was used)."""
+        ranks run ahead of the replication thread, and the peer may have reported that very step
+        already, so this one report can make it good before the control plane picks the resume
+        point (seen on Slurm: the peer had reported step 8, this node only 4, when a rank exited
+        at 11; no memory checkpoint was good, none was used)."""
         if flush:
             self._flush.set()
         self._stop.set()
