@@ -68,6 +68,16 @@ class Reporter:
         except queue.Full:
             pass
 
+    def heartbeat_now(self, summary: dict[str, Any]) -> bool:
+        """A heartbeat that must be there before what the node reports next (a phase change: the
+        model upload, before the exit): sent at once, not through the one-slot queue, where a newer
+        beat may replace it and whose thread may not have sent it yet when the agent exits."""
+        try:
+            self._beats.get_nowait()  # an older summary must not follow this one
+        except queue.Empty:
+            pass
+        return bool(self._post("/heartbeat", summary, tries=3))
+
     def _target(self) -> _Target:
         return (self.base, self._auth)
 

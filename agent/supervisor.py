@@ -83,6 +83,7 @@ class Supervisor:
         self._metrics_batch: list[dict[str, Any]] = []
         self._metrics_sent_at = 0.0
         self._stop = threading.Event()  # set with stop_requested: ends a channel download
+        self.phase: dict[str, Any] = {}  # a phase after training (the model upload) that every later summary says
         self.data_download: dict[str, Any] | None = None  # agent.channels.receive's record
         self.restore_s: float | None = None  # the slowest of this node's ranks' checkpoint restores
         self.restored_step: int | None = None  # the lowest step its ranks restored (a fallback resumes earlier)
@@ -696,7 +697,7 @@ class Supervisor:
             self._metrics_batch, self._metrics_sent_at = [], now
 
     def _summary(self) -> dict[str, Any]:
-        base: dict[str, Any] = {"t": time.time()}
+        base: dict[str, Any] = {"t": time.time(), **self.phase}
         if self.data_download is not None:
             base[DATA_DOWNLOAD] = self.data_download  # for the goodput ledger
         if self.restore_s is not None:
@@ -739,10 +740,9 @@ class Supervisor:
         uri = E.MODEL_ARTIFACTS_URI.get()
         if not uri or self.cfg.host != self.cfg.hosts[0]:
             return None
-        since = time.time()
-        self.reporter.heartbeat(
-            {**self._summary(), contract.PHASE: contract.PHASE_UPLOADING, contract.PHASE_SINCE: since}
-        )
+        # Kept in every later summary too: the last one the control plane stores must still say it.
+        self.phase = {contract.PHASE: contract.PHASE_UPLOADING, contract.PHASE_SINCE: time.time()}
+        self.reporter.heartbeat_now(self._summary())
         try:
             size = artifacts.upload_model(self.cfg.ml_root / "model", uri)
         except Exception as exc:

@@ -9,6 +9,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from aerie_contracts import sagemaker_api as contract
 from agent.report import Reporter
 from tests.helpers.wait import wait_for
 
@@ -84,5 +85,21 @@ def test_the_heartbeats_answer_says_which_memory_checkpoint_the_node_must_keep()
         _Answering.answer = b'{"ok":true,"stop":false,"memory_good_step":null}'  # none good any more
         rep.heartbeat({"t": 2.0})
         wait_for(what="no good step", check=lambda: rep.memory_good_step is None, timeout_s=10, every_s=0.01)
+    finally:
+        server.shutdown()
+
+
+def test_a_phase_heartbeat_has_arrived_when_it_returns():
+    """The model upload's `phase: uploading` beat goes out at once, not through the one-slot queue
+    (whose thread may not have sent it when the agent reports its exit and ends): SageMaker's
+    Uploading transition depends on it being stored before the job completes."""
+    _Recorder.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rep = Reporter(f"http://127.0.0.1:{server.server_port}", "tok-1", "job-a1", "algo-1")
+        beat = {"t": 3.0, contract.PHASE: contract.PHASE_UPLOADING}
+        assert rep.heartbeat_now(beat)
+        assert [(p.rsplit("/", 1)[-1], b) for p, _, b in _Recorder.seen] == [("heartbeat", beat)]
     finally:
         server.shutdown()
