@@ -346,6 +346,11 @@ class Controller:
             self._booted_at.setdefault(attempt_id, now)
         with self.db.session() as s:
             attempt = repo.get_attempt(s, attempt_id)
+            if attempt.job.stop_requested:
+                # The backend is tearing the nodes down on request: one that goes quiet now is not
+                # lost, and the attempt ends Stopped (on Slurm, scancel ended one agent's heartbeats
+                # seconds before the attempt was recorded stopped: it ended Failed, node.lost).
+                return result
             health = HealthSettings.from_dict(attempt.job.spec.get("health"))
             heartbeats = {n.host: n.last_heartbeat_at for n in attempt.nodes}
             lost = None
