@@ -27,7 +27,7 @@ LOCAL, REPLICA, WRITER, S3 = "local", "replica", "writer", "s3"
 @dataclass
 class Source:
     tier: str  # local | replica | writer | s3
-    path: Path | None = None  # the verified snapshot (local and replica)
+    path: Path | None = None  # the verified snapshot (local, replica and writer)
     uri: str | None = None  # the S3 checkpoint (s3)
     skipped: list[str] = field(default_factory=list)  # why each earlier tier was not used
 

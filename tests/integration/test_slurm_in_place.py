@@ -124,9 +124,10 @@ def test_a_stop_during_an_in_place_attempt_cancels_the_allocation(cp, tmp_path):
 def test_an_in_place_slurm_attempt_resumes_from_the_memory_tier(tmp_path, slurm_cluster):
     """Issue #22's memory tier on Slurm: 2 nodes x 1 rank of the tiny trainer, memory checkpoints
     every 4 steps (each node's agent replicates to the other on the endpoint it derives from the job
-    id), S3's every 20 (none before the fault); rank 1 exits at step 11 (three steps after the last
-    snapshot, which both nodes have replicated by then) -> attempt 2 in place in the same allocation
-    resumes from the memory checkpoint of step 8, and no request reaches the S3 server while it
+    id), S3's every 20 (none before the fault); rank 1 exits at step 11, three steps after the last
+    snapshot (the ranks may outrun the replication: each failed node replicates and reports its
+    newest snapshot before its failure, `end_group(flush=True)`) -> attempt 2 in place in the same
+    allocation resumes from the memory checkpoint of step 8, and no request reaches the S3 server while it
     restores."""
     with slurm_control_plane(tmp_path / "home", slurm_cluster, s3=True, idle_first=True) as cp:
         path = s3_spec(
