@@ -5,8 +5,9 @@ rank — seconds per rank on a loaded host, before the process group, the model 
 even begun. So once a group has trained its first step (not before: the warm-up must not slow its
 start), and at the latest when it is failing (a verdict, a rank's death, the control plane saying
 the attempt is over), the agent starts its successor's ranks: each imports torch (with
-torch.distributed.checkpoint and, for `python -m MODULE`, the module's imports) and waits, idle
-(host memory only: no accelerator is touched before the go). When an in-place
+torch.distributed.checkpoint and, for `python -m MODULE`, the module's imports) on the CPU's idle
+time only (SCHED_IDLE, where it may switch back), and waits, idle (host memory only: no accelerator
+is touched before the go). When an in-place
 successor arrives, the agent writes the new group's environment into the *go file*; every rank
 takes it and runs the entrypoint (runpy) in its already warm interpreter. A relaunch or the job's
 end kills the warm group unused. torch is never imported by the agent itself.
@@ -212,13 +213,43 @@ def _preimport(entrypoint: list[str]) -> None:
         sys.modules.pop(entrypoint[2], None)
 
 
+def _idle_priority() -> bool:
+    """Warm up on the CPU's idle time only (SCHED_IDLE), if this process may switch back after:
+    the successor's warm-up must not slow the group that trains beside it (on a 2-core host four
+    warm ranks importing torch slowed a young group's steps by ~30 %). Root may always switch
+    back; anyone else only within RLIMIT_NICE (its default 0 allows no way back from SCHED_IDLE,
+    and a rank left there would train on idle time only)."""
+    import resource
+
+    try:
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20 - nice:
+            return False
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return True
+    except (AttributeError, OSError):  # not Linux, or not allowed: warm up at the usual priority
+        return False
+
+
+def _normal_priority() -> None:
+    """Back to the usual scheduling before the rank runs (as every cold rank does)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError as exc:
+        print(f"agent.warm: could not leave idle priority ({exc}); the rank runs on idle CPU time", file=sys.stderr)
+
+
 def run_rank(go: Path, entrypoint: list[str]) -> None:
-    """Warm up, wait for the go file, then become the entrypoint (runpy, as `python` would run it)."""
+    """Warm up (on idle CPU time), wait for the go file, then become the entrypoint at the usual
+    priority (runpy, as `python` would run it)."""
+    idle = _idle_priority()
     _preimport(entrypoint)
     go.with_name(f"{go.name}.ready-{os.environ.get('RANK', '0')}").touch()
     env = wait_go(go)
     if env is None:
         sys.exit(1)
+    if idle:
+        _normal_priority()
     own = {k: os.environ[k] for k in PER_RANK if k in os.environ}
     own.update(regrouped(go, os.environ))  # a spare's slot is known only now
     os.environ.clear()

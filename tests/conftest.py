@@ -22,10 +22,11 @@ SERIAL_DIRS = {"e2e", "integration", "chaos", "browser"}
 
 
 def pytest_ignore_collect(collection_path, config):
-    """`make test`'s serial phase (`-m serial`) does not import the modules that cannot hold a
-    serial test: outside SERIAL_DIRS only a `slow` mark makes one, and importing the rest (the
-    API fuzzer's schemathesis, torch, transformers) was most of that phase's collection time."""
-    if config.getoption("markexpr", "") != "serial" or collection_path.suffix != ".py":
+    """`make test`'s jobs phase (`-m serial`, and beside it `-m beside_serial`) does not import the
+    modules that cannot hold one of its tests: outside SERIAL_DIRS only a `slow` mark makes one, and
+    importing the rest (the API fuzzer's schemathesis, torch, transformers) was most of that phase's
+    collection time."""
+    if config.getoption("markexpr", "") not in ("serial", "beside_serial") or collection_path.suffix != ".py":
         return None
     if not collection_path.name.startswith("test_"):
         return None
@@ -38,17 +39,18 @@ def pytest_ignore_collect(collection_path, config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark `serial` every test that runs whole jobs (see SERIAL_DIRS, and anything `slow`) unless
-    it is `side_by_side`: `make test` runs the rest on two workers, then the serial ones alone."""
+    it is `side_by_side` (with the unit tests) or `beside_serial` (the clean run). `make test` runs
+    the serial ones one after another in one pytest process, never beside each other, with the
+    clean run in a second process beside them; then the rest on two xdist workers."""
     for item in items:
-        if item.get_closest_marker("side_by_side"):
+        if item.get_closest_marker("side_by_side") or item.get_closest_marker("beside_serial"):
             continue
         top = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
         if top in SERIAL_DIRS or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.serial)
-    # The longest test (an xdist group of its own: the clean 10-minute run) goes first, so one
-    # worker starts it at once while the other takes everything else; collected last (it lives in
-    # tests/integration), it started minutes late and the phase outlasted it by as much.
-    items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else 1)
+    # The whole-job tests of the unit phase (tens of seconds each) first, so that none is left for
+    # the end of the phase, where one worker would run it while the other has nothing left to do.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("side_by_side") else 1)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ SCRIPT = """
 import json, os, sys
 out = os.path.join(os.environ["OUT_DIR"], "rank-" + os.environ["RANK"] + ".json")
 json.dump({k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "WHICH")}
-          | {"argv": sys.argv, "torch": "torch" in sys.modules}, open(out, "w"))
+          | {"argv": sys.argv, "torch": "torch" in sys.modules, "policy": os.sched_getscheduler(0)}, open(out, "w"))
 print("hello from", os.environ["RANK"])
 sys.exit(int(os.environ.get("FAIL_RANK", "-1") == os.environ["RANK"]) * 3)
 """
@@ -64,6 +64,7 @@ def test_ranks_wait_for_the_go_file_then_run_with_its_environment(group):
     for name, rank in ranks.items():
         assert rank["RANK"] == name[5] and rank["WORLD_SIZE"] == "4" and rank["MASTER_PORT"] == "29123"
         assert rank["WHICH"] == "the group's" and rank["torch"] is True
+        assert rank["policy"] == os.SCHED_OTHER  # warmed up on idle time, run at the usual priority
         assert rank["argv"][1:] == ["--flag"]
     exits = [json.loads(p.read_text()) for p in (node_dir / "ranks").glob("rank-*.exit.json")]
     assert sorted(e["rank"] for e in exits) == [2, 3] and all(e["exit_code"] == 0 for e in exits)
@@ -89,6 +90,32 @@ def test_an_unused_group_is_killed_with_its_ranks(group):
     wait_for(what="every rank gone", check=lambda: not any(_alive(p) for p in [pid, *ranks]), timeout_s=20)
     assert not list((node_dir / "ranks").iterdir())
     assert warm.take(env, "127.0.0.1", 1) is None
+
+
+def test_waiting_ranks_warm_up_on_idle_cpu_time_only(group):
+    """SCHED_IDLE while they import and wait (they must not slow the group that trains beside
+    them); the test above shows the entrypoint itself runs at the usual priority."""
+    warm, env, node_dir, _out = group
+    warm.start(env)
+    pid = warm.proc.pid
+    wait_for(what="both ranks warm", check=lambda: len(list(node_dir.glob("warm-go.json.ready-*"))) == 2, timeout_s=60)
+    policies = [os.sched_getscheduler(p) for p in _warm_ranks(pid)]
+    # Root (as here and in containers) may always switch back; others only within RLIMIT_NICE.
+    assert policies == [os.SCHED_IDLE] * 2 if os.geteuid() == 0 else len(policies) == 2, policies
+    assert os.sched_getscheduler(pid) == os.SCHED_OTHER  # the group itself (torchrun's part) is not
+
+
+def _warm_ranks(pid: int) -> list[int]:
+    import psutil
+
+    found = []
+    for p in _children(pid):
+        try:
+            if "rank" in psutil.Process(p).cmdline()[3:4] and "agent.warm" in psutil.Process(p).cmdline():
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def _children(pid: int) -> list[int]:

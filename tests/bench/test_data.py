@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.bench import run_bench
 
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py):
 # downloads through a proxy and a 6-step run of one rank; speed is not asserted.
 @pytest.mark.slow
 @pytest.mark.side_by_side

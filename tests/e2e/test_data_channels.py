@@ -22,7 +22,7 @@ from tests.helpers.data_jobs import SHARDS, STEPS, prepare_dataset
 from tests.helpers.data_jobs import files as _files
 from tests.helpers.data_jobs import submit as _submit
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py):
 # 6-step jobs whose one fault is an exit; it asserts files, request counts and losses, no timing.
 pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]
 

@@ -30,7 +30,7 @@ import pytest
 from aerie_contracts import events as contract_events
 from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, write_spec
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py).
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]
 
 FAILPOINT = "events.after_publish:Aerie Attempt State Change:Failed"

@@ -52,7 +52,7 @@ def cp(tmp_path, slack_standin):
     )
 
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py);
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py);
 # its hang floor and start-up grace are 120 s.
 @pytest.mark.slow
 @pytest.mark.side_by_side

@@ -11,7 +11,7 @@ from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, event_story
 from tests.helpers.contract_jobs import contract_spec
 from tests.helpers.planes import running_control_plane
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py):
 # contract-check ranks (no model), no fault detection, no timing asserted.
 pytestmark = pytest.mark.side_by_side
 

@@ -25,7 +25,7 @@ import pytest
 from aerie_contracts import FailureKind
 from orchestrator.harness.jobs import trainer_spec
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py).
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]
 
 NAN_STEP = 12

@@ -81,7 +81,7 @@ def statuses(described: dict) -> list[str]:
     return [t["Status"] for t in described["SecondaryStatusTransitions"]]
 
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py)
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py)
 # (no fault; the SDK's test below, whose fault is an exit, joins it; the hang test stays serial).
 @pytest.mark.side_by_side
 def test_boto3_runs_waits_lists_and_stops_training_jobs(cp, creds, moto_url, monkeypatch):

@@ -166,7 +166,11 @@ def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_
     (agent/memckpt/platform.py). Two instances, one rank each, a snapshot every 2 steps and no S3
     checkpoint before the crash: once a memory checkpoint is good, rank 1 is killed (SIGKILL) ->
     attempt 2 in place inside the same training job, its ranks restored from the nodes' memory (own
-    copies), and the job completes."""
+    copies), and the job completes.
+
+    Attempt 1's steps from 20 on wait 0.5 s each (the trainer's `slow` fault, every rank alike): on a
+    loaded host the first good memory checkpoint was once recorded only after attempt 1 had
+    trained all 300 steps, so the kill came after the last step and attempt 2 had nothing to train."""
     steps = 300
     with sagemaker_job(
         tmp_path,
@@ -176,6 +180,7 @@ def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_
         steps=steps,
         checkpoint={"every_steps": 1000, "memory_every_steps": 2},
         retry={"max_restarts": 1},
+        env={E.FAULTS.name: json.dumps([{"kind": "slow", "step": 20, "seconds": 0.5}])},
     ) as cp:
         job_id = wait_for(what="the job", check=lambda: cp.job("sm-mem")["id"], timeout_s=60)
         tj = wait_for(what="the training job", check=lambda: sagemaker.jobs.get(f"{job_id}-a1"), timeout_s=60)

@@ -7,14 +7,14 @@ Pre-flight is on (`health.preflight`, its default thresholds) and one hot spare 
 (`resources.spare_nodes: 1`, issue #23 acceptance 5): both nodes' pre-flight results are recorded,
 the spare (algo-3) runs its own and waits without ranks the whole run, and neither raises a
 verdict. Then the job is stopped: it must end Stopped — not Failed — with no verdict on any node.
-In `make test` it runs beside the unit tests (marker `side_by_side`), not alone.
+In `make test` it runs beside the serial whole-job tests (marker `beside_serial`), not alone.
 
 Each step of every rank also waits `STEP_WAIT_S`, as a rank on a GPU node waits on its device (the
 trainer's `slow` fault with no rank: every rank alike, so no straggler either). Without it the four
-ranks kept both of this machine's cores busy for the whole ten minutes, and the unit tests beside
-them ran on what was left: most of `make test`'s first phase was this run's CPU, not its length.
+ranks kept both of this machine's cores busy for the whole ten minutes, and the tests beside them
+ran on what was left: most of that `make test` phase was this run's CPU, not its length.
 Half a second (a GPU step of a small model) rather than a quarter: the four ranks' CPU beside the
-unit tests halves again (measured: ~0.1 core a rank at a quarter second), still ~1,000 steps.
+other tests halves again (measured: ~0.1 core a rank at a quarter second), still ~1,000 steps.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from orchestrator.harness.jobs import rank_losses, trainer_spec
 RUN_S = float(os.environ.get("AERIE_CLEAN_RUN_S", "600"))
 STEP_WAIT_S = 0.5
 
-# Side by side: it runs on one worker of `make test`'s parallel phase while the other worker runs
-# the unit tests, so the host is busy as a real node's host often is, and no verdict may follow.
+# Beside the serial tests: `make test` runs it in a pytest process of its own while another runs
+# whole jobs with faults one after another (kills, hangs, NaNs, a paused S3 server, Slurm), so the
+# host is busy as a real node's host often is, and no verdict may follow.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.side_by_side,
-    pytest.mark.xdist_group("clean-run"),
+    pytest.mark.beside_serial,
     pytest.mark.timeout(RUN_S + 600),
 ]
 

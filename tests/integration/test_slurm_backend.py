@@ -15,7 +15,7 @@ from orchestrator.harness.control_plane import REPO
 from orchestrator.spec import JobSpec
 from tests.helpers.launch_requests import attempt_request
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py):
 # the backend's own calls on one-node contract-check jobs (a 60 s heartbeat), no verdicts.
 pytestmark = pytest.mark.side_by_side
 

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers.data_jobs import SHARDS, STEPS, files, prepare_dataset, submit
 from tests.helpers.slurm_plane import slurm_control_plane
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py):
 # a 6-step 2 x 1 job with no fault; it asserts files, request counts and steps, no timing.
 pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]
 

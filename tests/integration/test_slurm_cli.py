@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.harness.control_plane import REPO
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py).
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py).
 pytestmark = pytest.mark.side_by_side
 
 

@@ -73,7 +73,7 @@ def _slurm_state(slurm_job_id: int) -> str:
     return (slurm_job_state(slurm_job_id) or {}).get("state", "")
 
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py)
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py)
 # (contract-check ranks, no fault; the fault and lost-node tests below stay serial).
 @pytest.mark.side_by_side
 def test_two_node_job_completes_through_aerie_up(cp, tmp_path):

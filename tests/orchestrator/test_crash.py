@@ -24,7 +24,7 @@ from tests.helpers.gc_jobs import gc_job, s3_checkpoint
 from tests.helpers.live_api import start_live_api
 from trainer.checkpoint.manifest import checkpoint_uri, list_checkpoints, verify
 
-# Not timing-sensitive: `make test` runs it in the parallel phase, beside the clean run (tests/conftest.py):
+# Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py):
 # contract-check jobs and failpoints; it asserts what ran and what was delivered, no timing.
 pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]
 
