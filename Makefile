@@ -43,7 +43,8 @@ lint: install
 #    about as long as the serial tests alone. (Two processes, not xdist's `loadgroup`: with
 #    pytest 9.2 and pytest-xdist 3.8 it no longer keeps a group on one worker.)
 # 2. everything else on two xdist workers: the unit tests and the whole-job tests that are not
-#    timing-sensitive (`side_by_side`). CPU-bound (three workers were tried: no faster).
+#    timing-sensitive (`side_by_side`). Mostly CPU-bound (vmstat 2026-11-29: 84 % busy on average;
+#    three workers were tried only in the old arrangement, beside the clean run: no faster).
 # Every part always runs; pytest's exit 5 (no tests collected) is not a failure.
 test: install lint
 	@set +e; clean_log=$$(mktemp); \
