@@ -8,7 +8,8 @@ removing its shared-memory folder:
 1. attempt 1, once its memory checkpoint of step 12 is good: algo-2 is lost -> `node.lost`, algo-2
    blamed and excluded -> a **relaunch** on algo-1 and algo-3 from that memory checkpoint. algo-1
    restores ranks 0-1 from its own copies; algo-3, the replacement, fetches ranks 2-3 from the
-   replicas algo-1 holds. Not one request reaches the S3 server while the ranks restore.
+   replicas algo-1 holds. Not one read reaches the S3 server while the ranks restore (a write
+   attempt 1 had under way may still land, or be marked BAD, then: it is no request of the restore's).
 2. attempt 2, once its memory checkpoint of step 24 is good: algo-3 is lost, and the replicas of its
    ranks on algo-1 are removed too (both copies gone) -> a relaunch on algo-1 and algo-4 names the
    memory checkpoint again, algo-4 finds neither copy, and every rank resumes from S3's checkpoint
@@ -29,7 +30,14 @@ from aerie_contracts import memckpt
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
 from orchestrator.backends import local_fence
 from orchestrator.harness.jobs import attempt_step_records, s3_spec
-from tests.helpers.attempt_files import attempt_of, good_memory, good_s3, restored_events, s3_requests_since
+from tests.helpers.attempt_files import (
+    attempt_of,
+    good_memory,
+    good_s3,
+    restored_events,
+    s3_reads_since,
+    s3_requests_since,
+)
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -71,7 +79,8 @@ def test_a_lost_node_is_replaced_from_its_peers_replica_and_from_s3_when_both_co
         what="attempt 2 restored", check=lambda: len(r := restored_events(root2)) == 4 and r, timeout_s=120
     )
     assert {r["uri"] for r in restored} == {second["resume_from"]}, restored
-    assert s3_requests_since(s3_log, mark) == []
+    # No read: a write may still land (algo-2's last upload, or algo-1's, marked BAD when its collective broke).
+    assert s3_reads_since(s3_log, mark) == []
     assert sorted(p.name for p in root2.iterdir() if p.name.startswith("algo-")) == ["algo-1", "algo-3"]
     new_node = (root2 / "algo-3" / "logs" / "node.log").read_text()
     kept_node = (root2 / "algo-1" / "logs" / "node.log").read_text()

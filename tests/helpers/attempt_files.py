@@ -46,6 +46,14 @@ def s3_requests_since(log: Path, mark: int, *, ignore_attempt: int | None = None
     return [line for line in lines if own is None or own not in line]
 
 
+def s3_reads_since(log: Path, mark: int) -> list[str]:
+    """The reads (GET, HEAD: objects and listings) the S3 server logged after byte `mark`: what a
+    restore asks of S3. Writes are left out: a node that was just lost, or a survivor whose
+    collective broke, may still finish (or mark `BAD`) the upload it had under way, and that is
+    no request of the restore's."""
+    return [line for line in s3_requests_since(log, mark) if (m := _LINE.match(line)) and m.group(1) in ("GET", "HEAD")]
+
+
 def attempt_of(cp: ControlPlane, job: str, n: int) -> dict | None:
     """Attempt number `n` of `job` as the API shows it, or None before it exists."""
     attempts = cp.job(job)["attempt_list"]
