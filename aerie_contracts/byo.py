@@ -168,7 +168,13 @@ FAULT_SIGSTOP = "sigstop"  # the real rank process stops (a hang: its peers bloc
 FAULT_SIGKILL = "sigkill"  # the real rank process dies
 FAULT_FREEZE = "freeze"  # the rank and every process under it stop (dataloader workers included)
 FAULT_SLOW_NIC = "slow-nic"  # netem on the node's own interface (nodes in network namespaces only)
-CHAOS_FAULTS = (FAULT_SIGSTOP, FAULT_SIGKILL, FAULT_FREEZE, FAULT_SLOW_NIC)
+# The whole machine goes away: its agent and every rank die at once (SIGKILL, no grace) and its
+# shared memory (the memory tier's snapshots and the replicas it holds) is gone. Done by the backend,
+# not the agent (the agent is one of the victims): the local backend only, whose nodes are folders.
+FAULT_NODE_LOSS = "node-loss"
+CHAOS_FAULTS = (FAULT_SIGSTOP, FAULT_SIGKILL, FAULT_FREEZE, FAULT_SLOW_NIC, FAULT_NODE_LOSS)
+# Faults aimed at one rank (the request names it); the others are done to the whole node.
+RANK_FAULTS = (FAULT_SIGSTOP, FAULT_SIGKILL, FAULT_FREEZE)
 CHAOS_DIR = "chaos"  # <node dir>/chaos/<id>.json: requests for the agent; <id>.done.json its answers
 
 

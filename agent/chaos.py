@@ -49,6 +49,8 @@ def apply(node_dir: Path, request: dict[str, Any], interfaces: tuple[str, ...] =
     fault, rank = request.get("fault"), request.get("rank")
     if fault not in byo.CHAOS_FAULTS:
         return {"ok": False, "error": f"unknown fault {fault!r}"}
+    if fault == byo.FAULT_NODE_LOSS:  # the agent is one of its victims: the backend does it
+        return {"ok": False, "error": "node-loss is done by the backend, not by the node's agent"}
     if fault == byo.FAULT_SLOW_NIC:
         nic = next((i for i in interfaces if i != "lo"), None)
         if nic is None:

@@ -65,8 +65,9 @@ class Client:
     def stop(self, ref: str) -> dict[str, Any]:
         return self.request("POST", f"/v1/jobs/{ref}/stop")
 
-    def chaos(self, ref: str, node: int, rank: int, fault: str) -> dict[str, Any]:
-        return self.request("POST", f"/v1/jobs/{ref}/chaos", json={"node": node, "rank": rank, "fault": fault})
+    def chaos(self, ref: str, node: int, rank: int | None, fault: str) -> dict[str, Any]:
+        body = {"node": node, "fault": fault} | ({} if rank is None else {"rank": rank})
+        return self.request("POST", f"/v1/jobs/{ref}/chaos", json=body)
 
     def events(self, ref: str) -> list[dict[str, Any]]:
         return self.request("GET", f"/v1/jobs/{ref}/events")

@@ -374,11 +374,17 @@ class LocalBackend(Backend):
     # --- stop and logs ----------------------------------------------------------------------
 
     def chaos(self, handle: dict[str, Any], host: str, request: dict[str, Any]) -> None:
-        """The request as a file in the node's agent directory, which the agent polls each tick."""
+        """The request as a file in the node's agent directory, which the agent polls each tick; a
+        node loss is done here: the node's whole tree SIGKILLed and its shared-memory area removed
+        (a local node is a folder of this host: that is all there is of the machine to lose)."""
         from aerie_contracts import byo
 
         if host not in handle["hosts"]:
             raise ValueError(f"{host} is not a node of this attempt ({', '.join(handle['hosts'])})")
+        if request.get("fault") == byo.FAULT_NODE_LOSS:
+            local_fence.kill_node(_node_dir(handle, host))
+            shutil.rmtree(memckpt.root_dir() / memckpt.safe_name(host, "host"), ignore_errors=True)
+            return
         directory = _node_dir(handle, host) / "agent" / byo.CHAOS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         write_json(directory / f"{request['id']}.json", request)

@@ -1,4 +1,5 @@
-"""`POST /v1/jobs/{job}/chaos`: a fault done from the outside to one real rank (or a node's NIC).
+"""`POST /v1/jobs/{job}/chaos`: a fault done from the outside to one real rank, or to a whole node
+(its NIC slowed; the node lost, on the local backend).
 
 Any trainer can be rehearsed without code of its own: the request goes to the node's agent through
 the backend (`Backend.chaos`; the local backend drops it in the node's directory), the agent acts on
@@ -15,6 +16,7 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from aerie_contracts import byo
 from aerie_contracts.events import DetailType
 from aerie_contracts.states import AttemptState
 from orchestrator.api.deps import SessionDep, WriterDep
@@ -32,15 +34,20 @@ class ChaosIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node: int = Field(ge=0, le=4095, description="the node's rank in the attempt (0 = the first host)")
-    rank: int = Field(ge=0, le=1 << 20, description="the global rank on that node")
-    fault: Literal["sigstop", "sigkill", "freeze", "slow-nic"]
+    rank: int | None = Field(
+        default=None,
+        ge=0,
+        le=1 << 20,
+        description="the global rank on that node (sigstop, sigkill, freeze)",
+    )
+    fault: Literal["sigstop", "sigkill", "freeze", "slow-nic", "node-loss"]  # aerie_contracts.byo.CHAOS_FAULTS
 
 
 class ChaosOut(BaseModel):
     id: str
     attempt_id: str
     host: str
-    rank: int
+    rank: int | None
     fault: str
 
 
@@ -57,7 +64,9 @@ def chaos(s: SessionDep, request: Request, job_ref: str, body: ChaosIn, who: Wri
     procs = int(((job.spec or {}).get("resources") or {}).get("procs_per_node", 1))
     if body.node >= len(hosts):
         raise HTTPException(status.HTTP_409_CONFLICT, f"the attempt has {len(hosts)} node(s)")
-    if body.rank // procs != body.node:
+    if body.fault in byo.RANK_FAULTS and body.rank is None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"{body.fault} is done to one rank: name it (rank)")
+    if body.rank is not None and body.rank // procs != body.node:
         raise HTTPException(status.HTTP_409_CONFLICT, f"rank {body.rank} does not run on node {body.node}")
     backend = request.app.state.backends.get(job.backend)
     host = hosts[body.node]
