@@ -12,6 +12,7 @@ Shape of `GET /v1/jobs/{job}/goodput` (all durations in node-seconds unless name
      "categories": {<Category>: node-seconds, ...},       # every category, zeros included
      "segments": [{"start", "end", "category", "attempt"}],  # wall-clock, contiguous, coalesced
      "faults": [{"attempt", "kind", "last_step", "last_step_t", "verdict_t", "detection_s",
+                 "detected_t", "restart_mode", "recovery_s",   # recovery_s: detected → next first step
                  "resumed_step", "redone_steps", "redone_s"}],
      "advice": [{"tier", ...}]}                            # one per checkpoint tier: `ADVICE_KEYS`
 """

@@ -32,13 +32,25 @@ def table(led: dict[str, Any]) -> Table:
 
 
 def faults_table(faults: list[dict[str, Any]]) -> Table:
-    t = Table("ATTEMPT", "FAILURE", "LAST STEP", "DETECTED AFTER", "RESUMED AT", "REDONE STEPS", "REDONE")
+    t = Table(
+        "ATTEMPT",
+        "FAILURE",
+        "LAST STEP",
+        "DETECTED AFTER",
+        "RESTART",
+        "DETECTED → FIRST STEP",
+        "RESUMED AT",
+        "REDONE STEPS",
+        "REDONE",
+    )
     for f in faults:
         t.add_row(
             str(f["attempt"]),
             f.get("kind") or "",
             str(f["last_step"]),
             _hms(f["detection_s"]),
+            (f.get("restart_mode") or "").replace("_", " "),
+            "" if f.get("recovery_s") is None else f"{f['recovery_s']:.1f}s",
             "" if f.get("resumed_step") is None else str(f["resumed_step"]),
             str(f.get("redone_steps", 0)),
             _hms(f.get("redone_s", 0.0)),

@@ -113,11 +113,6 @@ class LogsOut(BaseModel):
     nodes: dict[str, dict[str, Any]]
 
 
-class HeartbeatIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    t: float | None = None
-
-
 class HeartbeatOut(BaseModel):
     ok: bool = True
     stop: bool = False
@@ -287,6 +282,9 @@ class GoodputFaultOut(BaseModel):
     last_step_t: float
     verdict_t: float | None = None
     detection_s: float
+    detected_t: float | None = None  # the verdict, or the attempt's end without one
+    restart_mode: str | None = None  # aerie_contracts.restarts.RestartMode of the attempt after
+    recovery_s: float | None = None  # detected_t → the attempt after's first step (wall seconds)
     resumed_step: int | None = None
     redone_steps: int = 0
     redone_s: float = 0.0

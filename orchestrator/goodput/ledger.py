@@ -241,6 +241,11 @@ def compute(trace: JobTrace, advice: list[dict[str, Any]] | None = None) -> dict
                     "last_step_t": last_t,
                     "verdict_t": verdict[0] if verdict else None,
                     "detection_s": max(0.0, detected - last_t),
+                    "detected_t": detected,
+                    # Filled from the attempt after: how it started, and the seconds from detection
+                    # (the verdict, or the attempt's end without one) to its first step.
+                    "restart_mode": None,
+                    "recovery_s": None,
                     "resumed_step": None,
                     "redone_steps": 0,
                     "redone_s": 0.0,
@@ -261,6 +266,8 @@ def compute(trace: JobTrace, advice: list[dict[str, Any]] | None = None) -> dict
         if nxt is None:
             continue
         resumed = resumed_at(nxt)
+        f["restart_mode"] = nxt.mode
+        f["recovery_s"] = max(0.0, nxt.points[0][1] - f["detected_t"]) if nxt.points else None
         f["resumed_step"] = resumed
         f["redone_steps"] = max(0, min(trained[f["attempt"]], nxt.points[-1][0] if nxt.points else resumed) - resumed)
         f["redone_s"] = sum(

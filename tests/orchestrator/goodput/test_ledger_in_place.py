@@ -141,6 +141,10 @@ def test_an_in_place_chain_is_accounted_for_in_every_part(sqlite_db):
     assert hang["detection_s"] == pytest.approx(12)
     # Attempt 3 resumed at 40 (the S3 fallback), not 48: it redid 41-50.
     assert (hang["resumed_step"], hang["redone_steps"]) == (40, 10)
+    # How each next attempt started, and the seconds from detection to its first step.
+    assert (crash["restart_mode"], hang["restart_mode"]) == (RestartMode.IN_PLACE, RestartMode.RELAUNCH)
+    assert crash["recovery_s"] == pytest.approx(at["first2"] - at["end1"])
+    assert hang["recovery_s"] == pytest.approx(at["first3"] - hang["verdict_t"])
     assert hang["redone_s"] == pytest.approx(10 * nodes)
     for f in led["faults"]:
         assert f["redone_steps"] == 0 or f["redone_s"] > 0, f
