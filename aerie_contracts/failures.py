@@ -39,6 +39,9 @@ class FailureKind(StrEnum):
     USER_ERROR = "user.error"
     INPUT_UNAVAILABLE = "input.unavailable"
     USER_STOP = "user.stop"
+    # A job's StoppingCondition ran out (orchestrator/stopping.py): stopped as a user's stop is.
+    MAX_RUNTIME_EXCEEDED = "stopping.max_runtime"
+    MAX_WAIT_EXCEEDED = "stopping.max_wait"
     CHAIN_DEAD_LETTER = "chain.dead_letter"
 
 
@@ -92,10 +95,46 @@ POLICIES: dict[FailureKind, Policy] = {
         False, Blame.NONE, user_error=True, meaning="an input channel's S3 prefix is missing or not readable"
     ),
     FailureKind.USER_STOP: Policy(False, Blame.NONE, meaning="stopped on request"),
+    FailureKind.MAX_RUNTIME_EXCEEDED: Policy(
+        False, Blame.NONE, meaning="training time over stopping.max_runtime_s (MaxRuntimeInSeconds): stopped"
+    ),
+    FailureKind.MAX_WAIT_EXCEEDED: Policy(
+        False, Blame.NONE, meaning="time since submission over stopping.max_wait_s (MaxWaitTimeInSeconds): stopped"
+    ),
     FailureKind.CHAIN_DEAD_LETTER: Policy(False, Blame.NONE, meaning="the restart decision could not be delivered"),
 }
 
 STOPPED_ON_REQUEST = "stopped on request"  # the message of every user.stop reason
+
+
+@dataclass(frozen=True)
+class StopLimit:
+    """A StoppingCondition limit that stops a job when it runs out: SageMaker's final
+    SecondaryStatus of a job it stopped for it, and that status's StatusMessage."""
+
+    kind: FailureKind
+    secondary_status: str
+    message: str
+
+
+# The kinds that end a job Stopped (not Failed) without a user's stop request, by kind.
+STOP_LIMITS: dict[str, StopLimit] = {
+    FailureKind.MAX_RUNTIME_EXCEEDED: StopLimit(
+        FailureKind.MAX_RUNTIME_EXCEEDED,
+        "MaxRuntimeExceeded",
+        "Training job runtime exceeded MaxRuntimeInSeconds provided",
+    ),
+    FailureKind.MAX_WAIT_EXCEEDED: StopLimit(
+        FailureKind.MAX_WAIT_EXCEEDED,
+        "MaxWaitTimeExceeded",
+        "Training job wait time exceeded MaxWaitTimeInSeconds provided",
+    ),
+}
+
+
+def stop_limit(reason: dict[str, Any] | None) -> StopLimit | None:
+    """The limit a job was stopped for, from its reason (None: not stopped for a limit)."""
+    return STOP_LIMITS.get(str((reason or {}).get("kind") or ""))
 
 
 class NodeBlame(TypedDict, total=False):

@@ -16,9 +16,10 @@ import dataclasses
 import logging
 import threading
 import time
+from typing import cast
 
 from aerie_contracts.events import DetailType
-from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason
+from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason, stop_limit
 from aerie_contracts.health import HealthSettings
 from aerie_contracts.preflight import HANDLE_SPARE_PREFLIGHT
 from aerie_contracts.restarts import (
@@ -33,7 +34,7 @@ from aerie_contracts.restarts import (
 )
 from aerie_contracts.states import ATTEMPT_ACTIVE, AttemptState, JobState
 from lambdas import nan_replay
-from orchestrator import failpoints, liveness
+from orchestrator import failpoints, liveness, stopping
 from orchestrator.backends import base
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
 from orchestrator.backends.nodeenv import memory_resume_env
@@ -56,6 +57,12 @@ ACTIVE = ATTEMPT_ACTIVE
 def _stopped_on_request() -> FailureReason:
     """The reason of a job or attempt the user stopped (a fresh dict: reasons are stored as is)."""
     return {"kind": FailureKind.USER_STOP, "message": STOPPED_ON_REQUEST}
+
+
+def _stop_reason(job: Job) -> FailureReason:
+    """Why a job that ends Stopped stopped: the StoppingCondition limit that ran out
+    (`_enforce_stopping` left it on the job), else the user's request."""
+    return cast(FailureReason, dict(job.reason or {})) if stop_limit(job.reason) else _stopped_on_request()
 
 
 class Controller:
@@ -136,6 +143,7 @@ class Controller:
 
     def reconcile_once(self) -> None:
         self._start_submitted()
+        self._enforce_stopping()
         self._handle_stop_requests()
         self._launch_pending()
         self._poll_running()
@@ -156,6 +164,26 @@ class Controller:
                 repo.create_attempt(s, job, 1)
                 repo.set_job_state(s, job, JobState.IN_PROGRESS)
 
+    def _enforce_stopping(self) -> None:
+        """StoppingCondition (orchestrator/stopping.py): a job over its max_runtime_s or max_wait_s
+        is stopped the way a user's stop stops it (`stop_requested`, handled next), with the
+        limit's reason on the job; decided once (a stopping job is not looked at again, so a user's
+        stop before or after it changes nothing). Not on the sagemaker backend: SageMaker enforces
+        the training job's StoppingCondition itself, and its poll reports the same reasons."""
+        now = time.time()
+        with self.db.session() as s:
+            for state in (JobState.SUBMITTED, JobState.IN_PROGRESS):
+                for job in repo.list_jobs_in_state(s, state):
+                    if job.stop_requested or job.backend == "sagemaker":
+                        continue
+                    spans = [(a.started_at, a.ended_at) for a in job.attempts]
+                    why = stopping.exceeded(job.spec.get("stopping"), job.created_at, spans, now)
+                    if why is None:
+                        continue
+                    log.warning("job %s: %s: stopping it", job.id, why["message"])
+                    job.reason = why
+                    job.stop_requested = True
+
     def _handle_stop_requests(self) -> None:
         with self.db.session() as s:
             for job in repo.jobs_stopping(s):
@@ -166,7 +194,7 @@ class Controller:
                     else:
                         repo.set_attempt_state(s, attempt, AttemptState.STOPPED)
                 if not any(a.state in {AttemptState.LAUNCHING, AttemptState.RUNNING} for a in job.attempts):
-                    repo.set_job_state(s, job, JobState.STOPPED, _stopped_on_request())
+                    repo.set_job_state(s, job, JobState.STOPPED, _stop_reason(job))
 
     def _launch_pending(self) -> None:
         with self.db.session() as s:
@@ -447,7 +475,9 @@ class Controller:
                 return
             result = first_reported_cause(result, reported)
             job = attempt.job
-            if result.state == AttemptState.STOPPED and not job.stop_requested:
+            if result.state == AttemptState.STOPPED and not job.stop_requested and stop_limit(result.reason):
+                job.reason = dict(result.reason or {})  # SageMaker stopped it for its StoppingCondition
+            elif result.state == AttemptState.STOPPED and not job.stop_requested:
                 # Nodes that stopped without being asked to have failed, as far as the job is concerned.
                 result = PollResult(
                     AttemptState.FAILED,
@@ -458,14 +488,14 @@ class Controller:
             if result.state == AttemptState.COMPLETED:
                 repo.set_job_state(s, job, JobState.COMPLETED)
             elif result.state == AttemptState.STOPPED:
-                repo.set_job_state(s, job, JobState.STOPPED, _stopped_on_request())
+                repo.set_job_state(s, job, JobState.STOPPED, _stop_reason(job))
             else:
                 self._attempt_failed(s, attempt, result.reason or {"kind": FailureKind.EXIT_NONZERO})
 
     def _attempt_failed(self, s, attempt: Attempt, reason: dict) -> None:
         job = attempt.job
         if job.stop_requested:
-            repo.set_job_state(s, job, JobState.STOPPED, _stopped_on_request())
+            repo.set_job_state(s, job, JobState.STOPPED, _stop_reason(job))
         elif not self.chaining:
             repo.set_job_state(s, job, JobState.FAILED, reason)
         # else: the chaining handler reacts to the attempt's Failed event and decides.

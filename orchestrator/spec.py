@@ -68,7 +68,22 @@ class Resources(_Strict):
 
 
 class Stopping(_Strict):
+    """SageMaker's StoppingCondition, enforced by the control plane on every backend
+    (orchestrator/stopping.py): the job is stopped as a user's stop stops it, and ends Stopped."""
+
+    # MaxRuntimeInSeconds: the job's training time, summed over its attempts.
     max_runtime_s: int = Field(default=86400, ge=1, le=28 * 86400)
+    # MaxWaitTimeInSeconds (managed spot): wall-clock time from submission, waits included.
+    max_wait_s: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _wait_covers_runtime(self) -> Stopping:
+        if self.max_wait_s is not None and self.max_wait_s < self.max_runtime_s:
+            # SageMaker's own words (a ValidationException there too).
+            raise ValueError(
+                "Invalid MaxWaitTimeInSeconds. It must be present and be greater than or equal to MaxRuntimeInSeconds"
+            )
+        return self
 
 
 # Each checkpoint interval's least step count (the memory tier can be off, the S3 tier cannot)

@@ -42,7 +42,7 @@ from typing import Any
 
 from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
-from aerie_contracts.failures import FailureKind
+from aerie_contracts.failures import STOP_LIMITS, FailureKind
 from aerie_contracts.restarts import NOT_REUSABLE, memory_tier_off
 from aerie_contracts.states import AttemptState
 
@@ -411,6 +411,11 @@ def poll_result(described: dict[str, Any], hosts: list[str]) -> SageMakerPollRes
         code = code if code is not None else 1
     elif state == AttemptState.COMPLETED:
         code = 0
+    elif state == AttemptState.STOPPED:
+        # SageMaker stopped it for its StoppingCondition (MaxRuntimeExceeded, MaxWaitTimeExceeded):
+        # the job ends Stopped with that reason, as the control plane's own enforcement ends it.
+        limit = next((v for v in STOP_LIMITS.values() if v.secondary_status == secondary), None)
+        reason = {"kind": limit.kind.value, "message": limit.message} if limit else None
     ended = _epoch(described.get("TrainingEndTime"))
     ended_code = code if state in (AttemptState.COMPLETED, AttemptState.FAILED) else None
     nodes = tuple(NodeStatus(h, state, ended_code, reason, ended) for h in hosts)

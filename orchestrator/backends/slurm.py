@@ -107,6 +107,10 @@ class SlurmError(RuntimeError):
     """A Slurm command failed; the message carries its stderr."""
 
 
+# Minutes the default `--time` adds to max_runtime_s (see `SlurmOptions.resolve`).
+SLURM_TIME_BACKSTOP_MIN = 30
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     """What the batch script asks Slurm for, from `backend_options.slurm` over control-plane defaults."""
@@ -128,7 +132,12 @@ class SlurmOptions:
             raise ValueError(f"unknown backend_options.slurm keys {sorted(unknown)}; known: {sorted(known)}")
         merged = {k: raw.get(k, getattr(defaults, k)) for k in known}
         if merged["time"] is None:
-            merged["time"] = str(math.ceil(spec.stopping.max_runtime_s / 60))  # minutes
+            # A backstop only, well above the limit: the control plane enforces max_runtime_s (and
+            # max_wait_s) itself with an orderly stop (orchestrator/stopping.py: SIGTERM, the save
+            # in flight commits, the job ends Stopped with MaxRuntimeExceeded). Slurm's TIMEOUT at
+            # max_runtime_s would race that stop and end the attempt as a failure; this one acts
+            # only if the control plane is down that long.
+            merged["time"] = str(math.ceil(spec.stopping.max_runtime_s / 60) + SLURM_TIME_BACKSTOP_MIN)  # minutes
         return cls(**merged)
 
 

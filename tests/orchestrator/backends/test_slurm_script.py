@@ -48,7 +48,7 @@ def test_script_asks_for_one_task_per_node_and_excludes_blamed_nodes():
         "#SBATCH --output=slurm-%j.out",
         "#SBATCH --open-mode=append",
         "#SBATCH --exclude=node2,node7",
-        "#SBATCH --time=1440",
+        "#SBATCH --time=1470",  # max_runtime_s (1 day) + the backstop: the control plane stops it first
     ]
     assert script.splitlines()[-1].startswith("exec srun --kill-on-bad-exit=1 --ntasks-per-node=1 ")
 
