@@ -33,16 +33,41 @@ app = typer.Typer(
 )
 
 
+# The width when the output is not a terminal: wide enough that every table takes its natural width.
+UNBOUNDED_WIDTH = 10_000
+
+
 class _FreshConsole:
     """rich's Console, made anew at each use: the width (COLUMNS) and the stream are read when
     printing, not when the module was imported (the CLI also runs in-process, under test runners
-    and in the demo)."""
+    and in the demo).
+
+    Written to a file or a pipe, rich would squeeze every table to 80 columns (or to the width of
+    whatever terminal stdin happens to be) and cut its headers (`ATTE…`); there the console is
+    unbounded instead, so a table prints at the width of its content and a line is not wrapped.
+    On a terminal, or with COLUMNS set, rich's width stands as it is."""
 
     def __init__(self, **options: Any) -> None:
         self._options = options
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(Console(**self._options), name)
+        return getattr(self._console(), name)
+
+    def _console(self) -> Console:
+        console = Console(**self._options)
+        explicit = "width" in self._options or os.environ.get("COLUMNS", "").isdigit()
+        if not explicit and not _isatty(console.file):
+            console.width = UNBOUNDED_WIDTH
+        return console
+
+
+def _isatty(stream: Any) -> bool:
+    """Whether the stream is a terminal, whatever rich is told (FORCE_COLOR makes it colour a pipe,
+    not size it): only a terminal has a width to fit."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
 
 
 console = _FreshConsole()
