@@ -222,23 +222,41 @@ SAGEMAKER_ONLY = (
     "MlflowConfig",
     "ModelPackageConfig",
 )
-# Spec fields named as the request names them, for validation messages.
-_REQUEST_FIELD = {
-    "name": "TrainingJobName",
-    "image": "AlgorithmSpecification.TrainingImage",
-    "entrypoint": "AlgorithmSpecification.ContainerEntrypoint",
-    "args": "AlgorithmSpecification.ContainerArguments",
-    "hyperparameters": "HyperParameters",
-    "inputs": "InputDataConfig",
-    "output": "OutputDataConfig",
-    "resources": "ResourceConfig",
-    "stopping": "StoppingCondition",
-    "checkpoint": "CheckpointConfig",
-    "retry": "RetryStrategy",
-    "env": "Environment",
-    "tags": "Tags",
-    "health": f"Tags[{HEALTH_TAG}]",
+# Spec fields as the request names them, for validation messages: the request's members from
+# the spec's path (`*`: any list index; the longest match wins, the rest of the path follows
+# lowerCamelCased). Maps (HyperParameters, Environment, Tags) are reported at the map, as AWS does.
+_REQUEST_PATH: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("name",): ("TrainingJobName",),
+    ("image",): ("AlgorithmSpecification", "TrainingImage"),
+    ("entrypoint",): ("AlgorithmSpecification", "ContainerEntrypoint"),
+    ("args",): ("AlgorithmSpecification", "ContainerArguments"),
+    ("metrics",): ("AlgorithmSpecification", "MetricDefinitions"),
+    ("metrics", "definitions"): ("AlgorithmSpecification", "MetricDefinitions"),
+    ("hyperparameters",): ("HyperParameters",),
+    ("inputs",): ("InputDataConfig",),
+    ("inputs", "*"): ("InputDataConfig", "*"),
+    ("inputs", "*", "channel"): ("InputDataConfig", "*", "ChannelName"),
+    ("inputs", "*", "s3_uri"): ("InputDataConfig", "*", "DataSource", "S3DataSource", "S3Uri"),
+    ("inputs", "*", "mode"): ("InputDataConfig", "*", "InputMode"),
+    ("inputs", "*", "distribution"): ("InputDataConfig", "*", "DataSource", "S3DataSource", "S3DataDistributionType"),
+    ("output",): ("OutputDataConfig",),
+    ("output", "s3_uri"): ("OutputDataConfig", "S3OutputPath"),
+    ("resources",): ("ResourceConfig",),
+    ("resources", "instance_type"): ("ResourceConfig", "InstanceType"),
+    ("resources", "instance_count"): ("ResourceConfig", "InstanceCount"),
+    ("resources", "volume_gb"): ("ResourceConfig", "VolumeSizeInGB"),
+    ("stopping",): ("StoppingCondition",),
+    ("stopping", "max_runtime_s"): ("StoppingCondition", "MaxRuntimeInSeconds"),
+    ("stopping", "max_wait_s"): ("StoppingCondition", "MaxWaitTimeInSeconds"),
+    ("checkpoint",): ("CheckpointConfig",),
+    ("checkpoint", "s3_uri"): ("CheckpointConfig", "S3Uri"),
+    ("checkpoint", "local_path"): ("CheckpointConfig", "LocalPath"),
+    ("retry",): ("RetryStrategy",),
+    ("retry", "max_restarts"): ("RetryStrategy", "MaximumRetryAttempts"),
+    ("env",): ("Environment",),
+    ("tags",): ("Tags",),
 }
+_MAPS = {"HyperParameters", "Environment", "Tags"}
 
 
 class Unsupported(ValueError):
@@ -255,9 +273,29 @@ def training_job_arn(region: str, tenant: str, name: str) -> str:
     return f"arn:aws:sagemaker:{region}:{account_id(tenant)}:training-job/{name.lower()}"
 
 
-def request_field(loc: tuple[Any, ...]) -> str:
-    head = _REQUEST_FIELD.get(str(loc[0]), str(loc[0])) if loc else "(request)"
-    return ".".join([head, *(str(p) for p in loc[1:])])
+def request_field(loc: tuple[Any, ...], request: dict[str, Any] | None = None) -> str:
+    """The AWS field path (`resourceConfig.instanceCount`, `inputDataConfig.1.member.inputMode`)
+    of the request member a spec validation error at `loc` (pydantic's) comes from. The health
+    thresholds come from the `aerie:health` tag: its value in `tags.N.member.value`. An error of
+    the whole spec (`loc` empty) has no path: ""."""
+    from orchestrator.sagemaker_api.shapes import aws_path
+
+    if not loc:
+        return ""
+    if loc[0] == "health":
+        tags = (request or {}).get("Tags") or []
+        index = next((i for i, t in enumerate(tags) if isinstance(t, dict) and t.get("Key") == HEALTH_TAG), None)
+        return aws_path(["Tags", index, "Value"]) if index is not None else "tags"
+    pattern = tuple("*" if isinstance(p, int) and not isinstance(p, bool) else str(p) for p in loc)
+    for n in range(len(loc), 0, -1):
+        target = _REQUEST_PATH.get(pattern[:n])
+        if target is None:
+            continue
+        indexes = iter(p for p in loc[:n] if isinstance(p, int) and not isinstance(p, bool))
+        head = [next(indexes) if t == "*" else t for t in target]
+        rest = [] if target[0] in _MAPS else list(loc[n:])
+        return aws_path([*head, *rest])
+    return aws_path(loc)
 
 
 def backend_limits(request: dict[str, Any], backend: str) -> list[str]:
@@ -272,7 +310,7 @@ def backend_limits(request: dict[str, Any], backend: str) -> list[str]:
     stopping = request.get("StoppingCondition") or {}
     output = request.get("OutputDataConfig") or {}
     if algo.get("AlgorithmName") and not algo.get("TrainingImage"):
-        raise Unsupported("AlgorithmSpecification.AlgorithmName: marketplace algorithms run only on SageMaker")
+        raise Unsupported("algorithmSpecification.algorithmName: marketplace algorithms run only on SageMaker")
     if not algo.get("ContainerEntrypoint"):
         # Without a container there is no image ENTRYPOINT to fall back to: running anything else
         # (Aerie's own trainer, say) would silently run the wrong program.
@@ -282,25 +320,36 @@ def backend_limits(request: dict[str, Any], backend: str) -> list[str]:
             else ""
         )
         raise Unsupported(
-            f"AlgorithmSpecification.ContainerEntrypoint: the {backend} backend runs a command, not an image's "
+            f"algorithmSpecification.containerEntrypoint: the {backend} backend runs a command, not an image's "
             "ENTRYPOINT; give the command (ContainerEntrypoint and ContainerArguments, or the SDK's "
             f"SourceCode(command=...)), or run it on SageMaker (tag {BACKEND_TAG}=sagemaker){toolkit}"
         )
     if resources.get("InstanceGroups"):
-        raise Unsupported("ResourceConfig.InstanceGroups: heterogeneous clusters run only on SageMaker")
-    modes = {algo.get("TrainingInputMode") or "File"}
+        raise Unsupported("resourceConfig.instanceGroups: heterogeneous clusters run only on SageMaker")
+    # Each channel's input mode, at its AWS field path (a channel without one takes the job's).
+    modes = {"algorithmSpecification.trainingInputMode": algo.get("TrainingInputMode") or "File"}
     for i, channel in enumerate(request.get("InputDataConfig") or []):
         source = channel.get("DataSource") or {}
-        where = f"InputDataConfig[{i}] ({channel.get('ChannelName')})"
+        where = f"inputDataConfig.{i + 1}.member"
+        name = f"channel {channel.get('ChannelName')}"
         if "FileSystemDataSource" in source:
-            raise Unsupported(f"{where}: file-system channels (EFS, FSx for Lustre) run only on SageMaker")
+            raise Unsupported(
+                f"{where}.dataSource.fileSystemDataSource ({name}): file-system channels (EFS, FSx for Lustre) "
+                "run only on SageMaker"
+            )
         s3 = source.get("S3DataSource") or {}
         if s3.get("S3DataType", "S3Prefix") != "S3Prefix":
-            raise Unsupported(f"{where}: S3DataType {s3['S3DataType']} runs only on SageMaker (use S3Prefix)")
-        modes.add(channel.get("InputMode") or algo.get("TrainingInputMode") or "File")
-    if "Pipe" in modes:
-        raise Unsupported("InputMode Pipe runs only on SageMaker (use File or FastFile)")
-    if "FastFile" in modes:
+            raise Unsupported(
+                f"{where}.dataSource.s3DataSource.s3DataType ({name}): {s3['S3DataType']} runs only on SageMaker "
+                "(use S3Prefix)"
+            )
+        if channel.get("InputMode"):
+            modes[f"{where}.inputMode"] = channel["InputMode"]
+    piped = [path for path, mode in modes.items() if mode == "Pipe"]
+    if piped:
+        raise Unsupported(f"{', '.join(piped)}: InputMode Pipe runs only on SageMaker (use File or FastFile)")
+    modes_used = set(modes.values())
+    if "FastFile" in modes_used:
         warnings.append(
             "InputMode: FastFile is not a mount here: the channel directory stays empty and the data is read "
             "from S3 (SM_CHANNEL_<NAME>_S3_URI; Aerie's trainer streams its Megatron datasets)"
@@ -364,7 +413,8 @@ def endpoint_spec(request: dict[str, Any], backend: str) -> dict[str, Any]:
             spec["health"] = json.loads(tags[HEALTH_TAG])
         except ValueError:
             raise Unsupported(
-                f'Tags[{HEALTH_TAG}]: not JSON (give the health thresholds to change, e.g. {{"hang_floor_s": 60}})'
+                f"{request_field(('health',), request)} (tag {HEALTH_TAG}): not JSON (give the health thresholds "
+                'to change, e.g. {"hang_floor_s": 60})'
             ) from None
     if backend == "local":
         # SageMaker's containers see their node at /opt/ml: so do local nodes (a private mount).

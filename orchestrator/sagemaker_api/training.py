@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from aerie_contracts.states import JOB_TERMINAL
 from orchestrator import sagemaker_mapping as mapping
+from orchestrator.sagemaker_api import shapes
 from orchestrator.sagemaker_api.call import Call, registry
 from orchestrator.sagemaker_api.errors import (
     RESOURCE_IN_USE,
@@ -109,13 +110,32 @@ def _next_token(offset: int) -> str:
     return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
 
 
-def _spec_error(exc: ValidationError) -> AwsError:
-    errors = exc.errors()
-    lines = [
-        f"Value at '{mapping.request_field(tuple(e['loc']))}' failed to satisfy constraint: {e['msg']}" for e in errors
-    ]
-    noun = "error" if len(errors) == 1 else "errors"
-    return validation(f"{len(errors)} validation {noun} detected: " + "; ".join(lines))
+# Pydantic's range and pattern errors in AWS's words for the same constraints.
+_AWS_RULES = {
+    "greater_than_equal": "Member must have value greater than or equal to {ge}",
+    "less_than_equal": "Member must have value less than or equal to {le}",
+    "string_pattern_mismatch": "Member must satisfy regular expression pattern: {pattern}",
+}
+
+
+def _spec_error(exc: ValidationError, request: dict[str, Any]) -> AwsError:
+    """The spec's validation errors as AWS's, each at the request field it comes from (AWS's path:
+    `resourceConfig.instanceCount`, never the spec's `resources.instance_count`)."""
+    lines = []
+    for e in exc.errors():
+        loc = tuple(e["loc"])
+        path = mapping.request_field(loc, request)
+        template = _AWS_RULES.get(e["type"])
+        rule = template.format(**e.get("ctx", {})) if template else str(e["msg"]).removeprefix("Value error, ")
+        value = e.get("input")
+        if loc[:1] == ("health",) and len(loc) > 1:  # the aerie:health tag's JSON: name the threshold
+            rule, value = f"{'.'.join(map(str, loc[1:]))}: {rule}", None
+        if not path:
+            lines.append(rule)
+            continue
+        shown = f" '{value}'" if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+        lines.append(f"Value{shown} at '{path}' failed to satisfy constraint: {rule}")
+    return shapes.detected(lines)
 
 
 def final_metrics(call: Call, record, job) -> list[dict[str, Any]]:
@@ -140,9 +160,15 @@ def final_metrics(call: Call, record, job) -> list[dict[str, Any]]:
 
 @operation("CreateTrainingJob", writes=True)
 def create_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
+    # Every enum-typed field against botocore's model of the operation, before anything is looked
+    # up or stored: what AWS refuses is refused here too, in AWS's words.
+    shapes.check_enums("sagemaker", "CreateTrainingJob", body)
     name = _name(body)
     if not isinstance(body.get("AlgorithmSpecification"), dict):
-        raise validation("1 validation error detected: AlgorithmSpecification is required (TrainingImage)")
+        raise validation(
+            "1 validation error detected: Value null at 'algorithmSpecification' failed to satisfy constraint: "
+            "Member must not be null"
+        )
     tags = _tags(body.get("Tags"))
     tag_map = {t["Key"]: t["Value"] for t in tags}
     backend = tag_map.get(mapping.BACKEND_TAG) or call.settings.default_backend
@@ -158,7 +184,7 @@ def create_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
     except mapping.Unsupported as exc:
         raise validation(f"1 validation error detected: {exc} (backend {backend})") from None
     except ValidationError as exc:
-        raise _spec_error(exc) from None
+        raise _spec_error(exc, body) from None
     arn = mapping.training_job_arn(call.region, call.who.tenant, name)
     in_use_message = (
         "Training job names must be unique within an AWS account and region, and a training job with this "

@@ -226,7 +226,7 @@ def test_sagemakers_errors_raise_botocores_exception_classes(endpoint):
     with pytest.raises(ClientError) as err:
         sm.create_training_job(**request("too-many", HyperParameters={f"h{i}": "1" for i in range(101)}))
     code, message = _error(err.value)
-    assert code == "ValidationException" and "HyperParameters" in message and "100" in message
+    assert code == "ValidationException" and "hyperParameters" in message and "100" in message
     pipe = request("piped", InputDataConfig=[_channel("s3://b/p", InputMode="Pipe")])
     with pytest.raises(ClientError) as err:
         sm.create_training_job(**pipe)
