@@ -20,7 +20,7 @@ from rich.table import Table
 
 from aerie_contracts import env, preflight, restarts
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
-from orchestrator import goodput_view
+from orchestrator import follow, goodput_view
 from orchestrator.client import ApiError, Client
 from orchestrator.sagemaker_mapping import spec_from_document
 from orchestrator.spec import SpecError, format_validation_error, load_document
@@ -205,7 +205,7 @@ def submit(
         f"{spec.resources.procs_per_node} process(es), backend {spec.backend})"
     )
     if follow:
-        state = _follow(client, job["id"])
+        state = _follow(client, job["id"], condense=True)
         raise typer.Exit(0 if state == JobState.COMPLETED else 1)
 
 
@@ -386,12 +386,20 @@ def logs(
 def chaos(
     job: str = typer.Argument(..., help="Job id or name."),
     node: int = typer.Option(..., "--node", help="The node's rank in the running attempt (0 = first host)."),
-    rank: int = typer.Option(..., "--rank", help="The global rank on that node."),
-    fault: str = typer.Option(..., "--fault", help="sigstop | sigkill | freeze | slow-nic"),
+    rank: int | None = typer.Option(
+        None, "--rank", help="The global rank on that node (sigstop, sigkill and freeze are done to one rank)."
+    ),
+    fault: str = typer.Option(
+        ...,
+        "--fault",
+        help="sigstop | sigkill | freeze (one rank); slow-nic (the node's NIC, nodes in network namespaces); "
+        "node-loss (the whole node dies at once and its memory is gone; local backend)",
+    ),
 ) -> None:
-    """Do a fault to one real rank of a running job, from the outside (audited as an event)."""
+    """Do a fault to one real rank, or to a whole node, of a running job, from the outside (audited as an event)."""
     r = _call(_client().chaos, job, node, rank, fault)
-    console.print(f"{fault} requested for rank {r['rank']} on {r['host']} ({r['attempt_id']}, request {r['id']})")
+    target = f"rank {r['rank']} on {r['host']}" if r.get("rank") is not None else r["host"]
+    console.print(f"{fault} requested for {target} ({r['attempt_id']}, request {r['id']})")
 
 
 @app.command()
@@ -523,27 +531,48 @@ def _state(state: str) -> str:
     return f"[{color}]{state}[/{color}]" if color else state
 
 
-def _follow(client: Client, job: str, attempt: int | None = None) -> str:
-    """Print new log output of the latest attempt until the job reaches a terminal state."""
+def _follow(client: Client, job: str, attempt: int | None = None, condense: bool = False) -> str:
+    """Print new log output of the latest attempt until the job reaches a terminal state. With
+    `condense` (`aerie submit --follow`), a failed attempt ends with its root cause, and its ranks'
+    tracebacks from a broken collective are one line per node (orchestrator/follow.py)."""
     offsets: dict[str, int] = {}
     current: int | None = attempt
+    condenser = follow.LogCondenser() if condense else None
     state = ""
+
+    def read(number: int) -> bool:
+        out = _call(client.logs, job, number, offsets or None)
+        for host, chunk in out["nodes"].items():
+            text = chunk["text"]
+            if text:
+                sys.stdout.write(condenser.feed(host, text) if condenser else text)
+            offsets[host] = chunk["offset"]
+        sys.stdout.flush()
+        return any(chunk["text"] for chunk in out["nodes"].values())
+
+    def ended(number: int, attempts: list[dict]) -> None:
+        """What is left of attempt `number`'s logs, then (condensed) its root cause first."""
+        while read(number):  # the API returns at most 1 MB per node per call
+            pass
+        if condenser:
+            a = next((a for a in attempts if a["number"] == number), {})
+            host, cause = follow.root_cause(a.get("reason"))
+            sys.stdout.write(condenser.attempt_ended(host, cause, f"aerie logs {job} --attempt {number}"))
+
     while True:
         j = _call(client.job, job)
         state = j["state"]
         latest = j["attempt_list"][-1]["number"] if j["attempt_list"] else None
         if attempt is None and latest != current:
             if current is not None:
+                ended(current, j["attempt_list"])
                 console.print(f"[yellow]--- attempt {latest} ---[/yellow]")
             current, offsets = latest, {}
         if current is not None:
-            out = _call(client.logs, job, current, offsets or None)
-            for host, chunk in out["nodes"].items():
-                if chunk["text"]:
-                    sys.stdout.write(chunk["text"])
-                offsets[host] = chunk["offset"]
-            sys.stdout.flush()
+            read(current)
         if state in TERMINAL:
+            if current is not None:
+                ended(current, j["attempt_list"])
             break
         time.sleep(1.0)
     reason = j.get("reason") or {}
