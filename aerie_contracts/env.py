@@ -202,6 +202,13 @@ RESUME_FALLBACK = _var(
     "controller (a relaunch), agent (an in-place switch)",
     "trainer",
 )
+CHANNEL_CACHE = _var(
+    "AERIE_CHANNEL_CACHE",
+    "the per-host cache of File-mode channel downloads, keyed by ETag (default /var/tmp/aerie/channel-cache; "
+    "`off`: download straight into the channel directory)",
+    "operator (the control plane's value is passed to every node), local backend (one beside the jobs)",
+    "agent",
+)
 FAULTS = _var("AERIE_FAULTS", "JSON list of faults to inject (aerie submit --fault)", "cli", "trainer")
 PREFLIGHT_FAULT = _var(
     "AERIE_PREFLIGHT_FAULT",
@@ -222,6 +229,9 @@ S3_ENDPOINT = _var(
 )
 S3_PART_SIZE = _var("AERIE_S3_PART_SIZE", "multipart upload part size, bytes", "user", "trainer")
 S3_READ_PART_SIZE = _var("AERIE_S3_READ_PART_SIZE", "ranged GET slice size, bytes", "user", "trainer")
+S3_CONNECTIONS = _var(
+    "AERIE_S3_CONNECTIONS", "ranged GETs in flight across objects (default 16)", "user", "agent, trainer"
+)
 S3_THROUGHPUT_GBPS = _var("AERIE_S3_THROUGHPUT_GBPS", "the CRT's target throughput", "user", "trainer")
 S3_MAX_ATTEMPTS = _var("AERIE_S3_MAX_ATTEMPTS", "S3 client retries", "user", "trainer")
 S3_BUCKET = _var("AERIE_S3_BUCKET", "the dev stack's bucket", "operator", "control plane")
@@ -237,6 +247,12 @@ PORT = _var("AERIE_PORT", "port the API listens on", "operator", "control plane"
 PUBLIC_URL = _var("AERIE_PUBLIC_URL", "URL agents and handlers use to reach the API", "operator", "control plane")
 RECONCILE_INTERVAL_S = _var(
     "AERIE_RECONCILE_INTERVAL_S", "seconds between reconcile passes", "operator", "control plane"
+)
+LOST_AFTER_HEARTBEATS = _var(
+    "AERIE_LOST_AFTER_HEARTBEATS",
+    "a node with no heartbeat for this many heartbeat intervals (health.heartbeat_s) is lost (default 3)",
+    "operator",
+    "control plane",
 )
 EVENT_BUS = _var(
     "AERIE_EVENT_BUS",
@@ -302,6 +318,25 @@ SLACK_BOT_TOKEN_ARN = _var(
 SLACK_SIGNING_SECRET_ARN = _var(
     "AERIE_SLACK_SIGNING_SECRET_ARN", "Secrets Manager ARN of Slack's signing secret", "operator", "lambdas"
 )
+SLACK_BOT_TOKEN = _var(
+    "AERIE_SLACK_BOT_TOKEN",
+    "the Slack bot token (else SLACK_BOT_TOKEN, else the secret AERIE_SLACK_BOT_TOKEN_ARN names)",
+    "operator",
+    "control plane, lambdas",
+)
+SLACK_SIGNING_SECRET = _var(
+    "AERIE_SLACK_SIGNING_SECRET",
+    "Slack's signing secret, checked on every interaction request (else SLACK_SIGNING_SECRET, else the secret "
+    "AERIE_SLACK_SIGNING_SECRET_ARN names)",
+    "operator",
+    "control plane, lambdas",
+)
+SLACK_MAX_BODY_BYTES = _var(
+    "AERIE_SLACK_MAX_BODY_BYTES",
+    "largest Slack interaction request body the API reads (default 65536); larger ones are refused",
+    "operator",
+    "control plane",
+)
 CHECKPOINT_BUCKET = _var("AERIE_CHECKPOINT_BUCKET", "checkpoint bucket of a deployment", "operator", "lambdas")
 CHECKPOINT_PREFIX = _var("AERIE_CHECKPOINT_PREFIX", "checkpoint prefix of a deployment", "operator", "lambdas")
 SLACK_API_URL = _var(
@@ -327,6 +362,60 @@ SAGEMAKER_SUBNETS = _var("AERIE_SAGEMAKER_SUBNETS", "VPC subnets of training job
 SAGEMAKER_SECURITY_GROUPS = _var(
     "AERIE_SAGEMAKER_SECURITY_GROUPS", "security groups of training jobs", "operator", "sagemaker backend"
 )
+# --- development and tests (never read by the product) ------------------------------------------
+TEST_PG = _var(
+    "AERIE_TEST_PG",
+    "test-only: admin URL of the PostgreSQL server the tests and benches create their databases on "
+    "(default postgresql+psycopg://postgres@127.0.0.1:5432/test)",
+    "developer",
+    "tests, bench",
+)
+UPDATE_GOLDEN = _var(
+    "AERIE_UPDATE_GOLDEN",
+    "test-only: 1 rewrites the golden SageMaker requests (tests/data/sagemaker/)",
+    "developer",
+    "tests",
+)
+CLEAN_RUN_S = _var(
+    "AERIE_CLEAN_RUN_S", "test-only: seconds the integration clean run trains (default 600)", "developer", "tests"
+)
+TEST_EVAL_S = _var(
+    "AERIE_TEST_EVAL_S",
+    "test-only: seconds the off-the-loop eval of the e2e test lasts (default 25)",
+    "developer",
+    "tests",
+)
+TRACE_IN_NS = _var(
+    "AERIE_TRACE_IN_NS",
+    "test-only: set when tests/agent/record_traces.py re-runs itself inside its network namespace",
+    "tests/agent/record_traces.py",
+    "tests/agent/record_traces.py",
+)
+PYTHON = _var(
+    "AERIE_PYTHON",
+    "the python infra/local/s3-server runs (default .venv/bin/python)",
+    "developer",
+    "infra/local/s3-server",
+)
+SLURM_DIR = _var(
+    "AERIE_SLURM_DIR",
+    "the emulated Slurm cluster's scratch directory (default /tmp/aerie-slurm)",
+    "developer",
+    "infra/local/slurm",
+)
+SLURM_CTLD_PORT = _var(
+    "AERIE_SLURM_CTLD_PORT",
+    "the emulated Slurm cluster's slurmctld port (default 16817)",
+    "developer",
+    "infra/local/slurm",
+)
+SLURM_NODE_PORT = _var(
+    "AERIE_SLURM_NODE_PORT",
+    "the emulated Slurm cluster's first slurmd port (node1; the others the next ones; default 17001)",
+    "developer",
+    "infra/local/slurm",
+)
+SLURM_CPUS = _var("AERIE_SLURM_CPUS", "CPUs of each emulated Slurm node (default 2)", "developer", "infra/local/slurm")
 
 BY_NAME: dict[str, EnvVar] = {v.name: v for v in ALL}
 

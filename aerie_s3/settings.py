@@ -43,7 +43,7 @@ class S3Settings:
             session_token=env.get("AWS_SESSION_TOKEN") or None,
             part_size=int(env.get(aerie_env.S3_PART_SIZE) or 8 * MiB),
             read_part_size=int(env.get(aerie_env.S3_READ_PART_SIZE) or 16 * MiB),
-            connections=max(1, int(env.get("AERIE_S3_CONNECTIONS") or 16)),
+            connections=max(1, int(env.get(aerie_env.S3_CONNECTIONS) or 16)),
             throughput_target_gbps=float(env.get(aerie_env.S3_THROUGHPUT_GBPS) or 10.0),
             max_attempts=int(env.get(aerie_env.S3_MAX_ATTEMPTS) or 10),
         )

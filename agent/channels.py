@@ -17,9 +17,8 @@ S3 URI (`SM_CHANNEL_<NAME>_S3_URI`) and its `inputdataconfig.json` entry:
 A missing prefix, an access error or an object that fails its check twice raises
 `InputUnavailable`: the attempt fails with `input.unavailable` naming the channel and prefix, before
 any rank starts, and the chain does not retry it (the job's input is wrong). Progress goes to the
-node log every few seconds and into heartbeats; the totals (`data_download`: seconds, bytes
-downloaded and from cache, per channel) into every later heartbeat summary and
-`agent/data_download.json`, where the goodput ledger can take them. Torch-free.
+node log every few seconds (the node's heartbeats say `phase: data_download` meanwhile); the totals
+(seconds, bytes downloaded and from cache, per channel) into `agent/data_download.json`. Torch-free.
 """
 
 from __future__ import annotations

@@ -30,14 +30,14 @@ FULLY_REPLICATED, SHARDED_BY_S3_KEY = "FullyReplicated", "ShardedByS3Key"  # S3D
 # (the agent downloads File-mode channels from it; FastFile readers stream from it).
 S3_URI_SUFFIX = "_S3_URI"
 # The per-host cache of File-mode downloads (keyed by object ETag; see agent/channel_cache.py).
-CHANNEL_CACHE_ENV = "AERIE_CHANNEL_CACHE"
+CHANNEL_CACHE_ENV = E.CHANNEL_CACHE
 DEFAULT_CHANNEL_CACHE = "/var/tmp/aerie/channel-cache"
 # A channel that cannot arrive (missing prefix, access denied, checksum mismatch): the job's input
 # is wrong, so the attempt fails before any rank starts and is not retried (lambdas/chain_restart.py).
 INPUT_UNAVAILABLE = FailureKind.INPUT_UNAVAILABLE.value
-# Key of the heartbeat summary (and agent/data_download.json) recording the download's duration and
-# bytes, for the goodput ledger.
-DATA_DOWNLOAD = "data_download"
+# The heartbeat phase (aerie_contracts.sagemaker_api.PHASE) of a node while its channels download;
+# the download's totals are in agent/data_download.json (agent.channels.write_record).
+PHASE_DATA_DOWNLOAD = "data_download"
 
 
 def node_path(path: str, ml_root: Path) -> Path:

@@ -46,7 +46,7 @@ from aerie_contracts.goodput import SUMMARY_RESTORE_S, SUMMARY_RESTORED_STEP, SU
 from aerie_contracts.metrics import MetricEvent
 from aerie_contracts.restarts import LEFT_OUT, NextAction
 from agent.config import AgentConfig, rank_command, write_failure
-from agent.contract import DATA_DOWNLOAD, read_json, trainer_env, write_json
+from agent.contract import PHASE_DATA_DOWNLOAD, read_json, trainer_env, write_json
 from agent.identity import master_address, spare_hosts
 from agent.proctree import become_subreaper, kill_tree, killpg
 from agent.progress_sources import make_monitor, make_tb_progress
@@ -84,7 +84,6 @@ class Supervisor:
         self._metrics_sent_at = 0.0
         self._stop = threading.Event()  # set with stop_requested: ends a channel download
         self.phase: dict[str, Any] = {}  # a phase after training (the model upload) that every later summary says
-        self.data_download: dict[str, Any] | None = None  # agent.channels.receive's record
         self.restore_s: float | None = None  # the slowest of this node's ranks' checkpoint restores
         self.restored_step: int | None = None  # the lowest step its ranks restored (a fallback resumes earlier)
         self.snapshot_s: dict[int, float] = {}  # step → its slowest rank's in-memory snapshot stall (recent)
@@ -469,20 +468,18 @@ class Supervisor:
         cfg = self.cfg
 
         def notify(progress: dict[str, Any]) -> None:
-            beat = {"t": time.time(), "host": cfg.host, "phase": DATA_DOWNLOAD, DATA_DOWNLOAD: progress}
+            beat = {"t": time.time(), "host": cfg.host, "phase": PHASE_DATA_DOWNLOAD}
             self.reporter.heartbeat(beat)  # the control plane sees the node alive while it downloads
 
         try:
-            self.data_download = channels.receive(
-                cfg.ml_root, os.environ, cfg.hosts, cfg.host, stop=self._stop, notify=notify
-            )
+            record = channels.receive(cfg.ml_root, os.environ, cfg.hosts, cfg.host, stop=self._stop, notify=notify)
         except channels.InputUnavailable as exc:
             log.error("%s", exc)
             self.input_failure = exc.reason(cfg.host)
             return False
         except Cancelled:
             return False  # a stop request: the outcome is user.stop
-        channels.write_record(cfg.node_dir, self.data_download)
+        channels.write_record(cfg.node_dir, record)
         if self.monitor is not None and hasattr(self.monitor, "started_at"):
             self.monitor.started_at = time.time()  # startup grace and first-step timeout start with the ranks
         return True
@@ -698,8 +695,6 @@ class Supervisor:
 
     def _summary(self) -> dict[str, Any]:
         base: dict[str, Any] = {"t": time.time(), **self.phase}
-        if self.data_download is not None:
-            base[DATA_DOWNLOAD] = self.data_download  # for the goodput ledger
         if self.restore_s is not None:
             base[SUMMARY_RESTORE_S] = self.restore_s  # for the goodput ledger
         if self.restored_step is not None:

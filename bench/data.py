@@ -108,7 +108,7 @@ def agent_download(env: dict[str, str], uri: str, work: Path, tag: str) -> tuple
         ml_root=work / tag / "algo-1", hosts=("algo-1",), current_host="algo-1", channels={"train": uri}
     )
     contract.write()
-    node_env = {**env, **contract.env(), "AERIE_CHANNEL_CACHE": str(work / tag / "cache")}
+    node_env = {**env, **contract.env(), aerie_env.CHANNEL_CACHE: str(work / tag / "cache")}
     t0 = time.perf_counter()
     record = receive(contract.ml_root, node_env, contract.hosts, contract.current_host)
     return time.perf_counter() - t0, record
@@ -116,7 +116,7 @@ def agent_download(env: dict[str, str], uri: str, work: Path, tag: str) -> tuple
 
 def bench_download(args, server, proxy, cap: float, link: float, transfer_peak: int, work: Path) -> dict:
     uri = f"s3://{server.bucket}/channel/"
-    env = {**proxied_env(server, proxy), "AERIE_S3_CONNECTIONS": str(args.connections)}
+    env = {**proxied_env(server, proxy), aerie_env.S3_CONNECTIONS: str(args.connections)}
     total = sum(o.size for o in list_prefix(uri, S3Settings.from_env(env)))
     with Phase(proxy) as a:
         _, record = agent_download(env, uri, work, "aerie")
@@ -271,7 +271,7 @@ def main() -> None:
         log(f"channel: {total / MB:.0f} MB in {args.objects} objects")
         # Link: the same download (the engine, same connections) through the proxy, uncapped.
         with ProxyProcess("127.0.0.1", server.port, None, str(work / "open-proxy.json")) as open_proxy:
-            env = {**proxied_env(server, open_proxy), "AERIE_S3_CONNECTIONS": str(args.connections)}
+            env = {**proxied_env(server, open_proxy), aerie_env.S3_CONNECTIONS: str(args.connections)}
             uncapped = S3Settings.from_env(env)
             objs = list_prefix(f"s3://{server.bucket}/channel/", uncapped)
             with Phase(open_proxy) as transfer:

@@ -34,7 +34,7 @@ from aerie_contracts.states import AttemptState
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-PG_ADMIN = os.environ.get("AERIE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+PG_ADMIN = os.environ.get(aerie_env.TEST_PG, "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 HOSTS_PER_ATTEMPT = 10
 
 

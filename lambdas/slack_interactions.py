@@ -157,7 +157,7 @@ def web_client(token: str | None = None, base_url: str | None = None, max_retrie
     from slack_sdk import WebClient
     from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
 
-    token = token or secret_setting("AERIE_SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN")
+    token = token or secret_setting(env.SLACK_BOT_TOKEN, "SLACK_BOT_TOKEN")
     base_url = base_url or os.environ.get(env.SLACK_API_URL) or SLACK_API_URL
     if not base_url.endswith("/"):
         base_url += "/"
@@ -195,7 +195,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     raw = event.get("body") or ""
     body = base64.b64decode(raw) if event.get("isBase64Encoded") else raw.encode("utf-8")
-    secret = secret_setting("AERIE_SLACK_SIGNING_SECRET", "SLACK_SIGNING_SECRET")
+    secret = secret_setting(env.SLACK_SIGNING_SECRET, "SLACK_SIGNING_SECRET")
     try:
         verify_request(event.get("headers") or {}, body, secret)
         actions = parse_actions(body)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from aerie_contracts import env
 
 
 class _InHome:
@@ -43,10 +44,10 @@ class Settings(BaseSettings):
     # Slack (human eval). Secrets are SecretStr: they never appear in reprs or logs. Slack's own
     # variable names are accepted too. `slack_api_url` points the WebClient elsewhere (tests).
     slack_signing_secret: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("AERIE_SLACK_SIGNING_SECRET", "SLACK_SIGNING_SECRET")
+        default=None, validation_alias=AliasChoices(env.SLACK_SIGNING_SECRET, "SLACK_SIGNING_SECRET")
     )
     slack_bot_token: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("AERIE_SLACK_BOT_TOKEN", "SLACK_BOT_TOKEN")
+        default=None, validation_alias=AliasChoices(env.SLACK_BOT_TOKEN, "SLACK_BOT_TOKEN")
     )
     slack_api_url: str = "https://slack.com/api/"
     slack_max_body_bytes: int = 64 * 1024
@@ -76,8 +77,3 @@ class Settings(BaseSettings):
     @property
     def api_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

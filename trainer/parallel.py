@@ -155,11 +155,6 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     yield
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user model inside a DDP wrapper (FSDP2 wraps in place)."""
-    return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model
-
-
 def settle_gradient_buckets(model: torch.nn.Module, sample: torch.Tensor, loss_fn) -> None:
     """Give a resumed DDP run the gradient buckets an uninterrupted one trains with.
 

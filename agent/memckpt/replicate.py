@@ -123,11 +123,6 @@ def peer_of(nodes: list[str], node: str) -> str | None:
     return None if len(nodes) < 2 else nodes[(nodes.index(node) + 1) % len(nodes)]
 
 
-def holder_of(nodes: list[str], node: str) -> str | None:
-    """Which node holds `node`'s replicas: its successor in the ring."""
-    return peer_of(nodes, node)
-
-
 # --- framing ----------------------------------------------------------------------------------------
 
 
@@ -193,11 +188,6 @@ def _receive_file(stream, size: int, final: Path, *, crc32: int, key: bytes, mac
         partial.unlink(missing_ok=True)
         raise
     return header
-
-
-def _send_file(sock: socket.socket, path: Path) -> None:
-    with open(path, "rb") as f:
-        sock.sendfile(f)
 
 
 # --- server -----------------------------------------------------------------------------------------

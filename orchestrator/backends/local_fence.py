@@ -76,8 +76,3 @@ def kill_node(ml_root: Path) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return killed
-
-
-def node_alive(ml_root: Path) -> list[int]:
-    """Pids of the node's processes still alive (zombies awaiting their reaper count as gone)."""
-    return [p.pid for p in node_processes(ml_root)]

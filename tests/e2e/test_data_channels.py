@@ -109,9 +109,7 @@ def test_a_relaunch_on_the_same_node_downloads_nothing(plane, dataset, file_job)
         second = records[("attempt-2", h)]
         assert second["bytes"] == 0 and second["channels"]["train"]["cached_bytes"] == total
         assert second["seconds"] >= 0 and second["channels"]["train"]["verified"] == {}
-    # The goodput ledger's input: every node's heartbeat summary carries its data_download record.
-    nodes = next(a for a in job["attempt_list"] if a["number"] == 2)["nodes"]
-    assert all(n["summary"]["data_download"]["channels"]["train"]["objects"] == 2 for n in nodes)
+        assert second["channels"]["train"]["objects"] == 2
 
 
 def test_fastfile_trains_from_s3_with_no_file_and_the_same_losses(plane, dataset, file_job, tmp_path_factory):

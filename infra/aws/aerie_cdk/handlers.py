@@ -79,8 +79,15 @@ class HandlerSpec:
     timeout_s: int
     memory_mb: int
     checkpoint_access: str  # "", "read" or "delete"
-    secrets: tuple[str, ...]
+    secrets: tuple[str, ...]  # keys of SECRET_ARN
 
+
+# The variable each secret's ARN reaches a handler in (lambdas.api.secret_setting reads `<name>_ARN`).
+SECRET_ARN = {
+    "service_token": env.SERVICE_TOKEN_ARN,
+    "slack_bot_token": env.SLACK_BOT_TOKEN_ARN,
+    "slack_signing_secret": env.SLACK_SIGNING_SECRET_ARN,
+}
 
 HANDLERS = (
     HandlerSpec("chain_restart", 60, 256, "read", ("service_token",)),
@@ -190,7 +197,7 @@ class Handlers(Construct):
         for key in spec.secrets:
             secrets[key].grant_read(role)
             # The handler reads the value at run time (boto3), so it never sits in the function config.
-            environment[f"AERIE_{key.upper()}_ARN"] = secrets[key].secret_arn
+            environment[SECRET_ARN[key]] = secrets[key].secret_arn
         if spec.checkpoint_access:
             checkpoints.grant(role, delete=spec.checkpoint_access == "delete")
         function = lambda_.Function(
