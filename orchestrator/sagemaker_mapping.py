@@ -19,6 +19,7 @@ from typing import Any
 
 from aerie_contracts import sagemaker_api as contract
 from aerie_contracts.checkpoints import step_of_uri
+from aerie_contracts.failures import stop_limit
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
 from orchestrator.spec import JobSpec
 
@@ -63,7 +64,10 @@ def spec_dict_from_request(request: dict[str, Any]) -> dict[str, Any]:
     if algo.get("MetricDefinitions"):  # SageMaker reads them from the logs; so does every Aerie node
         spec["metrics"] = {"definitions": algo["MetricDefinitions"]}
     if "StoppingCondition" in request:
-        spec["stopping"] = {"max_runtime_s": request["StoppingCondition"].get("MaxRuntimeInSeconds", 86400)}
+        stop = request["StoppingCondition"]
+        spec["stopping"] = {"max_runtime_s": stop.get("MaxRuntimeInSeconds", 86400)}
+        if stop.get("MaxWaitTimeInSeconds") is not None:  # enforced on every backend (orchestrator/stopping.py)
+            spec["stopping"]["max_wait_s"] = stop["MaxWaitTimeInSeconds"]
     if "CheckpointConfig" in request:  # a SageMaker launcher's CheckpointConfig asks for SageMaker's sync
         ck = request["CheckpointConfig"]
         spec["checkpoint"] = {"s3_uri": ck.get("S3Uri"), "sagemaker_sync": True}
@@ -148,6 +152,8 @@ def request_from_spec(spec: JobSpec) -> dict[str, Any]:
         },
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.stopping.max_runtime_s},
     }
+    if spec.stopping.max_wait_s is not None:
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = spec.stopping.max_wait_s
     if not spec.output.s3_uri:
         raise ValueError("SageMaker needs output.s3_uri (OutputDataConfig.S3OutputPath)")
     if spec.hyperparameters:
@@ -385,12 +391,8 @@ def backend_limits(request: dict[str, Any], backend: str) -> list[str]:
         warnings.append(
             "EnableManagedSpotTraining: runs on-demand (no spot capacity to wait for or lose), billed for all of it"
         )
-    if stopping.get("MaxWaitTimeInSeconds"):
-        warnings.append("StoppingCondition.MaxWaitTimeInSeconds: ignored (no spot waits)")
     if stopping.get("MaxPendingTimeInSeconds"):
         warnings.append("StoppingCondition.MaxPendingTimeInSeconds: ignored (no pending capacity)")
-    if stopping.get("MaxRuntimeInSeconds") and backend == "local":
-        warnings.append("StoppingCondition.MaxRuntimeInSeconds: not enforced on the local backend")
     checkpoint = request.get("CheckpointConfig") or {}
     if checkpoint.get("S3Uri"):
         warnings.append(
@@ -508,15 +510,22 @@ def secondary_transitions(job: Any, warnings: list[str], backend: str, now: floa
     elif job.state == JobState.FAILED:
         steps.append(("Failed", job.ended_at or now, "Training job failed"))
     else:
-        if job.stop_requested:
+        limit = stop_limit(job.reason)  # stopped for a StoppingCondition: SageMaker's final status names it
+        if job.stop_requested or limit is not None:
             steps.append(
                 (
                     "Stopping",
-                    (last.ended_at if last and last.ended_at else job.ended_at) or now,
+                    ((job.reason or {}).get("at") if limit is not None else None)
+                    or (last.ended_at if last and last.ended_at else job.ended_at)
+                    or now,
                     "Stopping the training job",
                 )
             )
-        steps.append(("Stopped", job.ended_at or now, "The training job was stopped"))
+        steps.append(
+            (limit.secondary_status, job.ended_at or now, limit.message)
+            if limit is not None
+            else ("Stopped", job.ended_at or now, "The training job was stopped")
+        )
     out: list[dict[str, Any]] = []
     floor = 0.0
     for status, start, msg in steps:
@@ -524,7 +533,7 @@ def secondary_transitions(job: Any, warnings: list[str], backend: str, now: floa
         out.append({"Status": status, "StartTime": floor, "StatusMessage": msg})
     for here, nxt in itertools.pairwise(out):
         here["EndTime"] = nxt["StartTime"]
-    if out and out[-1]["Status"] in ("Completed", "Failed", "Stopped"):
+    if job.state in JOB_TERMINAL and out:
         out[-1]["EndTime"] = out[-1]["StartTime"]
     return out
 
