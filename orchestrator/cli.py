@@ -550,13 +550,14 @@ def _follow(client: Client, job: str, attempt: int | None = None, condense: bool
         sys.stdout.flush()
         return any(chunk["text"] for chunk in out["nodes"].values())
 
-    def ended(number: int, attempts: list[dict]) -> None:
+    def ended(number: int) -> None:
         """What is left of attempt `number`'s logs, then (condensed) its root cause first."""
         while read(number):  # the API returns at most 1 MB per node per call
             pass
         if condenser:
-            a = next((a for a in attempts if a["number"] == number), {})
-            host, cause = follow.root_cause(a.get("reason"))
+            j = _call(client.job, job)  # chaining has blamed by now: the next attempt exists
+            a = next((a for a in j["attempt_list"] if a["number"] == number), {})
+            host, cause = follow.root_cause(j, a)
             sys.stdout.write(condenser.attempt_ended(host, cause, f"aerie logs {job} --attempt {number}"))
 
     while True:
@@ -565,14 +566,18 @@ def _follow(client: Client, job: str, attempt: int | None = None, condense: bool
         latest = j["attempt_list"][-1]["number"] if j["attempt_list"] else None
         if attempt is None and latest != current:
             if current is not None:
-                ended(current, j["attempt_list"])
+                ended(current)
                 console.print(f"[yellow]--- attempt {latest} ---[/yellow]")
-            current, offsets = latest, {}
+                # In place, the nodes that stay write on in the same logs: go on from where we are.
+                mode = (j["attempt_list"][-1].get("cause") or {}).get(restarts.CAUSE_MODE)
+                if mode != restarts.RestartMode.IN_PLACE:
+                    offsets = {}
+            current = latest
         if current is not None:
             read(current)
         if state in TERMINAL:
             if current is not None:
-                ended(current, j["attempt_list"])
+                ended(current)
             break
         time.sleep(1.0)
     reason = j.get("reason") or {}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 # `[algo-2 rank 3] ` (agent/rank.py), then what the rank printed; torch's own excepthook adds
 # `[rank3]: ` before each line of an uncaught exception in a process group.
@@ -45,6 +46,9 @@ class LogCondenser:
     _partial: dict[str, str] = field(default_factory=dict)  # host -> a line not yet ended
     _open: dict[tuple[str, int], _Block] = field(default_factory=dict)  # a traceback being read
     _collateral: dict[str, set[int]] = field(default_factory=dict)  # host -> ranks
+    # Ranks whose collateral exception line was just read: its message may go on over more lines
+    # (gloo's `At:` and the frame it names), swallowed with it up to the rank's next plain line.
+    _tail: set[tuple[str, int]] = field(default_factory=set)
 
     def feed(self, host: str, text: str) -> str:
         """What to print now of `text`, the next output of `host`'s log."""
@@ -62,6 +66,10 @@ class LogCondenser:
         if not m:
             return [line]
         key, body = (m["host"], int(m["rank"])), m["body"]
+        if key in self._tail:
+            if not body.strip() or body[:1].isspace() or body.rstrip() == "At:":
+                return []
+            self._tail.discard(key)
         block = self._open.get(key)
         if block is None:
             if body.strip() == _TRACEBACK:
@@ -75,6 +83,7 @@ class LogCondenser:
         del self._open[key]
         if _BROKEN_COLLECTIVE.search(body):
             self._collateral.setdefault(key[0], set()).add(key[1])
+            self._tail.add(key)
             return []
         return block.lines
 
@@ -92,13 +101,24 @@ class LogCondenser:
         out.extend(self._partial.values())
         self._open.clear()
         self._collateral.clear()
+        self._tail.clear()
         self._partial.clear()
         return "".join(f"{line}\n" for line in out)
 
 
-def root_cause(reason: dict | None) -> tuple[str | None, str | None]:
-    """(host, one line) of an attempt's reason, as the control plane recorded it."""
-    if not reason or not reason.get("kind"):
+def root_cause(job: dict[str, Any], attempt: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(host, one line) of what failed `attempt` of `job` (the API's job detail): the node chaining
+    blamed, with its own verdict, before the attempt's recorded reason, which is the first report
+    that arrived — at a hang, often a peer's "accelerators idle" rather than the cause."""
+    blamed = [b for b in job.get("blames") or [] if b.get("attempt_id") == attempt.get("id")]
+    if blamed:
+        b = blamed[0]
+        verdicts = [v for v in job.get("verdicts") or [] if v.get("attempt_id") == attempt.get("id")]
+        verdict = next((v for v in verdicts if v.get("host") == b["host"]), None)
+        said = f": {verdict['message']}" if verdict else f" ({b.get('rule')}: {b.get('why')})"
+        return b["host"], f"{b['kind']} on {b['host']}{said}"
+    reason = attempt.get("reason") or {}
+    if not reason.get("kind"):
         return None, None
     host = reason.get("host")
     where = f" on {host}" if host else ""

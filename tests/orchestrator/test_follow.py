@@ -25,7 +25,8 @@ def test_collateral_tracebacks_are_one_line_after_the_root_cause():
     out += c.feed("algo-2", third[:100]) + c.feed("algo-2", third[100:])
     out += c.feed("algo-1", "[agent 2026-12-01 23:53:02,454] ERROR verdict silent.hang on algo-1\n")
     assert out == step + "[agent 2026-12-01 23:53:02,454] ERROR verdict silent.hang on algo-1\n"
-    host, cause = root_cause({"kind": "node.lost", "host": "algo-1", "message": "no heartbeat for 12s"})
+    attempt = {"id": "j-a2", "reason": {"kind": "node.lost", "host": "algo-1", "message": "no heartbeat for 12s"}}
+    host, cause = root_cause({"blames": [], "verdicts": []}, attempt)
     summary = c.attempt_ended(host, cause, "aerie logs demo --attempt 2")
     assert summary.splitlines() == [
         "root cause: node.lost on algo-1: no heartbeat for 12s",
@@ -48,6 +49,24 @@ def test_a_traceback_that_is_not_collateral_is_printed_whole_and_at_once():
     # The other rank's line is not held up by the traceback being read.
     assert out == interleaved + crash
     assert c.attempt_ended("algo-1", "exit.nonzero on algo-1", "x") == "root cause: exit.nonzero on algo-1\n"
+
+
+def test_the_blamed_node_is_the_root_cause_not_the_first_report():
+    """At a hang the attempt's reason is whichever node reported first (often the peer that saw
+    its accelerators idle); chaining's blame names the node that caused it."""
+    attempt = {"id": "j-a1", "reason": {"kind": "silent.hang", "host": "algo-2", "message": "accelerators idle"}}
+    job = {
+        "blames": [
+            {"attempt_id": "j-a1", "host": "algo-1", "kind": "silent.hang", "rule": "not_waiting", "why": "busy"}
+        ],
+        "verdicts": [
+            {"attempt_id": "j-a1", "host": "algo-2", "message": "accelerators idle"},
+            {"attempt_id": "j-a1", "host": "algo-1", "message": "accelerators busy while no step completes"},
+        ],
+    }
+    assert root_cause(job, attempt) == ("algo-1", "silent.hang on algo-1: accelerators busy while no step completes")
+    job["verdicts"] = job["verdicts"][:1]
+    assert root_cause(job, attempt) == ("algo-1", "silent.hang on algo-1 (not_waiting: busy)")
 
 
 def test_an_unfinished_traceback_is_not_lost_when_the_attempt_ends():
