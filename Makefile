@@ -3,6 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aerie-installed
+DEMO_STAMP := $(VENV)/.aerie-demo-installed
 PYTEST_ARGS ?=
 
 .PHONY: install lint test test-fast demo bench stack clean
@@ -23,9 +24,19 @@ $(STAMP): pyproject.toml
 	if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then \
 		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
 		|| echo "could not install chromium (root needed): tests/browser will fail until it is there"; fi
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
+
+# What `make demo` needs and no more: the product and the torch stack ([train]), no test tools, no
+# browser (only tests/browser opens one). A full install (`make install`) serves the demo too.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 'uv>=0.5'
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[train]' \
+		|| { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[train]'; }
+	@$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.13.0' else f'torch {v} crept in; expected 2.13.0')"
+	touch $(DEMO_STAMP)
 
 # Lint, format and import order (ruff) and types (mypy, strict where `[tool.mypy]` says) before any
 # test: a violation fails `make test`, so CI enforces them.
@@ -58,7 +69,7 @@ test: install lint
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(PY) -m orchestrator.demo
 
 bench: install
