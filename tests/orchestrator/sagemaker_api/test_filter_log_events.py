@@ -4,20 +4,32 @@ The API runs in-process without a controller (jobs stay where the test puts them
 HTTP, as in tests/orchestrator/api/test_sagemaker_api.py; a job's attempts get node logs written
 where the local backend writes them (`<root>/<host>/logs/node.log`), so no training runs here.
 
-The CLI is AWS CLI v1 (`awscli` on PyPI, in the `dev` extra): `aws logs filter-log-events` is
-tested with it. `aws logs tail` exists only in AWS CLI v2, which is not published on PyPI (AWS
-ships it as its own installer), so it cannot be installed here and is not tested; it pages
-FilterLogEvents with `startTime`, `interleaved` and `nextToken`, which the boto3 tests below cover.
+Both AWS CLIs run against it, each as a user's shell would, in a process of its own:
+- v1 (`awscli` on PyPI, in the `dev` extra): `aws logs filter-log-events`, with --endpoint-url
+  and through a profile whose `cloudwatch_logs` endpoint is Aerie.
+- v2, for `aws logs tail` (v2 only). AWS does not publish v2 on PyPI; the `dev` extra's
+  `aws-cdk-asset-awscli-v2` (AWS's CDK asset for a Lambda layer) carries AWS's own self-contained
+  Linux x86_64 build of it, which `_aws_v2` unpacks once into pytest's cache. `aws logs tail`
+  pages FilterLogEvents from `--since`; `--follow` polls it again from the newest timestamp seen
+  and drops the eventIds it has printed, which works here because an event's id is stable.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
+import shutil
+import stat
 import subprocess
 import sys
+import tarfile
+import tempfile
+import threading
 import time
 import uuid
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -318,6 +330,7 @@ def _cli_env(tmp_path: Path, **extra: str) -> dict:
     return env | extra
 
 
+@pytest.mark.slow  # each CLI call is a process that loads the CLI (seconds on a busy machine)
 def test_aws_logs_filter_log_events_returns_the_jobs_lines(endpoint, two_jobs, tmp_path):
     env = _cli_env(
         tmp_path,
@@ -349,3 +362,102 @@ def test_a_job_started_just_now_is_found_with_a_start_time(endpoint, tmp_path):
     _attempt(endpoint, tmp_path, "fresh", 1, "Running", now, {"algo-1": "hello\nworld\n"})
     events = _all(endpoint, startTime=int((now - 60) * 1000), logStreamNamePrefix="fresh/")[0]
     assert [e["message"] for e in events] == ["hello", "world"]
+
+
+# --- the AWS CLI v2: `aws logs tail` -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def aws_v2(request, tmp_path_factory) -> Path:
+    """AWS CLI v2's `aws` executable, unpacked from the aws-cdk-asset-awscli-v2 wheel's layer.zip
+    (its `awscli/v2/<version>/dist/` folder, 250 MB) into pytest's cache, once per version (into
+    the session's temporary folder where the cache is off: `-p no:cacheprovider`)."""
+    assert platform.machine() == "x86_64", "the packaged AWS CLI v2 is a Linux x86_64 build"
+    dist = importlib.metadata.distribution("aws-cdk-asset-awscli-v2")
+    tgz = next((f for f in dist.files or [] if str(f).endswith(".jsii.tgz")), None)
+    assert tgz is not None, "aws-cdk-asset-awscli-v2 (in the dev extra) has no asset archive"
+    cache_plugin = getattr(request.config, "cache", None)
+    cache = cache_plugin.mkdir("aws-cli-v2") if cache_plugin else tmp_path_factory.mktemp("aws-cli-v2")
+    target = cache / dist.version
+    if not (target / "aws").exists():
+        scratch = Path(tempfile.mkdtemp(dir=cache))
+        with tarfile.open(str(dist.locate_file(tgz))) as archive:
+            member = archive.extractfile("package/lib/layer.zip")
+            assert member is not None
+            with open(scratch / "layer.zip", "wb") as out:
+                shutil.copyfileobj(member, out)
+        with zipfile.ZipFile(scratch / "layer.zip") as layer:
+            for info in layer.infolist():
+                parts = info.filename.split("/")
+                mode = info.external_attr >> 16
+                if parts[:2] != ["awscli", "v2"] or len(parts) < 5 or parts[3] != "dist" or stat.S_ISLNK(mode):
+                    continue
+                path = scratch / "dist" / "/".join(parts[4:])
+                if info.is_dir():
+                    path.mkdir(parents=True, exist_ok=True)
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with layer.open(info) as src, open(path, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                path.chmod(stat.S_IMODE(mode) or 0o644)
+        try:
+            (scratch / "dist").rename(target)  # atomic: a concurrent run keeps the first one unpacked
+        except OSError:
+            assert (target / "aws").exists()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target / "aws"
+
+
+def _untimed(line: str) -> str:
+    """A line `aws logs tail` printed, without its leading timestamp."""
+    assert line.strip(), "aws logs tail printed nothing more"
+    return line.rstrip("\n").split(" ", 1)[1]
+
+
+@pytest.mark.slow
+def test_aws_cli_v2_logs_tail_prints_the_jobs_lines_and_follows_new_ones(endpoint, tmp_path, aws_v2):
+    _job(endpoint, "tailed", instances=2)
+    started = time.time() - 30
+    root = _attempt(
+        endpoint, tmp_path, "tailed", 1, "Running", started, {"algo-1": _lines(3, "h1"), "algo-2": "h2 hi\n"}
+    )
+    env = _cli_env(
+        tmp_path,
+        AWS_ACCESS_KEY_ID=endpoint.keys[0],
+        AWS_SECRET_ACCESS_KEY=endpoint.keys[1],
+        AWS_DEFAULT_REGION=REGION,
+        AWS_PAGER="",
+    )
+    tail = [str(aws_v2), "logs", "tail", GROUP, "--endpoint-url", endpoint.url, "--log-stream-name-prefix", "tailed/"]
+    r = subprocess.run(
+        [*tail, "--since", "5m", "--format", "short"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    # short: "<timestamp> <message>", every line of both hosts, in the interleaved order
+    assert [_untimed(line) for line in r.stdout.splitlines()] == [f"h1 line {i}" for i in range(3)] + ["h2 hi"]
+    r = subprocess.run(
+        [*tail, "--since", "5m", "--filter-pattern", "?hi ?2"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    # detailed (the default): "<timestamp> <stream> <message>"
+    streams = _streams(endpoint, "tailed/")
+    assert [_untimed(line) for line in r.stdout.splitlines()] == [f"{streams[0]} h1 line 2", f"{streams[1]} h2 hi"]
+    r = subprocess.run([*tail, "--since", "10s"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "", r.stdout + r.stderr  # the attempt began 30 s ago
+
+    # --follow: new lines appear once each, as they are written
+    follow = subprocess.Popen(
+        [*tail, "--since", "5m", "--format", "short", "--follow"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    watchdog = threading.Timer(90, follow.kill)  # a stuck follower ends, and readline() returns ""
+    watchdog.start()
+    try:
+        seen = [_untimed(follow.stdout.readline()) for _ in range(4)]
+        assert seen == [f"h1 line {i}" for i in range(3)] + ["h2 hi"]
+        with open(root / "algo-1" / "logs" / "node.log", "a") as f:
+            f.write("h1 later\n")
+        assert _untimed(follow.stdout.readline()) == "h1 later"  # and not the first four again
+    finally:
+        watchdog.cancel()
+        follow.terminate()
+        follow.wait(timeout=30)
