@@ -1,14 +1,19 @@
 """`make demo` end to end (what `python -m orchestrator.demo` does), on a fresh AERIE_HOME.
 
-It must tell the whole story on the embedded defaults: train the tiny model on 2 local nodes with
-checkpoints to the loopback S3 server, catch the injected silent hang, restart from the last good
-checkpoint, finish; and the model must learn (loss at the end < 60 % of the loss at step 10) with
-every TensorBoard scalar written.
+It must tell the whole story on the embedded defaults: train the tiny model on 2 local nodes (and a
+hot spare) with checkpoints to the loopback S3 server and to memory; catch the injected silent hang
+and restart **in place** from the memory checkpoint; lose a whole node (`aerie chaos --fault
+node-loss`) and go on in place with the spare in its slot, its ranks restored from the replicas the
+peer holds; finish; print each root cause first and what each recovery cost. The model must learn
+(loss at the end < 60 % of the loss at step 10) with every TensorBoard scalar written. Its output
+goes to a pipe with no COLUMNS, as in a CI log: every table header must be whole (issue #37).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from orchestrator.harness.jobs import rank_losses
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +33,8 @@ pytestmark = pytest.mark.slow
 def test_make_demo_tells_the_whole_story(tmp_path):
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AERIE_", "AWS_"))}
-    env.update({"AERIE_HOME": str(home), "AERIE_PORT": "0", "COLUMNS": "200"})
+    env.pop("COLUMNS", None)
+    env.update({"AERIE_HOME": str(home), "AERIE_PORT": "0"})
     started = time.time()
     try:
         r = subprocess.run(
@@ -41,20 +48,40 @@ def test_make_demo_tells_the_whole_story(tmp_path):
     assert r.returncode == 0, out[-6000:]
     elapsed = time.time() - started
     assert "verdict silent.hang" in out, out[-6000:]
-    assert "--- attempt 2 ---" in out
-    # From the newest memory checkpoint, though algo-1 (blamed) is left out: algo-2 takes ranks 0-1
-    # (their replicas are its own) and algo-3 fetches ranks 2-3 from algo-2, which wrote them.
+    assert "--- attempt 2 ---" in out and "--- attempt 3 ---" in out, out[-6000:]
+    # The root cause first: the blamed node (algo-1, whose rank spun), not the peer that reported first.
+    assert "root cause: silent.hang on algo-1" in out, out[-6000:]
+    assert "root cause: node.lost on algo-2" in out, out[-6000:]
     assert "resumed from mem://" in out, out[-6000:]
-    assert "rank 2: restoring from the writer copy" in out
+    # The spare (algo-3) restores the lost node's ranks from the replicas algo-1 holds.
+    assert "rank 2: restoring from the replica copy" in out and "rank 3: restoring from the replica copy" in out
+    assert "algo-3 took algo-2's slot" in out
+    assert "from detection to the first step" in out and "step(s) redone" in out
     assert "Completed" in out
     # `aerie checkpoints` (the demo runs it at the end) lists the committed checkpoints as good.
     assert "good" in out and "s3://aerie/checkpoints/" in out
+    # With stdout a pipe, tables are as wide as their content: no header cut short.
+    headers = [line for line in out.splitlines() if line.startswith("┃")]
+    assert any("┃ ATTEMPT ┃ STATE" in h and "RESUMED FROM" in h for h in headers), headers
+    assert not [h for h in headers if "…" in h], headers
     assert elapsed < 600, f"the demo took {elapsed:.0f}s"
     print(f"demo took {elapsed:.0f}s")
 
+    # The attempts' modes, as the store recorded them: in place after the hang, in place with the
+    # spare after the node loss, each from a memory checkpoint.
+    with sqlite3.connect(home / "aerie.db") as db:
+        rows = db.execute("SELECT number, cause, resume_from FROM attempts ORDER BY number").fetchall()
+    causes = {n: json.loads(c) if c else {} for n, c, _ in rows}
+    resumed = {n: r for n, _, r in rows}
+    assert sorted(causes) == [1, 2, 3], causes
+    assert causes[2][CAUSE_MODE] == RestartMode.IN_PLACE and not causes[2].get(CAUSE_REPLACED_NODES), causes[2]
+    assert causes[3][CAUSE_MODE] == RestartMode.IN_PLACE, causes[3]
+    assert causes[3][CAUSE_REPLACED_NODES] == {"algo-2": "algo-3"}, causes[3]
+    assert resumed[2].startswith("mem://") and resumed[3].startswith("mem://"), resumed
+
     job_dir = next((home / "jobs").iterdir())
     losses = rank_losses(home / "jobs", job_dir.name)
-    stitched = {**losses[1], **losses[2]}
+    stitched = {**losses[1], **losses[2], **losses[3]}
     assert max(stitched) == 400
     assert stitched[400] < 0.6 * stitched[10], (stitched[10], stitched[400])
 
