@@ -216,3 +216,26 @@ def test_sagemaker_s_own_max_runtime_stop_is_read_as_the_limit_not_a_lost_node()
     result = poll_result(described, ["algo-1"])
     assert result.state == "Stopped" and result.reason["kind"] == FailureKind.MAX_RUNTIME_EXCEEDED
     assert poll_result({"TrainingJobStatus": "Stopped", "SecondaryStatus": "Stopped"}, []).reason is None
+
+
+def test_boto3_gets_validation_exception_for_max_wait_below_max_runtime_and_nothing_is_stored(tmp_path):
+    from botocore.exceptions import ClientError
+
+    from orchestrator.server import build_app
+    from tests.helpers.sagemaker import aws_keys, client, request, serve
+
+    settings = Settings(home=tmp_path / "home")
+    app = build_app(settings, with_controller=False)
+    with serve(app) as url:
+        sm = client("sagemaker", url, aws_keys(url, settings.admin_token_path.read_text().strip()))
+        stopping = {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 1800}
+        with pytest.raises(ClientError) as err:
+            sm.create_training_job(**request("wait-too-short", StoppingCondition=stopping))
+        error = err.value.response["Error"]
+        assert error["Code"] == "ValidationException", error
+        assert "MaxWaitTimeInSeconds" in error["Message"] and "MaxRuntimeInSeconds" in error["Message"], error
+        assert sm.list_training_jobs()["TrainingJobSummaries"] == []
+        stopping["MaxWaitTimeInSeconds"] = 7200
+        sm.create_training_job(**request("wait-ok", StoppingCondition=stopping))
+        described = sm.describe_training_job(TrainingJobName="wait-ok")
+        assert described["StoppingCondition"] == stopping
