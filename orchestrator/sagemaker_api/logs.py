@@ -34,7 +34,8 @@ as substrings of the message (as CloudWatch does: `error` matches "errors"):
   `:_#=@/;,-` and space, operators `^$?[]{}|*+.` and backslash; no parentheses), searched in the message.
 JSON (`{ $.x = ... }`) and space-delimited (`[w1, w2]`) patterns, and anything else, answer
 InvalidParameterException naming what is not served, rather than matching something else.
-`startFromHead: false` (newest first) is refused the same way.
+`startFromHead: false` (newest first) is refused the same way; `unmask` is accepted (nothing is
+masked here).
 """
 
 from __future__ import annotations
