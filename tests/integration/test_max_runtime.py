@@ -94,7 +94,8 @@ def test_max_runtime_stops_the_job_as_sagemaker_does_and_its_last_checkpoint_is_
     job = cp.job(name)
     assert job["state"] == "Stopped" and job["reason"]["kind"] == "stopping.max_runtime", job["reason"]
     assert job["reason"]["evidence"]["max_runtime_s"] == MAX_RUNTIME_S
-    assert [a["state"] for a in job["attempt_list"]] == ["Stopped"], job["attempt_list"]
+    attempts = [(a["state"], (a.get("reason") or {}).get("kind")) for a in job["attempt_list"]]
+    assert attempts == [("Stopped", "stopping.max_runtime")], job["attempt_list"]
     described = cp.cli("describe", name, check=True).stdout
     assert "stopping.max_runtime" in described and "MaxRuntimeInSeconds" in described, described
 

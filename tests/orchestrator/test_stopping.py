@@ -107,12 +107,13 @@ class Recorder(Backend):
     def __init__(self):
         self.calls: list[str] = []
         self.state = "Running"
+        self.reason: dict | None = None
 
     def launch(self, request):
         raise AssertionError("nothing to launch")
 
     def poll(self, handle):
-        return PollResult(self.state, (NodeStatus("algo-1", self.state),))
+        return PollResult(self.state, (NodeStatus("algo-1", self.state),), self.reason)
 
     def stop(self, handle):
         self.calls.append("stop")
@@ -121,10 +122,10 @@ class Recorder(Backend):
         return {}
 
 
-def _running_job(db: Database, trained_s: float, stopping: dict) -> str:
+def _running_job(db: Database, trained_s: float, stopping: dict, backend: str = "local") -> str:
     """A job whose one attempt has run `trained_s` seconds, its node heartbeating."""
     with db.session() as s:
-        job = repo.create_job(s, {"name": "lim", "backend": "local", "stopping": stopping}, "default")
+        job = repo.create_job(s, {"name": "lim", "backend": backend, "stopping": stopping}, "default")
         repo.set_job_state(s, job, "InProgress")
         attempt = repo.create_attempt(s, job, 1)
         repo.set_attempt_state(s, attempt, "Running")
@@ -154,7 +155,7 @@ def test_a_job_over_max_runtime_is_stopped_once_as_a_user_stop_and_ends_stopped(
     with db.session() as s:
         job = repo.get_job(s, "default", job_id)
         assert job.state == "Stopped" and job.reason == decided, job.reason
-        assert [a.state for a in job.attempts] == ["Stopped"]
+        assert [(a.state, a.reason) for a in job.attempts] == [("Stopped", decided)]
         described = mapping.secondary_transitions(job, [], "local", time.time())
     assert [t["Status"] for t in described][-2:] == ["Stopping", "MaxRuntimeExceeded"]
     assert described[-1]["StatusMessage"] == "Training job runtime exceeded MaxRuntimeInSeconds provided"
@@ -182,6 +183,21 @@ def test_a_user_stop_keeps_its_own_reason(aerie_home, sqlite_db):
     with db.session() as s:
         job = repo.get_job(s, "default", job_id)
         assert job.state == "Stopped" and job.reason["kind"] == FailureKind.USER_STOP
+
+
+def test_on_the_sagemaker_backend_sagemaker_s_own_stop_ends_the_job_stopped_for_the_limit(aerie_home, sqlite_db):
+    db, backend = sqlite_db, Recorder()
+    job_id = _running_job(db, 40, {"max_runtime_s": 30}, backend="sagemaker")
+    controller = Controller(db, Settings(), {"sagemaker": backend})
+    controller.reconcile_once()
+    assert backend.calls == []  # SageMaker enforces it: Aerie does not race it with StopTrainingJob
+    backend.state = "Stopped"
+    backend.reason = poll_result({"TrainingJobStatus": "Stopped", "SecondaryStatus": "MaxRuntimeExceeded"}, []).reason
+    controller.reconcile_once()
+    with db.session() as s:
+        job = repo.get_job(s, "default", job_id)
+        assert job.state == "Stopped" and job.reason["kind"] == FailureKind.MAX_RUNTIME_EXCEEDED, job.reason
+        assert [a.reason["kind"] for a in job.attempts] == [FailureKind.MAX_RUNTIME_EXCEEDED]  # not node.lost
 
 
 # --- SageMaker's answers --------------------------------------------------------------------------
