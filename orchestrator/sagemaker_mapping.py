@@ -152,7 +152,8 @@ def request_from_spec(spec: JobSpec) -> dict[str, Any]:
         },
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.stopping.max_runtime_s},
     }
-    if spec.stopping.max_wait_s is not None:
+    if spec.stopping.max_wait_s is not None and carried.get("EnableManagedSpotTraining"):
+        # SageMaker takes MaxWaitTimeInSeconds for managed spot training only.
         request["StoppingCondition"]["MaxWaitTimeInSeconds"] = spec.stopping.max_wait_s
     if not spec.output.s3_uri:
         raise ValueError("SageMaker needs output.s3_uri (OutputDataConfig.S3OutputPath)")

@@ -83,13 +83,15 @@ def test_max_wait_below_max_runtime_is_refused_as_sagemaker_refuses_it():
 def test_a_request_s_stopping_condition_is_stored_and_no_longer_said_to_be_ignored():
     from tests.helpers.sagemaker import request
 
-    body = request("lim", StoppingCondition={"MaxRuntimeInSeconds": 30, "MaxWaitTimeInSeconds": 90})
+    stopping = {"MaxRuntimeInSeconds": 30, "MaxWaitTimeInSeconds": 90}
+    body = request("lim", StoppingCondition=stopping, EnableManagedSpotTraining=True)
     spec = mapping.spec_from_request(body)
     assert (spec.stopping.max_runtime_s, spec.stopping.max_wait_s) == (30, 90)
-    assert mapping.request_from_spec(spec)["StoppingCondition"] == {
-        "MaxRuntimeInSeconds": 30,
-        "MaxWaitTimeInSeconds": 90,
-    }
+    assert mapping.request_from_spec(spec)["StoppingCondition"] == stopping
+    # Without managed spot SageMaker takes no MaxWaitTimeInSeconds; Aerie's backends enforce it all the same.
+    on_demand = mapping.spec_from_request(request("lim", StoppingCondition=stopping))
+    assert on_demand.stopping.max_wait_s == 90
+    assert mapping.request_from_spec(on_demand)["StoppingCondition"] == {"MaxRuntimeInSeconds": 30}
     for backend in ("local", "slurm"):
         assert not [w for w in mapping.backend_limits(body, backend) if "StoppingCondition" in w]
     with pytest.raises(ValueError, match="MaxWaitTimeInSeconds"):
