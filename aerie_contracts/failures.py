@@ -51,7 +51,7 @@ class Blame(StrEnum):
 
 
 class BlameRule(StrEnum):
-    """Why chaining blamed a node (`lambdas/blame.py` applies them, in this order for a hang)."""
+    """Why chaining blamed a node (`recovery/blame.py` applies them, in this order for a hang)."""
 
     ONLY_NODE = "only_node"  # the attempt had one node: nobody else could have stopped it
     STOPPED_RANK = "stopped_rank"  # a rank of the node was stopped, a zombie or gone when the hang was seen

@@ -1,9 +1,10 @@
 """How a failed attempt's successor starts: on the same nodes (a warm attempt) or launched anew.
 
-`lambdas/chain_restart.py` decides and records the mode, with its reason, in the new attempt's
-`cause` (shown by the API and `aerie describe`); the controller and the backend act on it, and a
-node agent waiting between attempts asks the control plane what comes next (`NextAction`).
-Standard library only (it ships in the Lambda bundle and the torch-free agent).
+The words of the decision, shared by everyone who reads it: the recovery package (`recovery/`)
+decides and records the mode, with its reason, in the new attempt's `cause` (shown by the API and
+`aerie describe`); the controller and the backend act on it, and a node agent waiting between
+attempts asks the control plane what comes next (`NextAction`). The decisions themselves are
+`recovery.modes`'s. Standard library only (it ships in the Lambda bundle and the torch-free agent).
 """
 
 from __future__ import annotations
@@ -88,47 +89,3 @@ def mode_of(cause: dict[str, Any] | None) -> RestartMode:
     existed, was launched anew."""
     value = (cause or {}).get(CAUSE_MODE)
     return RestartMode.IN_PLACE if value == RestartMode.IN_PLACE else RestartMode.RELAUNCH
-
-
-def not_in_place(spec: dict[str, Any]) -> str | None:
-    """Why a job's spec rules in-place restarts out (None: it does not)."""
-    if (spec.get("backend_options") or {}).get("netns"):
-        return "network namespaces (backend_options.netns) are made per attempt"
-    if (spec.get("checkpoint") or {}).get("marker"):
-        # Not yet: a third-party trainer's node-local checkpoint directory would need clearing and
-        # its sync restarting between worker groups (agent/byo_checkpoints.py).
-        return "a third-party trainer's checkpoint directory (checkpoint.marker) is per attempt"
-    return None
-
-
-def may_restart_in_place(backend: str, reason: dict[str, Any] | None, budget: int) -> bool:
-    """Whether a failed attempt could still be followed in place, before blame is known: the
-    controller keeps its agents up until chaining decides (it tears them down on a relaunch)."""
-    kind = (reason or {}).get("kind")
-    return backend in IN_PLACE_BACKENDS and budget > 0 and kind not in NOT_REUSABLE
-
-
-def may_take_spare(backend: str, reason: dict[str, Any] | None, budget: int, spares: list[str]) -> bool:
-    """Whether a failed attempt that cannot be reused as it is may still be followed in place, a
-    hot spare taking the failed node's slot: the controller keeps the survivors' agents up."""
-    kind = (reason or {}).get("kind")
-    return backend in IN_PLACE_BACKENDS and budget > 0 and bool(spares) and kind in SPARE_REPAIRS
-
-
-def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
-    """Why a job takes no in-memory checkpoints (None: it does). They serve restarts on warm nodes,
-    so they run where in-place restarts do, with a peer node to hold each node's replica."""
-    every = (spec.get("checkpoint") or {}).get("memory_every_steps", "auto")
-    if every in (0, "0"):
-        return "checkpoint.memory_every_steps is 0"
-    if backend not in IN_PLACE_BACKENDS:
-        return f"the {backend} backend does not restart in place yet"
-    if backend not in MEMORY_TIER_BACKENDS:
-        return f"the {backend} backend has no in-memory checkpoint tier yet"
-    if (spec.get("retry") or {}).get("max_restarts") == 0:
-        return "retry.max_restarts is 0: no attempt would resume from them"
-    if int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS)) <= 0:
-        return "retry.in_place_restarts is 0"
-    if int((spec.get("resources") or {}).get("instance_count", 1)) < 2:
-        return "one node: no peer to hold a replica"
-    return not_in_place(spec)

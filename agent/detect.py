@@ -304,7 +304,7 @@ def detect_loss_nan(w: Window, cfg: HealthConfig) -> Verdict | None:
 def _nan_origin(w: Window, step: int) -> dict:
     """Which of this node's ranks produced the NaN: those whose own loss (before the ranks'
     losses were combined) was non-finite at that step; and which samples the step read. Chaining
-    replays the step to tell the data's NaN from a faulty device's (lambdas/nan_replay.py)."""
+    replays the step to tell the data's NaN from a faulty device's (recovery/nan_replay.py)."""
     first = {r: rec for r, rec in w.nan_records.items() if rec.get("step") == step}
     origin = sorted(
         r for r, rec in first.items() if not _finite(rec.get("local_loss")) and rec.get("local_loss") is not None

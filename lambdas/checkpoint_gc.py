@@ -35,7 +35,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     expired = expire_memory(api, job)
     if not ckpt.get("s3_uri"):
         return {"deleted": [], "expired_memory": expired}
-    from lambdas.chain_restart import recorded_checkpoints
+    from recovery.resume import recorded_checkpoints
     from trainer.checkpoint.gc import prune
 
     prefix = ckpt["s3_uri"].rstrip("/") + "/" + job["id"]

@@ -22,18 +22,8 @@ from aerie_contracts.events import DetailType
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind, FailureReason, reason, stop_limit
 from aerie_contracts.health import HealthSettings
 from aerie_contracts.preflight import HANDLE_SPARE_PREFLIGHT
-from aerie_contracts.restarts import (
-    CAUSE_REPLACED_NODES,
-    DEFAULT_IN_PLACE_RESTARTS,
-    IN_PLACE_BACKENDS,
-    RestartMode,
-    may_restart_in_place,
-    may_take_spare,
-    mode_of,
-    not_in_place,
-)
+from aerie_contracts.restarts import CAUSE_REPLACED_NODES, IN_PLACE_BACKENDS, RestartMode, mode_of
 from aerie_contracts.states import ATTEMPT_ACTIVE, AttemptState, JobState
-from lambdas import nan_replay
 from orchestrator import failpoints, liveness, stopping
 from orchestrator.backends import base
 from orchestrator.backends.base import Backend, LaunchRequest, PollResult, first_reported_cause
@@ -48,6 +38,7 @@ from orchestrator.store import repo
 from orchestrator.store.db import Database
 from orchestrator.store.models import Attempt, Job
 from orchestrator.straggler import StragglerTracker
+from recovery import modes, nan_replay
 
 log = logging.getLogger("aerie.controller")
 
@@ -345,13 +336,7 @@ class Controller:
         with self.db.session() as s:
             attempt = repo.get_attempt(s, attempt_id)
             spec, spares = attempt.job.spec, list((attempt.handle or {}).get("spares") or [])
-        if not_in_place(spec):
-            return False  # lambdas/restart_mode.py relaunches it
-        budget = int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS))
-        # A lost node with a hot spare waiting: the survivors and the spare may go on in place.
-        return may_restart_in_place(backend_name, result.reason, budget) or may_take_spare(
-            backend_name, result.reason, budget, spares
-        )
+        return modes.keeps_warm(spec, backend_name, result.reason, spares)
 
     def _reported_exits(self, attempt_id: str) -> dict[str, dict]:
         """What the attempt's agents reported of their own exits (POST .../exit, with "t")."""
@@ -417,7 +402,7 @@ class Controller:
         return result
 
     def _check_nan_replay(self, s, attempt: Attempt, completed: bool = False) -> None:
-        """An attempt that replays a `loss.nan` (lambdas/nan_replay.py): once all its nodes are past
+        """An attempt that replays a `loss.nan` (recovery/nan_replay.py): once all its nodes are past
         the NaN's step with a finite loss (or it `completed`), the first NaN was not reproducible:
         `sdc.suspect` on the failed attempt, blaming the node whose rank produced it. Decided once
         per attempt."""

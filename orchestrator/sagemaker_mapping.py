@@ -438,12 +438,10 @@ def training_job_status(job: Any) -> str:
 
 
 def _will_restart(job: Any, attempt: Any) -> bool:
-    """Whether chaining will follow this failed attempt with another: chain_restart's own rules."""
-    from lambdas.chain_restart import classify
+    """Whether chaining will follow this failed attempt with another: the recovery package's rules."""
+    from recovery.policy import will_retry
 
-    spec = job.spec or {}
-    budget = int((spec.get("retry") or {}).get("max_restarts", 0))
-    return attempt.number - 1 < budget and classify(attempt.reason or {}, spec) == "retry"
+    return will_retry(job.spec or {}, attempt.number, attempt.reason or {})
 
 
 def _step(uri: str | None) -> str:

@@ -191,7 +191,7 @@ class RetryConfig(_Strict):
     max_restarts: int = Field(default=3, ge=0, le=100)
     exclude_bad_nodes: bool = True
     # A node is left out of the job's next attempts once it has been blamed this many times (blame
-    # comes from evidence, lambdas/blame.py; a failed pre-flight check is one, naming its node).
+    # comes from evidence, recovery/blame.py; a failed pre-flight check is one, naming its node).
     exclude_after_blames: int = Field(default=1, ge=1, le=100)
     # Exit codes that mean "the user's code or input is wrong": retrying cannot help.
     non_retryable_exit_codes: list[int] = Field(default_factory=lambda: [2])

@@ -33,6 +33,7 @@ TORCH_FREE = (
     _modules("orchestrator")
     + _modules("agent")
     + _modules("lambdas")
+    + _modules("recovery")
     + _modules("aerie_s3")
     + _modules("aerie_report")
     + [
@@ -103,6 +104,7 @@ PROJECT_PACKAGES = (
     "infra",
     "lambdas",
     "orchestrator",
+    "recovery",
     "tests",
     "trainer",
 )
@@ -112,20 +114,25 @@ ALLOWED = {
     "aerie_s3": ("aerie_contracts",),
     # A third-party trainer's checkpoints are committed by the agent (agent/byo_checkpoints.py).
     "agent": ("aerie_contracts", "aerie_s3", "trainer.checkpoint.manifest", "trainer.checkpoint.fence"),
-    # The torch-free checkpoint modules: the resume point (manifest) and the retention policy (gc).
-    "lambdas": ("aerie_contracts", "trainer.checkpoint.manifest", "trainer.checkpoint.gc"),
+    # The decisions after a failure: the contracts' words, and the torch-free checkpoint listing
+    # the resume point is chosen from (S3's verified checkpoints: trainer.checkpoint.manifest).
+    "recovery": ("aerie_contracts", "trainer.checkpoint.manifest"),
+    # Handlers: event -> the recovery package's decision -> one API call; checkpoint GC's retention
+    # policy (trainer.checkpoint.gc) and the manifest it keeps.
+    "lambdas": ("aerie_contracts", "recovery", "trainer.checkpoint.manifest", "trainer.checkpoint.gc"),
     # The CLI hands its `data`, `export` and `--fault` commands to the trainer's torch-free entry points.
     "orchestrator": (
         "aerie_contracts",
         "aerie_s3",
         "agent.contract",
         "lambdas",
+        "recovery",
         "trainer.data.cli",
         "trainer.export_cli",
         "trainer.faults",
     ),
     "trainer": ("aerie_contracts", "aerie_s3", "agent.contract"),
-    "infra": ("aerie_contracts", "lambdas", "infra"),
+    "infra": ("aerie_contracts", "lambdas", "recovery", "infra"),
     # Benches measure the product and drive it through the harness; never through the test tree.
     "bench": tuple(p for p in PROJECT_PACKAGES if p != "tests"),
 }

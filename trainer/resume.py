@@ -140,7 +140,7 @@ def fencing_of_attempt() -> dict[str, Any]:
 def memory_snapshotter(rank: int):
     """The in-memory tier's snapshots (issue #22), when `AERIE_MEMORY_CHECKPOINT_EVERY` asks for
     them inside an Aerie job (the backend sets it where the node agents replicate and clean up:
-    aerie_contracts.restarts.memory_tier_off)."""
+    recovery.modes.memory_tier_off)."""
     from trainer.checkpoint.memory import MemorySnapshotter
 
     job, number = os.environ.get(env.JOB, ""), os.environ.get(env.ATTEMPT_NUMBER, "")

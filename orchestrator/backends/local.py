@@ -32,7 +32,6 @@ import psutil
 from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
 from aerie_contracts import memckpt_lease as memory_lease
-from aerie_contracts.restarts import memory_tier_off
 from aerie_contracts.states import AttemptState
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
 from orchestrator.backends import local_fence, netns, placement
@@ -47,6 +46,7 @@ from orchestrator.backends.base import (
     summarize_nodes,
 )
 from orchestrator.backends.nodeenv import channels, in_place_env, in_place_on, memory_env, node_env
+from recovery.modes import memory_tier_off
 
 # A node whose agent has not written its pid this long after launch never started.
 START_TIMEOUT_S = 60.0

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as aerie_env
-from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK, not_in_place
+from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends.base import LaunchRequest
+from recovery import modes
 
 
 def checkpoint_uri(spec: Any, job_id: str) -> str:
@@ -96,9 +97,9 @@ def in_place_env(spec: Any, wait_s: float) -> dict[str, str]:
 
 
 def in_place_on(spec: Any) -> bool:
-    """Whether the job's agents outlive their worker groups (in-place restarts, hot spares)."""
-    retry = spec.retry
-    return retry.max_restarts > 0 and retry.in_place_restarts > 0 and not not_in_place(spec.model_dump())
+    """Whether the job's agents outlive their worker groups (in-place restarts, hot spares):
+    `recovery.modes.in_place_on`, for a parsed spec."""
+    return modes.in_place_on(spec.model_dump())
 
 
 def memory_env(spec: Any, host: str, peers: Mapping[str, str], key: str) -> dict[str, str]:

@@ -43,7 +43,7 @@ from typing import Any
 from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
 from aerie_contracts.failures import STOP_LIMITS, FailureKind
-from aerie_contracts.restarts import NOT_REUSABLE, memory_tier_off
+from aerie_contracts.restarts import NOT_REUSABLE
 from aerie_contracts.states import AttemptState
 
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
@@ -65,6 +65,7 @@ from orchestrator.backends.nodeenv import (
     sagemaker_sync_uri,
 )
 from orchestrator.sagemaker_mapping import request_from_spec
+from recovery.modes import memory_tier_off
 
 log = logging.getLogger("aerie.sagemaker")
 

@@ -58,7 +58,6 @@ from typing import Any
 
 from aerie_contracts import FailureKind, memckpt
 from aerie_contracts import env as aerie_env
-from aerie_contracts.restarts import memory_tier_off
 from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
 from orchestrator.backends import base, placement
@@ -72,6 +71,7 @@ from orchestrator.backends.nodeenv import (
     memory_attempt_env,
 )
 from orchestrator.backends.placement import PlacementError
+from recovery.modes import memory_tier_off
 
 log = logging.getLogger(__name__)
 

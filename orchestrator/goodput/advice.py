@@ -40,10 +40,11 @@ from aerie_contracts import FailureKind, env
 from aerie_contracts.checkpoints import CheckpointTier
 from aerie_contracts.failures import policy
 from aerie_contracts.goodput import expected_waste, young_daly
-from aerie_contracts.restarts import MEMORY_OUTLIVES_RELAUNCH, NOT_REUSABLE, memory_tier_off
+from aerie_contracts.restarts import MEMORY_OUTLIVES_RELAUNCH, NOT_REUSABLE
 from aerie_contracts.states import AttemptState
 from orchestrator.goodput.trace import JobTrace
 from orchestrator.store.models import Attempt, Job
+from recovery.modes import memory_tier_off
 
 # Llama 3 405B: 419 unexpected interruptions in 54 days on 16,384 GPUs (Meta, 2024) → per 8-GPU node.
 LLAMA3_NODE_MTBF_H = 54 * 24 * 16384 / 8 / 419

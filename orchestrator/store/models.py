@@ -94,7 +94,7 @@ class Verdict(Base):
 
 
 class NodeBlame(Base):
-    """A node blamed for a failed attempt (by chaining, from the attempt's evidence: lambdas/blame.py).
+    """A node blamed for a failed attempt (by chaining, from the attempt's evidence: recovery/blame.py).
 
     Blame counts per job: `retry.exclude_after_blames` active rows exclude the host from the
     job's next attempts. A row stays as history; it stops counting once `cleared_at` is set, which

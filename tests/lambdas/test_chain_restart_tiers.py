@@ -1,5 +1,5 @@
-"""`last_good` across the tiers (lambdas/chain_restart.py): the newest good checkpoint that survives
-the restart mode. A memory checkpoint does where its nodes' memory does (in place; a local
+"""`last_good` across the tiers (recovery/resume.py, through lambdas/chain_restart.py): the newest
+good checkpoint that survives the restart mode. A memory checkpoint does where its nodes' memory does (in place; a local
 relaunch), and only if every attempt since the one that wrote it kept that memory; a relaunch that
 loses the memory marks its records gone. Real API over HTTP, store on SQLite."""
 
@@ -9,6 +9,7 @@ from aerie_contracts.checkpoints import MEMORY_GONE_LOST, memory_uri
 from aerie_contracts.restarts import RestartMode
 from lambdas import chain_restart
 from orchestrator.store import repo
+from recovery import resume
 from tests.lambdas.test_chain_restart import _ctx, _event, _job, _with_nodes
 
 
@@ -62,7 +63,7 @@ def test_which_attempts_memory_survives():
     slurm = {"backend": "slurm", "attempt_list": chain}
     # Attempt 5 in place after 4: 4's memory, 3's (4 started in place), 2's (3 did); not 1's (2 was
     # a relaunch on fresh nodes).
-    assert chain_restart.memory_survivors(slurm, 4, RestartMode.IN_PLACE) == {"j-a4", "j-a3", "j-a2"}
-    assert chain_restart.memory_survivors(slurm, 4, RestartMode.RELAUNCH) == set()
+    assert resume.memory_survivors(slurm, 4, RestartMode.IN_PLACE) == {"j-a4", "j-a3", "j-a2"}
+    assert resume.memory_survivors(slurm, 4, RestartMode.RELAUNCH) == set()
     local = {"backend": "local", "attempt_list": chain}  # a local relaunch keeps every node's area
-    assert chain_restart.memory_survivors(local, 4, RestartMode.RELAUNCH) == {"j-a1", "j-a2", "j-a3", "j-a4"}
+    assert resume.memory_survivors(local, 4, RestartMode.RELAUNCH) == {"j-a1", "j-a2", "j-a3", "j-a4"}

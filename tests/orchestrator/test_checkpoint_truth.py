@@ -21,6 +21,7 @@ from lambdas import chain_restart, checkpoint_gc
 from orchestrator.cli import app
 from orchestrator.events import LambdaContext
 from orchestrator.store import repo
+from recovery import resume
 from trainer.checkpoint import fence, manifest
 
 DATA = Path(__file__).parents[1] / "data" / "events"
@@ -163,5 +164,5 @@ def test_memory_tier_reports_over_the_agents_route(api, s3_bucket):
 
     from lambdas.api import Api
 
-    recorded = chain_restart.recorded_checkpoints(Api(api.url, api.admin), job_id)
+    recorded = resume.recorded_checkpoints(Api(api.url, api.admin), job_id)
     assert list(recorded) == [manifest.checkpoint_uri(f"{base}/{job_id}", 10, 1)]

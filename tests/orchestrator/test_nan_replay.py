@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import time
 
-from lambdas.nan_replay import first_nan, recurred, samples_of
 from orchestrator.backends.base import NodeStatus, PollResult
 from orchestrator.controller import Controller
 from orchestrator.settings import Settings
 from orchestrator.store import Database, repo
+from recovery.nan_replay import first_nan, recurred, samples_of
 from tests.orchestrator.test_straggler import Running
 
 NAN = {"step": 12, "rank": "3", "origin_ranks": ["3"], "consumed_samples": 96}

@@ -35,8 +35,9 @@ RUNTIME_PROVIDED = frozenset(
     canonicalize_name(n) for n in ("boto3", "botocore", "s3transfer", "jmespath", "python-dateutil", "urllib3", "six")
 )
 
-# Copied whole: the handlers and the standard-library contracts module they import.
-HANDLER_PACKAGES = ("lambdas", "aerie_contracts")
+# Copied whole: the handlers, the recovery package they decide with, and the standard-library
+# contracts module they import.
+HANDLER_PACKAGES = ("lambdas", "recovery", "aerie_contracts")
 
 TRAINER_FILES = (
     "trainer/__init__.py",

@@ -429,8 +429,8 @@ def test_sagemaker_state_change_event_maps_to_an_aerie_attempt_event():
 
 
 def test_the_mapped_event_drives_chaining_to_a_resumed_attempt_two():
-    """What chain_restart does with the mapped event: retry, then attempt 2's CreateTrainingJob."""
-    from lambdas.chain_restart import classify
+    """What chaining does with the mapped event: retry, then attempt 2's CreateTrainingJob."""
+    from recovery.classify import classify
 
     event = json.loads((DATA / "eventbridge_training_job_failed.json").read_text())
     d = event_from_sagemaker(event)["detail"]

@@ -13,7 +13,6 @@ import pytest
 
 from aerie_contracts import env as aerie_env
 from aerie_contracts.env import SLURM_PORT_BASE, SLURM_PORT_SPAN
-from aerie_contracts.restarts import memory_tier_off
 from agent.contract import read_json, write_json
 from agent.slurm import memory_env as node_memory_env
 from agent.slurm import memory_port, split_hosts
@@ -29,6 +28,7 @@ from orchestrator.backends.slurm import (
     render_script,
 )
 from orchestrator.spec import JobSpec
+from recovery.modes import memory_tier_off
 from tests.helpers.launch_requests import launch_request
 
 

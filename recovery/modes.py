@@ -1,4 +1,5 @@
-"""In place or relaunch: how chain_restart's next attempt starts (`aerie_contracts.restarts`).
+"""In place, a spare swap, or a relaunch: how the next attempt starts, and what the control plane
+may assume of it before the decision is made.
 
 In place when the failed attempt's nodes are still fit to run it again (a rank crash, a hang, a
 NaN that may not recur, a blame that does not yet exclude its node): the agents stay up and
@@ -9,7 +10,12 @@ consecutive in-place restarts already spent (a fault that survives in place that
 in the allocation itself). With hot spares (`resources.spare_nodes`), a relaunch forced by a lost,
 preempted, pre-flight-failed or excluded node becomes an in-place attempt after all: the surviving
 nodes restart their worker groups and a waiting spare takes each failed node's rank slot
-(`with_spares`). Standard library only (Lambda bundle).
+(`with_spares`).
+
+Before chaining decides, the control plane asks this module too: whether a job's agents outlive
+their worker groups at all (`in_place_on`, `not_in_place`), whether a failed attempt's agents are
+kept up for a possible in-place successor (`keeps_warm`), and whether the memory tier runs
+(`memory_tier_off`: its snapshots serve in-place restarts). Standard library only (Lambda bundle).
 """
 
 from __future__ import annotations
@@ -19,11 +25,11 @@ from typing import Any
 from aerie_contracts.restarts import (
     DEFAULT_IN_PLACE_RESTARTS,
     IN_PLACE_BACKENDS,
+    MEMORY_TIER_BACKENDS,
     NOT_REUSABLE,
     SPARE_REPAIRS,
     RestartMode,
     mode_of,
-    not_in_place,
 )
 
 
@@ -31,7 +37,7 @@ def decide(
     job: dict[str, Any], failed: dict[str, Any], reason: dict[str, Any], exclude: list[str]
 ) -> tuple[RestartMode, str]:
     """(mode, why) for the attempt after `failed`; `exclude` are the hosts the next attempt leaves
-    out (blamed often enough: `chain_restart.excluded_hosts`)."""
+    out (blamed often enough: `recovery.budget.excluded_hosts`)."""
     backend = job.get("backend", "")
     if backend not in IN_PLACE_BACKENDS:
         return RestartMode.RELAUNCH, f"the {backend} backend relaunches every attempt"
@@ -48,7 +54,7 @@ def decide(
     bad = sorted(set(exclude) & set(hosts))
     if bad:
         return RestartMode.RELAUNCH, f"blamed node(s) {', '.join(bad)} excluded: a new allocation leaves them out"
-    budget = int((job.get("spec") or {}).get("retry", {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS))
+    budget = in_place_budget(job.get("spec") or {})
     done = in_place_streak(job["attempt_list"], failed["number"])
     if done >= budget:
         return RestartMode.RELAUNCH, f"{done} in-place restart(s) in a row: retry.in_place_restarts={budget} spent"
@@ -88,7 +94,7 @@ def with_spares(
         return mode, why, {}
     if len(gone) > len(spares):
         return mode, f"{why}; {len(gone)} node(s) to replace, {len(spares)} hot spare(s)", {}
-    budget = int((job.get("spec") or {}).get("retry", {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS))
+    budget = in_place_budget(job.get("spec") or {})
     done = in_place_streak(job["attempt_list"], failed["number"])
     if done >= budget:
         return mode, why, {}
@@ -96,3 +102,67 @@ def with_spares(
     swaps = ", ".join(f"{spare} for {host}" for host, spare in replaced.items())
     why = f"{why}; hot spare(s) take the slot(s): {swaps} (in place {done + 1} of {budget})"
     return RestartMode.IN_PLACE, why, replaced
+
+
+def not_in_place(spec: dict[str, Any]) -> str | None:
+    """Why a job's spec rules in-place restarts out (None: it does not)."""
+    if (spec.get("backend_options") or {}).get("netns"):
+        return "network namespaces (backend_options.netns) are made per attempt"
+    if (spec.get("checkpoint") or {}).get("marker"):
+        # Not yet: a third-party trainer's node-local checkpoint directory would need clearing and
+        # its sync restarting between worker groups (agent/byo_checkpoints.py).
+        return "a third-party trainer's checkpoint directory (checkpoint.marker) is per attempt"
+    return None
+
+
+def may_restart_in_place(backend: str, reason: dict[str, Any] | None, budget: int) -> bool:
+    """Whether a failed attempt could still be followed in place, before blame is known: the
+    controller keeps its agents up until chaining decides (it tears them down on a relaunch)."""
+    kind = (reason or {}).get("kind")
+    return backend in IN_PLACE_BACKENDS and budget > 0 and kind not in NOT_REUSABLE
+
+
+def may_take_spare(backend: str, reason: dict[str, Any] | None, budget: int, spares: list[str]) -> bool:
+    """Whether a failed attempt that cannot be reused as it is may still be followed in place, a
+    hot spare taking the failed node's slot: the controller keeps the survivors' agents up."""
+    kind = (reason or {}).get("kind")
+    return backend in IN_PLACE_BACKENDS and budget > 0 and bool(spares) and kind in SPARE_REPAIRS
+
+
+def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
+    """Why a job takes no in-memory checkpoints (None: it does). They serve restarts on warm nodes,
+    so they run where in-place restarts do, with a peer node to hold each node's replica."""
+    every = (spec.get("checkpoint") or {}).get("memory_every_steps", "auto")
+    if every in (0, "0"):
+        return "checkpoint.memory_every_steps is 0"
+    if backend not in IN_PLACE_BACKENDS:
+        return f"the {backend} backend does not restart in place yet"
+    if backend not in MEMORY_TIER_BACKENDS:
+        return f"the {backend} backend has no in-memory checkpoint tier yet"
+    if (spec.get("retry") or {}).get("max_restarts") == 0:
+        return "retry.max_restarts is 0: no attempt would resume from them"
+    if in_place_budget(spec) <= 0:
+        return "retry.in_place_restarts is 0"
+    if int((spec.get("resources") or {}).get("instance_count", 1)) < 2:
+        return "one node: no peer to hold a replica"
+    return not_in_place(spec)
+
+
+def in_place_budget(spec: dict[str, Any]) -> int:
+    """`retry.in_place_restarts`: consecutive in-place restarts before a relaunch (0: never)."""
+    return int((spec.get("retry") or {}).get("in_place_restarts", DEFAULT_IN_PLACE_RESTARTS))
+
+
+def in_place_on(spec: dict[str, Any]) -> bool:
+    """Whether the job's agents outlive their worker groups (in-place restarts, hot spares)."""
+    retry = spec.get("retry") or {}
+    return int(retry.get("max_restarts", 0)) > 0 and in_place_budget(spec) > 0 and not not_in_place(spec)
+
+
+def keeps_warm(spec: dict[str, Any], backend: str, reason: dict[str, Any] | None, spares: list[str]) -> bool:
+    """Whether a failed attempt's agents stay up for chaining to restart it in place (before blame
+    is known): a failure that leaves the allocation reusable, or a lost node a hot spare may replace."""
+    if not_in_place(spec):
+        return False
+    budget = in_place_budget(spec)
+    return may_restart_in_place(backend, reason, budget) or may_take_spare(backend, reason, budget, spares)

@@ -1,9 +1,9 @@
-"""The in-place / relaunch decision (lambdas/restart_mode.py) on job documents as the API returns them."""
+"""The in-place / relaunch decision (recovery/modes.py) on job documents as the API returns them."""
 
 from __future__ import annotations
 
-from aerie_contracts.restarts import CAUSE_MODE, RestartMode, may_restart_in_place, mode_of
-from lambdas.restart_mode import decide, in_place_streak
+from aerie_contracts.restarts import CAUSE_MODE, RestartMode, mode_of
+from recovery.modes import decide, in_place_streak, may_restart_in_place
 
 NODES = [{"host": "algo-1"}, {"host": "algo-2"}]
 

@@ -1,4 +1,4 @@
-"""Blame from evidence (`lambdas/blame.py`): which node a failed attempt is the fault of.
+"""Blame from evidence (`recovery/blame.py`): which node a failed attempt is the fault of.
 
 The two recorded cases are real runs of the tiny trainer on 2 local nodes x 2 ranks (gloo), as
 the control plane's `GET /v1/jobs` returned them (tests/data/blame/, evidence trimmed to what
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lambdas.blame import blame_attempt
+from recovery.blame import blame_attempt
 
 DATA = Path(__file__).parent.parent / "data" / "blame"
 T0 = 1_800_000_000.0

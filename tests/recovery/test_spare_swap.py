@@ -1,10 +1,10 @@
-"""Hot spares in chaining's decision (lambdas/restart_mode.with_spares): a relaunch forced by a lost
+"""Hot spares in chaining's decision (recovery.modes.with_spares): a relaunch forced by a lost
 or excluded node becomes an in-place attempt with a spare in the failed node's rank slot."""
 
 from __future__ import annotations
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
-from lambdas.restart_mode import with_spares
+from recovery.modes import with_spares
 
 NODES = [{"host": "algo-1"}, {"host": "algo-2"}]
 
