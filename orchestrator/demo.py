@@ -24,7 +24,7 @@ import httpx
 from aerie_contracts import env as aerie_env
 from aerie_contracts.checkpoints import CheckpointTier
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES
-from aerie_contracts.states import AttemptState
+from aerie_contracts.states import JOB_TERMINAL, AttemptState
 from orchestrator.client import ApiError, Client
 from orchestrator.settings import Settings
 
@@ -74,7 +74,7 @@ def _lose_a_node_later(aerie: list[str], env: dict[str, str], name: str, done: t
         try:
             job = client.job(name)
             attempts = job["attempt_list"]
-            if len(attempts) > NODE_LOSS_ATTEMPT or job["state"] not in ("InProgress", "Submitted"):
+            if len(attempts) > NODE_LOSS_ATTEMPT or job["state"] in JOB_TERMINAL:
                 return
             if len(attempts) < NODE_LOSS_ATTEMPT or attempts[-1]["state"] != AttemptState.RUNNING:
                 continue
