@@ -8,18 +8,27 @@ PYTEST_ARGS ?=
 
 .PHONY: install lint test test-fast demo bench stack clean
 
+# What each set-up command installs: `make test` everything ([dev]: test tools and their stand-ins),
+# `make demo` the product and the torch stack only ([train]; no test tools, no browser).
+FULL_EXTRAS := dev,train
+DEMO_EXTRAS := train
+
 # torch==2.13.0 first, through pip: on these machines pip takes the local CPU wheel; any other spec
 # would pull gigabytes of CUDA wheels. The [train] extra pins the same version so nothing replaces
 # it. The rest through uv, which keeps the installed torch and installs the other ~220 packages in
 # parallel: ~45 s instead of pip's ~2.5 min (measured 2026-11-29, same package set); pip if uv fails.
 # `--compile-bytecode` as pip does (+8 s, on every core): without it the tests' first processes each
-# compiled transformers & co. for themselves.
-$(STAMP): pyproject.toml
+# compiled transformers & co. for themselves. $(call install_project,EXTRAS)
+define install_project
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 'uv>=0.5'
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[dev,train]' \
-		|| { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[dev,train]'; }
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[$(1)]' \
+		|| { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[$(1)]'; }
 	@$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.13.0' else f'torch {v} crept in; expected 2.13.0')"
+endef
+
+$(STAMP): pyproject.toml
+	$(call install_project,$(FULL_EXTRAS))
 	@# The browser tests (tests/browser) drive Debian's Chromium through Playwright's Python package.
 	if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then \
 		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
@@ -28,14 +37,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# What `make demo` needs and no more: the product and the torch stack ([train]), no test tools, no
-# browser (only tests/browser opens one). A full install (`make install`) serves the demo too.
+# What `make demo` needs and no more (DEMO_EXTRAS). A full install (`make install`) serves it too.
 $(DEMO_STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0 'uv>=0.5'
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[train]' \
-		|| { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[train]'; }
-	@$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.13.0' else f'torch {v} crept in; expected 2.13.0')"
+	$(call install_project,$(DEMO_EXTRAS))
 	touch $(DEMO_STAMP)
 
 # Lint, format and import order (ruff) and types (mypy, strict where `[tool.mypy]` says) before any
