@@ -14,7 +14,7 @@ from typing import Any
 from aerie_contracts import env as E
 from aerie_contracts.env import SECTIONS
 from aerie_contracts.failures import FailureKind
-from aerie_contracts.health import merge_learned
+from aerie_contracts.health import HealthSettings, merge_learned
 from agent.identity import IdentityError, NodeIdentity, ml_root, resolve_identity
 
 log = logging.getLogger("aerie.agent")
@@ -37,10 +37,16 @@ class AgentConfig:
     api: str = ""
     token: str = ""
     attempt: str = ""
-    health: dict[str, Any] = field(default_factory=dict)
+    health: HealthSettings = field(default_factory=HealthSettings)  # AERIE_HEALTH, parsed once here
     learned: dict[str, list[float]] = field(default_factory=dict)  # AERIE_SECTIONS
     interfaces: tuple[str, ...] = ()
     identity: NodeIdentity | None = None  # where hosts/host/master came from (None: given directly)
+
+    def __post_init__(self) -> None:
+        # The health settings are typed from here on: a mapping given directly (a test, a
+        # launcher) is parsed once, here, like AERIE_HEALTH in `from_env`; nothing below re-reads it.
+        if not isinstance(self.health, HealthSettings):
+            object.__setattr__(self, "health", HealthSettings.from_dict(dict(self.health or {})))
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> AgentConfig:
@@ -70,7 +76,7 @@ class AgentConfig:
             api=env.get(E.API, ""),
             token=env.get(E.AGENT_TOKEN, ""),
             attempt=env.get(E.ATTEMPT, ""),
-            health=json.loads(env.get(E.HEALTH) or "{}"),
+            health=HealthSettings.from_dict(json.loads(env.get(E.HEALTH) or "{}")),
             learned=learned_sections(env.get(SECTIONS)),
             interfaces=tuple(i.strip() for i in ident.network_interface.split(",") if i.strip()),
             identity=ident,

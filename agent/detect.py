@@ -1,7 +1,7 @@
 """Silent-failure detectors: pure functions over one sample window.
 
 Every detector takes a :class:`Window` (what the probes saw over the last minutes, already
-JSON-shaped so recorded traces replay byte for byte) and the job's :class:`HealthConfig`, and
+JSON-shaped so recorded traces replay byte for byte) and the job's :class:`~aerie_contracts.health.HealthSettings`, and
 returns a :class:`Verdict` or ``None``. Nothing here reads files, clocks or processes, so the
 same code runs live in the agent, in trace replays and in synthetic unit tests.
 
@@ -48,12 +48,14 @@ from agent.window import last_step_ts as _last_step_ts
 from agent.window import since as _since
 from agent.window import window_evidence as _window_evidence
 
-__all__ = ["DETECTORS", "HealthConfig", "Verdict", "Window", "detect_all", "jsonable", "percentile", "step_times"]
+__all__ = ["DETECTORS", "HealthSettings", "Verdict", "Window", "detect_all", "jsonable", "percentile", "step_times"]
 
 # ----------------------------------------------------------------------------- config
 
 
-# The job spec's `health` section, defined once in the contracts (the spec validates the same class).
+# The job spec's `health` section is `aerie_contracts.health.HealthSettings`, one type for the spec
+# and the agent. This second name only keeps older imports from outside agent/ working (two tests
+# still say `from agent.detect import HealthConfig`); new code says HealthSettings.
 HealthConfig = HealthSettings
 
 
@@ -68,18 +70,18 @@ _PAUSE_SECTIONS = {
 }
 
 
-def _pause_limits(w: Window, cfg: HealthConfig) -> dict[str, float]:
+def _pause_limits(w: Window, cfg: HealthSettings) -> dict[str, float]:
     return {what: section_limit(w, cfg, section)[0] for what, section in _PAUSE_SECTIONS.items()}
 
 
-def _in_pause(w: Window, cfg: HealthConfig) -> bool:
+def _in_pause(w: Window, cfg: HealthSettings) -> bool:
     """Inside a checkpoint stall or an eval (of any rank) that has not run past its learned limit.
     An asynchronous upload is not a pause: steps run beside it, so step-hang detection goes on."""
     limits = _pause_limits(w, cfg)
     return any(w.now - t0 <= limits.get(what, cfg.pause_max_s) for o in w.open.values() for what, t0 in o.items())
 
 
-def _in_grace(w: Window, cfg: HealthConfig) -> bool:
+def _in_grace(w: Window, cfg: HealthSettings) -> bool:
     return w.now - w.started_at < cfg.startup_grace_s
 
 
@@ -100,7 +102,7 @@ def _nic_rates(w: Window, t0: float) -> dict[str, float]:
     return {name: median([b for _t, b in _since(s, t0)]) for name, s in w.nics.items() if _since(s, t0)}
 
 
-def hang_threshold(w: Window, cfg: HealthConfig) -> tuple[float, float | None]:
+def hang_threshold(w: Window, cfg: HealthSettings) -> tuple[float, float | None]:
     """The step section's limit: max(hang_floor_s, hang_factor x p95 step time, learned included)."""
     return section_limit(w, cfg, Section.STEP)
 
@@ -108,7 +110,7 @@ def hang_threshold(w: Window, cfg: HealthConfig) -> tuple[float, float | None]:
 # ----------------------------------------------------------------------------- detectors
 
 
-def detect_hang(w: Window, cfg: HealthConfig) -> Verdict | None:
+def detect_hang(w: Window, cfg: HealthSettings) -> Verdict | None:
     if _in_grace(w, cfg) or _in_pause(w, cfg):
         return None
     last = _last_step_ts(w)
@@ -167,7 +169,7 @@ def detect_hang(w: Window, cfg: HealthConfig) -> Verdict | None:
     )
 
 
-def detect_gpu_idle(w: Window, cfg: HealthConfig) -> Verdict | None:
+def detect_gpu_idle(w: Window, cfg: HealthSettings) -> Verdict | None:
     if _in_grace(w, cfg) or _in_pause(w, cfg) or len(w.accel) < 2:
         return None
     t0 = w.now - cfg.gpu_idle_s
@@ -210,7 +212,7 @@ def _retrans_rates(w: Window, t_recent: float) -> tuple[float, float]:
     return delta, base
 
 
-def detect_nic_stall(w: Window, cfg: HealthConfig) -> Verdict | None:
+def detect_nic_stall(w: Window, cfg: HealthSettings) -> Verdict | None:
     if _in_grace(w, cfg) or _in_pause(w, cfg):
         return None
     t_recent = w.now - cfg.nic_window_s
@@ -281,7 +283,7 @@ def detect_nic_stall(w: Window, cfg: HealthConfig) -> Verdict | None:
     return None
 
 
-def detect_loss_nan(w: Window, cfg: HealthConfig) -> Verdict | None:
+def detect_loss_nan(w: Window, cfg: HealthSettings) -> Verdict | None:
     for rank, series in sorted(w.steps.items()):
         for t, step, loss, _s in series:
             value = _as_loss(loss)
@@ -322,7 +324,7 @@ def _robust_z(values: list[float], x: float) -> float:
     return (x - med) / scale
 
 
-def detect_loss_spike(w: Window, cfg: HealthConfig) -> Verdict | None:
+def detect_loss_spike(w: Window, cfg: HealthSettings) -> Verdict | None:
     n = cfg.spike_steps
     for rank, series in sorted(w.steps.items()):
         losses = [(s[1], v) for s in series if (v := _as_loss(s[2])) is not None and math.isfinite(v)]
@@ -359,7 +361,7 @@ DETECTORS = (
 )
 
 
-def detect_all(window: Window | dict, cfg: HealthConfig) -> list[Verdict]:
+def detect_all(window: Window | dict, cfg: HealthSettings) -> list[Verdict]:
     """Every verdict the window supports, most specific cause first."""
     w = window if isinstance(window, Window) else Window.from_dict(window)
     return [v for d in DETECTORS if (v := d(w, cfg)) is not None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from statistics import median
 
@@ -20,8 +20,9 @@ from aerie_contracts.health import (
     SUMMARY_RANKS,
     SUMMARY_SECTIONS,
     SUMMARY_SLOWEST_RANK,
+    HealthSettings,
 )
-from agent.detect import HealthConfig, Verdict, Window, detect_all, percentile, step_times
+from agent.detect import Verdict, Window, detect_all, percentile, step_times
 from agent.probes.gpu import CpuAcceleratorProbe, NvmlProbe, RankProcesses, make_accelerator_probe
 from agent.probes.nic import NicProbe, interfaces_from_resourceconfig
 from agent.probes.progress import ProgressProbe
@@ -32,10 +33,17 @@ ACCEL_SPAN_S = 90.0  # accelerator history handed to detectors (hang looks back 
 STEPS_PER_RANK = 200  # steps handed to detectors (p95 step time, spike baseline)
 
 
+def settings_of(health: HealthSettings | Mapping | None, **defaults: object) -> HealthSettings:
+    """The typed settings: as given, or parsed from JSON's mapping (keys it lacks from `defaults`)."""
+    if isinstance(health, HealthSettings):
+        return health
+    return HealthSettings.from_dict({**defaults, **(health or {})})
+
+
 class Observations:
     """Ring buffers of one node's samples; ``add`` one tick, ``window`` for the detectors."""
 
-    def __init__(self, progress: ProgressProbe, cfg: HealthConfig, learned: dict[str, list[float]] | None = None):
+    def __init__(self, progress: ProgressProbe, cfg: HealthSettings, learned: dict[str, list[float]] | None = None):
         self.cfg = cfg
         self.learned = dict(learned or {})  # section durations of the job's previous attempts
         maxlen = max(16, int(cfg.window_s / max(cfg.sample_s, 0.05)) + 1)
@@ -93,7 +101,7 @@ class Monitor:
         *,
         node_dir: Path,
         metrics_dir: Path,
-        health: dict,
+        health: HealthSettings | Mapping,
         interfaces: list[str] | None = None,
         host: str = "",
         sample_s: float = 1.0,
@@ -103,18 +111,17 @@ class Monitor:
         proc_root: Path | str = "/proc",
         learned: dict[str, list[float]] | None = None,
     ):
-        health = dict(health or {})
-        health.setdefault("sample_s", sample_s)
-        self.cfg = HealthConfig.from_dict(health)
+        # The agent hands its settings typed (AgentConfig.health, parsed once); `sample_s` and
+        # `accelerator` are only defaults for a mapping (a recorded trace's header, a test).
+        self.cfg = settings_of(health, sample_s=sample_s, accelerator=accelerator)
         self.host = host
         self.node_dir = Path(node_dir)
         self.started_at = time.time() if started_at is None else started_at
         self.processes = RankProcesses(self.node_dir / "ranks")
         maxlen = max(16, int(self.cfg.window_s / max(self.cfg.sample_s, 0.05)) + 1)
-        accelerator = health.get("accelerator", accelerator)
-        if accelerator == "cpu":
+        if self.cfg.accelerator == "cpu":
             self.accel = CpuAcceleratorProbe(self.processes, maxlen)
-        elif accelerator == "nvml":
+        elif self.cfg.accelerator == "nvml":
             self.accel = NvmlProbe(maxlen, watch=self.cfg.gpus)
         else:
             self.accel = make_accelerator_probe(self.processes, maxlen, watch=self.cfg.gpus)
@@ -229,11 +236,14 @@ def load_trace(path: Path) -> tuple[dict, list[dict]]:
 
 
 def replay(
-    samples: Iterable[dict], health: dict, started_at: float, learned: dict[str, list[float]] | None = None
+    samples: Iterable[dict],
+    health: HealthSettings | Mapping,
+    started_at: float,
+    learned: dict[str, list[float]] | None = None,
 ) -> list[tuple[float, Verdict]]:
     """Feed recorded ticks through the live code path; every verdict with the time it fired.
     `learned`: section durations of earlier attempts (what `AERIE_SECTIONS` hands the agent)."""
-    cfg = HealthConfig.from_dict(health)
+    cfg = settings_of(health)
     obs = Observations(ProgressProbe(Path("/nonexistent")), cfg, learned=learned)
     out, seen = [], set()
     for sample in samples:

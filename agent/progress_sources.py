@@ -4,6 +4,7 @@ its TensorBoard event files (agent.tb_progress) when the spec asks for one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -11,13 +12,14 @@ from typing import Any
 
 from aerie_contracts import byo
 from aerie_contracts import env as E
+from aerie_contracts.health import HealthSettings
 from agent.config import AgentConfig
 
 log = logging.getLogger("aerie.agent")
 
 
 def make_monitor(cfg: AgentConfig) -> Any:
-    if not cfg.health.get("enabled", True):
+    if not cfg.health.enabled:
         return None
     try:
         from agent.monitor import Monitor
@@ -29,7 +31,6 @@ def make_monitor(cfg: AgentConfig) -> Any:
         health=tb_health(cfg.health, E.LOG_METRICS.get()),
         interfaces=list(cfg.interfaces) or None,
         host=cfg.host,
-        sample_s=float(cfg.health.get("sample_s", 1.0)),
         started_at=time.time(),
         learned=cfg.learned,
     )
@@ -67,7 +68,7 @@ def _tb_setting(log_metrics: str | None) -> dict[str, Any] | None:
         return None
 
 
-def tb_health(health: dict[str, Any], log_metrics: str | None) -> dict[str, Any]:
+def tb_health(health: HealthSettings, log_metrics: str | None) -> HealthSettings:
     """With TensorBoard as the only progress source, a step reaches the agent up to `flush_s` late
     (the writer's flush interval): the hang floor grows by that much, so a healthy run is not hung."""
     tb = _tb_setting(log_metrics)
@@ -76,10 +77,7 @@ def tb_health(health: dict[str, Any], log_metrics: str | None) -> dict[str, Any]
     cfg = json.loads(log_metrics or "{}")
     if cfg.get("preset") or cfg.get("definitions"):
         return health  # log lines carry the steps in real time; TensorBoard adds its metrics
-    from aerie_contracts.health import HealthSettings
-
-    floor = float(health.get("hang_floor_s") or HealthSettings().hang_floor_s)
-    return {**health, "hang_floor_s": floor + tb["flush_s"]}
+    return dataclasses.replace(health, hang_floor_s=health.hang_floor_s + tb["flush_s"])
 
 
 def make_tb_progress(cfg: AgentConfig) -> Any:

@@ -229,8 +229,7 @@ class Supervisor:
         """Tick, beat and escalate until the worker group ends; then its last lines and leftovers."""
         assert self.proc is not None
         cfg = self.cfg
-        sample_s = float(cfg.health.get("sample_s", 1.0))
-        heartbeat_s = float(cfg.health.get("heartbeat_s", 5.0))
+        sample_s, heartbeat_s = cfg.health.sample_s, cfg.health.heartbeat_s
         next_beat = next_tick = next_stall_check = 0.0
         while self.proc.poll() is None:
             now = time.time()
@@ -356,13 +355,12 @@ class Supervisor:
         False: the spare fails them and never takes a slot."""
         import socket
 
-        from aerie_contracts.health import HealthSettings
         from aerie_contracts.preflight import summary_line
         from agent.preflight import Node, run_checks
         from agent.preflight.node import RESULT_FILE
 
         cfg = self.cfg
-        settings = HealthSettings.from_dict(cfg.health).preflight
+        settings = cfg.health.preflight
         if not settings.enabled:
             return True
         with socket.socket() as sock:
@@ -487,12 +485,11 @@ class Supervisor:
     def _preflight(self) -> bool:
         """The spec's pre-flight checks (`health.preflight`, agent/preflight/) before this group's
         ranks start: False when this node failed them or a peer did (no rank starts)."""
-        from aerie_contracts.health import HealthSettings
         from agent.preflight import Node
         from agent.preflight.node import Gate
 
         cfg = self.cfg
-        settings = HealthSettings.from_dict(cfg.health).preflight
+        settings = cfg.health.preflight
         self.preflight_outcome = None
         if not settings.enabled or (self.groups > 1 and not settings.in_place):
             return True
@@ -511,7 +508,7 @@ class Supervisor:
             dict(os.environ),
             self.reporter,
             cfg.node_dir,
-            heartbeat_s=float(cfg.health.get("heartbeat_s", 5.0)),
+            heartbeat_s=cfg.health.heartbeat_s,
             stop=self._stop,
         )
         go = gate.run()

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
+from aerie_contracts.health import HealthSettings
 from agent.detect import (
-    HealthConfig,
     Verdict,
     Window,
     detect_all,
@@ -20,7 +20,7 @@ from agent.detect import (
     detect_nic_stall,
 )
 
-CFG = HealthConfig()
+CFG = HealthSettings()
 
 
 def make_window(
@@ -63,7 +63,7 @@ def make_window(
     )
 
 
-def kinds(w: Window, cfg: HealthConfig = CFG) -> list[str]:
+def kinds(w: Window, cfg: HealthSettings = CFG) -> list[str]:
     return [v.kind for v in detect_all(w, cfg)]
 
 
@@ -71,11 +71,11 @@ def kinds(w: Window, cfg: HealthConfig = CFG) -> list[str]:
 
 
 def test_health_config_defaults_overrides_and_unknown_keys():
-    assert HealthConfig.from_dict({}) == HealthConfig()
-    assert HealthConfig.from_dict(None).hang_floor_s == 30
-    cfg = HealthConfig.from_dict({"hang_floor_s": "12", "spike_steps": 5.0, "made_up": 1, "gpu_idle_s": None})
+    assert HealthSettings.from_dict({}) == HealthSettings()
+    assert HealthSettings.from_dict(None).hang_floor_s == 30
+    cfg = HealthSettings.from_dict({"hang_floor_s": "12", "spike_steps": 5.0, "made_up": 1, "gpu_idle_s": None})
     assert cfg.hang_floor_s == 12.0 and cfg.spike_steps == 5 and isinstance(cfg.spike_steps, int)
-    assert cfg.gpu_idle_s == HealthConfig().gpu_idle_s
+    assert cfg.gpu_idle_s == HealthSettings().gpu_idle_s
 
 
 def test_clean_steady_window_has_no_verdict():

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from aerie_contracts import byo
+from aerie_contracts.health import HealthSettings
 from aerie_contracts.metrics import MetricEvent
-from agent.detect import HealthConfig
 from agent.logparse import LogParser, SegmentSplitter
 from agent.monitor import Observations
 from agent.probes.progress import ProgressProbe
@@ -167,7 +167,7 @@ def test_a_raw_create_training_job_metric_definition_drives_progress(tmp_path):
     ).stdout
     assert "step=3 train_loss=1.000" in out  # the output itself passes through unchanged
     probe = ProgressProbe(tmp_path / "metrics")
-    obs = Observations(probe, HealthConfig.from_dict({}))
+    obs = Observations(probe, HealthSettings.from_dict({}))
     obs.add({"now": 5.0, "records": probe.sample()})
     assert probe.last_step() == 3 and probe.last_loss() == pytest.approx(1.0)
     assert [s[1] for s in obs.window(5.0, 0.0).steps["0"]] == [1, 2, 3]

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 from aerie_contracts.env import SECTIONS
 from aerie_contracts.failures import FailureKind
-from aerie_contracts.health import SUMMARY_SECTIONS, Section, compact_learned
+from aerie_contracts.health import SUMMARY_SECTIONS, HealthSettings, Section, compact_learned
 from aerie_contracts.metrics import MetricEvent
 from agent.config import AgentConfig
-from agent.detect import HealthConfig, detect_all
+from agent.detect import detect_all
 from agent.monitor import Observations, replay
 from agent.probes.progress import ProgressProbe
 from agent.sections import learned_summary, section_limit
@@ -78,7 +78,7 @@ def kinds(fired) -> list[str]:
 
 
 def window_after(samples: list[dict], health: dict | None = None, learned: dict | None = None):
-    cfg = HealthConfig.from_dict(health or {})
+    cfg = HealthSettings.from_dict(health or {})
     obs = Observations(ProgressProbe(Path("/nonexistent")), cfg, learned=learned)
     for sample in samples:
         obs.add(sample, ingest_records=True)

@@ -7,6 +7,7 @@ are the real ones. No stand-in.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import pytest
 from pydantic import ValidationError
 
 from aerie_contracts import byo
-from agent.detect import HealthConfig
+from aerie_contracts.health import HealthSettings
 from agent.monitor import Monitor
 from agent.probes.progress import ProgressProbe
 from agent.tb_progress import TensorBoardProgress, event_files
@@ -243,13 +244,15 @@ def test_the_hang_floor_allows_for_the_writers_flush():
     from agent.progress_sources import tb_health
 
     tb_only = json.dumps({"preset": None, "definitions": [], "tensorboard": {"flush_s": 120}})
-    assert tb_health({"hang_floor_s": 30}, tb_only)["hang_floor_s"] == 150
-    assert tb_health({}, tb_only)["hang_floor_s"] == HealthConfig().hang_floor_s + 120
+    floor_30 = HealthSettings(hang_floor_s=30)
+    assert tb_health(floor_30, tb_only).hang_floor_s == 150
+    assert tb_health(floor_30, tb_only) == dataclasses.replace(floor_30, hang_floor_s=150)  # nothing else moves
+    assert tb_health(HealthSettings(), tb_only).hang_floor_s == HealthSettings().hang_floor_s + 120
     with_log = json.dumps({"preset": "hf-trainer", "definitions": [], "tensorboard": {"flush_s": 120}})
-    assert tb_health({"hang_floor_s": 30}, with_log) == {"hang_floor_s": 30}  # log lines are real time
+    assert tb_health(floor_30, with_log) == floor_30  # log lines are real time
     flushed = json.dumps({"tensorboard": {"flush_s": 0}})
-    assert tb_health({"hang_floor_s": 30}, flushed) == {"hang_floor_s": 30}
-    assert tb_health({"hang_floor_s": 30}, None) == {"hang_floor_s": 30}
+    assert tb_health(floor_30, flushed) == floor_30
+    assert tb_health(floor_30, None) == floor_30
 
 
 TRAINER = """

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.detect import HealthConfig
+from aerie_contracts.health import HealthSettings
 from agent.monitor import load_trace, replay
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -64,7 +64,7 @@ def test_hang_is_detected_within_the_goal():
     for name in ("sigstop", "busy_spin"):
         _header, t, v = first_verdict(name)
         last_step_t = t - v.evidence["stalled_s"]
-        assert t - last_step_t <= max(30.0, 3 * (v.evidence["step_time_p95"] or 0)) + 2 * HealthConfig().sample_s
+        assert t - last_step_t <= max(30.0, 3 * (v.evidence["step_time_p95"] or 0)) + 2 * HealthSettings().sample_s
 
 
 def test_nic_traces_name_the_link():
