@@ -7,13 +7,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import boto3
 import httpx
 import uvicorn
 from botocore.config import Config
 
-from orchestrator.harness.control_plane import free_port
+from devtools.harness.control_plane import free_port
 
 REGION = "us-east-1"
 ROLE = "arn:aws:iam::123456789012:role/AerieTraining"
@@ -36,6 +37,20 @@ def serve(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def served_api(home) -> Iterator[SimpleNamespace]:
+    """An API of its own under `home`, over real HTTP, without a controller: `.url`, `.app`, and
+    `.admin` (its admin token)."""
+    from orchestrator.server import build_app
+    from orchestrator.settings import Settings
+
+    settings = Settings(home=home)
+    app = build_app(settings, with_controller=False)
+    admin = settings.admin_token_path.read_text().strip()
+    with serve(app) as url:
+        yield SimpleNamespace(url=url, app=app, admin=admin)
 
 
 def aws_keys(url: str, admin_token: str, **body) -> tuple[str, str]:

@@ -20,10 +20,8 @@ from botocore.exceptions import ClientError
 
 from orchestrator.backends.sagemaker import SageMakerBackend
 from orchestrator.sagemaker_api.call import EndpointSettings
-from orchestrator.server import build_app
-from orchestrator.settings import Settings
 from orchestrator.store import repo
-from tests.helpers.sagemaker import ROLE, aws_keys, client, request, serve
+from tests.helpers.sagemaker import ROLE, aws_keys, client, request, served_api
 
 # Every request field CreateTrainingJob takes that Aerie stores, in one "held-out style" request:
 # spot, VPC, KMS, FastFile, retry, checkpoint, metric definitions, tags, environment and the rest.
@@ -105,11 +103,8 @@ UNHONOURED = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One API for the module; each test works in a tenant of its own (tenants share nothing)."""
-    settings = Settings(home=tmp_path_factory.mktemp("sagemaker-api"))
-    app = build_app(settings, with_controller=False)
-    admin = settings.admin_token_path.read_text().strip()
-    with serve(app) as url:
-        yield SimpleNamespace(url=url, app=app, admin=admin)
+    with served_api(tmp_path_factory.mktemp("sagemaker-api")) as api:
+        yield api
 
 
 @pytest.fixture

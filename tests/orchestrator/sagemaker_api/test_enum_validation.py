@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import uuid
-from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -21,9 +20,7 @@ from botocore.exceptions import ClientError
 from botocore.model import ShapeResolver
 
 from orchestrator.sagemaker_api import shapes
-from orchestrator.server import build_app
-from orchestrator.settings import Settings
-from tests.helpers.sagemaker import REGION, aws_keys, request, serve
+from tests.helpers.sagemaker import REGION, aws_keys, request, served_api
 
 
 def _channel(**s3) -> dict:
@@ -54,11 +51,8 @@ def _with(path: tuple, value) -> dict:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    settings = Settings(home=tmp_path_factory.mktemp("sagemaker-enums"))
-    app = build_app(settings, with_controller=False)
-    admin = settings.admin_token_path.read_text().strip()
-    with serve(app) as url:
-        yield SimpleNamespace(url=url, admin=admin)
+    with served_api(tmp_path_factory.mktemp("sagemaker-enums")) as api:
+        yield api
 
 
 @pytest.fixture

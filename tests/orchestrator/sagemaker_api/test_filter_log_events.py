@@ -40,10 +40,8 @@ from botocore.config import Config
 from orchestrator import sagemaker_mapping as mapping
 from orchestrator.sagemaker_api import logs as logs_api
 from orchestrator.sagemaker_api.errors import AwsError
-from orchestrator.server import build_app
-from orchestrator.settings import Settings
 from orchestrator.store import repo
-from tests.helpers.sagemaker import REGION, aws_keys, aws_profile, client, request, serve
+from tests.helpers.sagemaker import REGION, aws_keys, aws_profile, client, request, served_api
 
 GROUP = "/aws/sagemaker/TrainingJobs"
 T0 = 1_780_000_000.0  # attempts' start times (s): the events' timestamps are these, in ms
@@ -51,11 +49,8 @@ T0 = 1_780_000_000.0  # attempts' start times (s): the events' timestamps are th
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    settings = Settings(home=tmp_path_factory.mktemp("filter-log-events"))
-    app = build_app(settings, with_controller=False)
-    admin = settings.admin_token_path.read_text().strip()
-    with serve(app) as url:
-        yield SimpleNamespace(url=url, app=app, admin=admin)
+    with served_api(tmp_path_factory.mktemp("filter-log-events")) as api:
+        yield api
 
 
 @pytest.fixture
