@@ -17,19 +17,21 @@ from orchestrator.store import repo
 from tests.agent.test_chaos import _status, rank_proc  # noqa: F401
 
 
+def _running_job(app, name: str, root) -> str:
+    """A local job whose attempt 1 runs on algo-1 and algo-2 (2 ranks each), its nodes under `root`."""
+    with app.state.db.session() as s:
+        spec = {"name": name, "backend": "local", "entrypoint": ["x"], "resources": {"procs_per_node": 2}}
+        job = repo.create_job(s, spec, "default")
+        attempt = repo.create_attempt(s, job, 1)
+        attempt.state = "Running"
+        attempt.handle = {"root": str(root), "hosts": ["algo-1", "algo-2"]}
+        return job.id
+
+
 def test_the_api_delivers_audits_and_the_agent_acts(api, tmp_path, rank_proc):  # noqa: F811
     client, app, admin = api
     proc = rank_proc(3, children=1)
-    with app.state.db.session() as s:
-        job = repo.create_job(
-            s,
-            {"name": "rehearse", "backend": "local", "entrypoint": ["x"], "resources": {"procs_per_node": 2}},
-            "default",
-        )
-        attempt = repo.create_attempt(s, job, 1)
-        attempt.state = "Running"
-        attempt.handle = {"root": str(tmp_path.parent / tmp_path.name / "nodes"), "hosts": ["algo-1", "algo-2"]}
-        job_id = job.id
+    job_id = _running_job(app, "rehearse", tmp_path / "nodes")
     auth = {"Authorization": f"Bearer {admin}"}
     assert (
         client.post(
@@ -70,16 +72,7 @@ def test_a_node_loss_kills_the_whole_node_and_wipes_its_memory_at_once(api, tmp_
         [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, env.ML_ROOT: str(node_root)}
     )
     try:
-        with app.state.db.session() as s:
-            job = repo.create_job(
-                s,
-                {"name": "lose", "backend": "local", "entrypoint": ["x"], "resources": {"procs_per_node": 2}},
-                "default",
-            )
-            attempt = repo.create_attempt(s, job, 1)
-            attempt.state = "Running"
-            attempt.handle = {"root": str(tmp_path / "nodes"), "hosts": ["algo-1", "algo-2"]}
-            job_id = job.id
+        job_id = _running_job(app, "lose", tmp_path / "nodes")
         auth = {"Authorization": f"Bearer {admin}"}
         r = client.post(f"/v1/jobs/{job_id}/chaos", json={"node": 1, "fault": "sigstop"}, headers=auth)
         assert r.status_code == 422 and "rank" in r.text
