@@ -34,7 +34,7 @@ from aerie_contracts import memckpt
 from aerie_contracts import memckpt_lease as memory_lease
 from aerie_contracts.states import AttemptState
 from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
-from orchestrator.backends import local_fence, netns, placement
+from orchestrator.backends import in_place, local_fence, netns, placement
 from orchestrator.backends.base import (
     Backend,
     LaunchRequest,
@@ -236,28 +236,12 @@ class LocalBackend(Backend):
         if isinstance(existing, dict) and existing.get("attempt_id") == request.attempt_id:
             self.adopt(request, existing)
             return existing  # idempotent: a re-adopted launch keeps its port
-        # A rendezvous port of its own: a new worker group can never join a store the last one's
-        # torchrun still serves while it is being stopped.
-        handle = {
-            **request.in_place_of,
-            "attempt_id": request.attempt_id,
-            "in_place": True,
-            "master_port": _free_port(),
-        }
-        if memckpt.HANDLE_KEY in handle:
-            # A key of this attempt's own (GET .../next hands it to each agent as it switches): the
-            # last attempt's stops being accepted by a node once it switched.
-            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
+        # Every local node shares this host's ports: a free one, not the rule's next (in_place.py).
+        handle = in_place.next_handle(request.in_place_of, request, master_port=_free_port())
+        fresh: list[str] = []
         if request.replace_nodes:
-            # Hot spares take the replaced nodes' rank slots; they are spares no more.
-            handle["hosts"] = placement.swap(list(handle["hosts"]), request.replace_nodes)
-            left = [h for h in handle.get("spares", []) if h not in request.replace_nodes.values()]
-            handle["spares"] = left
-            handle["replaced_nodes"] = dict(request.replace_nodes)
             handle["master_addr"] = master_addr(handle)  # a spare may hold rank 0's slot now
             fresh = self._replenish(request, handle)
-        else:
-            fresh = []
         write_json(path, handle)
         # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
         root = Path(handle["root"])

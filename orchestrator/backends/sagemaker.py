@@ -54,6 +54,7 @@ from lambdas.sagemaker_events import (  # noqa: F401 - event_from_sagemaker re-e
     failure_reason,
     transitions,
 )
+from orchestrator.backends import in_place
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
 from orchestrator.backends.nodeenv import (
     attempt_env,
@@ -198,24 +199,10 @@ class SageMakerBackend(Backend):
         if status != "InProgress":
             log.warning("training job %s is %s: %s is launched anew, not in place", name, status, request.attempt_id)
             return None
-        restarts = int(previous.get("in_place_restarts") or 0) + 1
-        handle = {
-            **previous,
-            "attempt_id": request.attempt_id,
-            "in_place": True,
-            "in_place_restarts": restarts,
-            "master_port": in_place_port(request.spec, restarts),
-        }
-        if request.replace_nodes:
-            # Hot spares take the replaced nodes' rank slots and are spares no more. A running
-            # training job cannot grow: the pool is refilled only by the next relaunch.
-            handle["hosts"] = [request.replace_nodes.get(h, h) for h in previous["hosts"]]
-            handle["spares"] = [h for h in previous.get("spares", []) if h not in request.replace_nodes.values()]
-            handle["replaced_nodes"] = dict(request.replace_nodes)
-        if memckpt.HANDLE_KEY in handle:
-            # A key of this attempt's own (GET .../next hands it to each agent as it switches).
-            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
-        return handle
+        # Hot spares take replaced nodes' slots; a running training job cannot grow: the pool is
+        # refilled only by the next relaunch.
+        port = in_place_port(request.spec, in_place.restarts_of(previous))
+        return in_place.next_handle(previous, request, master_port=port)
 
     def outcomes_from_agents(self, handle: dict[str, Any]) -> bool:
         """The training job outlives a failed worker group while its agents wait in place, so the
@@ -328,7 +315,7 @@ def in_place_port(spec: Any, restarts: int) -> int:
     (`backend_options.master_port`, else the agents' default) moved up by `restarts`, so that a
     new worker group never joins a store the last group's rank 0 may still serve."""
     base = int((spec.backend_options or {}).get("master_port") or aerie_env.DEFAULT_MASTER_PORT)
-    return 1024 + (base - 1024 + restarts) % (65536 - 1024)
+    return in_place.rendezvous_port(base, restarts)
 
 
 def create_training_job_request(

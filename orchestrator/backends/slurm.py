@@ -60,7 +60,7 @@ from aerie_contracts import FailureKind, memckpt
 from aerie_contracts import env as aerie_env
 from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
-from orchestrator.backends import base, placement
+from orchestrator.backends import base, in_place
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
 from orchestrator.backends.nodeenv import (
     attempt_env,
@@ -246,27 +246,12 @@ class SlurmBackend(Backend):
         hosts = list(previous.get("hosts") or []) or _hosts(root)
         if not hosts or not previous.get("slurm_job_id"):
             raise SlurmError(f"no running allocation to restart {request.attempt_id} in place (handle {previous})")
-        restarts = int(previous.get("in_place_restarts") or 0) + 1
-        handle = {
-            **previous,
-            "hosts": hosts,
-            "attempt_id": request.attempt_id,
-            "in_place": True,
-            "in_place_restarts": restarts,
-            "master_port": in_place_port(root, int(previous["slurm_job_id"]), restarts),
-        }
-        used: list[str] = []
+        port = in_place_port(root, int(previous["slurm_job_id"]), in_place.restarts_of(previous))
+        handle = in_place.next_handle(previous, request, master_port=port, hosts=hosts)
+        used = in_place.spares_taken(previous, request)
         if request.replace_nodes:
-            # Hot spares take the replaced nodes' rank slots.
-            handle["hosts"] = placement.swap(hosts, request.replace_nodes)
-            used = [h for h in request.replace_nodes.values() if h in (previous.get("spares") or [])]
-            handle["spares"] = [h for h in previous.get("spares") or [] if h not in used]
-            handle["replaced_nodes"] = dict(request.replace_nodes)
             # A spare may hold rank 0's slot now: the agents' rendezvous moves to its address.
             handle["master_addr"] = node_address(handle["hosts"][0])
-        if memckpt.HANDLE_KEY in handle:
-            # A key of this attempt's own (GET .../next hands it to each agent as it switches).
-            handle[memckpt.HANDLE_KEY] = memckpt.new_key()
         if used:
             # The allocation cannot grow: the pool is refilled by an allocation of its own.
             allocation = self._spare_allocation(request, root, handle, len(used))
@@ -519,7 +504,7 @@ def in_place_port(root: Path, slurm_job_id: int, restarts: int) -> int:
         aerie_env.SLURM_PORT_BASE + slurm_job_id % aerie_env.SLURM_PORT_SPAN
     )
     low, span = aerie_env.SLURM_PORT_BASE, aerie_env.SLURM_PORT_SPAN
-    return low + (int(base) - low + restarts * IN_PLACE_PORT_STRIDE) % span
+    return in_place.rendezvous_port(base, restarts, low, span, IN_PLACE_PORT_STRIDE)
 
 
 def _safe(value: str, what: str) -> str:
