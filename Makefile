@@ -9,9 +9,10 @@ PYTEST_ARGS ?=
 .PHONY: install lint test test-fast demo bench stack clean
 
 # What each set-up command installs: `make test` everything ([dev]: test tools and their stand-ins),
-# `make demo` the product and the torch stack only ([train]; no test tools, no browser).
+# `make demo` the product, the torch stack and the dev stack's loopback S3 server that `aerie up`
+# starts ([train,stack]: moto's server; no test tools, no browser).
 FULL_EXTRAS := dev,train
-DEMO_EXTRAS := train
+DEMO_EXTRAS := train,stack
 
 # torch==2.13.0 first, through pip: on these machines pip takes the local CPU wheel; any other spec
 # would pull gigabytes of CUDA wheels. The [train] extra pins the same version so nothing replaces

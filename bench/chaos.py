@@ -3,12 +3,12 @@
 Three parts, one JSON line each (`--only goodput|recovery|spares` runs one):
 
 **spares** (issue #23, acceptance 1): a 2-node job with one hot spare, node algo-2's whole tree
-killed with SIGKILL after the first memory checkpoint (orchestrator/harness/spares.py): the time
+killed with SIGKILL after the first memory checkpoint (devtools/harness/spares.py): the time
 from the node's death to the first step after, against the goal: the lost-node timeout
 (`lost_after_heartbeats` x `health.heartbeat_s`) + 10 s.
 
 **recovery** (issue #22): the same three rank faults (kill -9, SIGSTOP, busy hang; one per attempt)
-in a job under each policy (orchestrator/harness/recovery.py), per fault detect / restart / restore /
+in a job under each policy (devtools/harness/recovery.py), per fault detect / restart / restore /
 redone seconds, and the goals for the tiny model on this machine: restart + restore <= 5 s after the
 verdict for a rank fault, redone steps <= memory_every_steps, snapshot overhead <= 2 % of step time
 (the snapshots' own seconds over the training seconds; beside it, the median step time with snapshots
@@ -44,10 +44,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from aerie_contracts.states import JobState  # noqa: E402
-from orchestrator.harness.chaos import TRAINER_FAULTS, run_chaos  # noqa: E402
-from orchestrator.harness.control_plane import started_plane  # noqa: E402
-from orchestrator.harness.jobs import attempt_step_records, rank_losses  # noqa: E402
-from orchestrator.harness.recovery import MEMORY_EVERY, POLICIES, PolicyRun, run_policy  # noqa: E402
+from devtools.harness.chaos import TRAINER_FAULTS, run_chaos  # noqa: E402
+from devtools.harness.control_plane import started_plane  # noqa: E402
+from devtools.harness.jobs import attempt_step_records, rank_losses  # noqa: E402
+from devtools.harness.recovery import MEMORY_EVERY, POLICIES, PolicyRun, run_policy  # noqa: E402
 
 FAULT_INTERVAL_S = 3600.0
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def spares() -> int:
     """A hot spare takes a killed node's slot in place; one JSON line."""
-    from orchestrator.harness.spares import run_spare
+    from devtools.harness.spares import run_spare
     from orchestrator.settings import Settings
 
     with started_plane("aerie-bench-spares-") as (cp, work):

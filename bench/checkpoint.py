@@ -1,6 +1,6 @@
 """Checkpoint save/restore throughput against S3 with a per-connection cap (issue 6, acceptance 4).
 
-One run, on the loopback moto server (a separate process) behind `infra/local/s3proxy.py`,
+One run, on the loopback moto server (a separate process) behind `devtools/s3proxy.py`,
 a TCP proxy with a token bucket per accepted connection, so each connection is capped the
 way S3 caps one (~80-100 MB/s on AWS) and what is measured is the client's parallelism,
 not moto's speed. Measures:
@@ -49,8 +49,8 @@ from aerie_contracts import env as aerie_env
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.s3stage import S3Stage
-from infra.local.s3proxy import ProxyProcess
-from orchestrator.devstack import S3Server
+from devtools.devstack import S3Server
+from devtools.s3proxy import ProxyProcess
 from trainer.checkpoint import manifest, s3io
 
 S3_CAP_MB = 85.0  # what one S3 connection carries on AWS (80-100 MB/s)
@@ -351,7 +351,7 @@ def main() -> None:
         aws_node_rate = a_rate * (S3_CAP_MB * MB / cap)  # same parallelism, S3's per-connection rate
         result = {
             "bench": "checkpoint",
-            "method": "per-connection token-bucket TCP proxy (infra/local/s3proxy.py) in front of moto on loopback",
+            "method": "per-connection token-bucket TCP proxy (devtools/s3proxy.py) in front of moto on loopback",
             "cap_per_connection_MBps": round(cap / MB, 3),
             "cap_scaled_from_MBps": S3_CAP_MB if args.cap_mb == "auto" else None,
             "link_MBps": round(link / MB, 1),  # moto uncapped, `connections` GETs of a 64 MB object

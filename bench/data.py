@@ -1,6 +1,6 @@
 """Training data from S3 (issue 20, acceptance 5): File-mode download and FastFile training speed.
 
-One run, on the loopback moto server (a separate process) behind `infra/local/s3proxy.py`, a TCP
+One run, on the loopback moto server (a separate process) behind `devtools/s3proxy.py`, a TCP
 proxy with a token bucket per accepted connection, so each connection is capped the way S3 caps
 one (~80-100 MB/s on AWS) and what is measured is the client's parallelism, not moto's speed.
 
@@ -52,8 +52,8 @@ from aerie_s3.settings import S3Settings  # noqa: E402
 from agent.channels import receive  # noqa: E402
 from agent.contract import NodeContract  # noqa: E402
 from bench.s3stage import S3Stage  # noqa: E402
-from infra.local.s3proxy import ProxyProcess  # noqa: E402
-from orchestrator.devstack import S3Server  # noqa: E402
+from devtools.devstack import S3Server  # noqa: E402
+from devtools.s3proxy import ProxyProcess  # noqa: E402
 
 S3_CAP_MB = 85.0
 MB = 1e6
@@ -283,7 +283,7 @@ def main() -> None:
         proxy = stage.throttle(cap)
         result = {
             "bench": "data",
-            "method": "per-connection token-bucket TCP proxy (infra/local/s3proxy.py) in front of moto on loopback",
+            "method": "per-connection token-bucket TCP proxy (devtools/s3proxy.py) in front of moto on loopback",
             "cap_per_connection_MBps": round(cap / MB, 3),
             "cap_scaled_from_MBps": S3_CAP_MB if args.cap_mb == "auto" else None,
             "link_MBps": round(link / MB, 1),

@@ -42,8 +42,8 @@ from aerie_contracts.failures import FailureKind  # noqa: E402
 from aerie_contracts.health import HealthSettings  # noqa: E402
 from aerie_contracts.metrics import STEP_S  # noqa: E402
 from aerie_contracts.states import JOB_TERMINAL, JobState  # noqa: E402
-from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
-from orchestrator.harness.jobs import FAST_HEALTH, step_records, trainer_spec  # noqa: E402
+from devtools.harness.control_plane import ControlPlane  # noqa: E402
+from devtools.harness.jobs import FAST_HEALTH, step_records, trainer_spec  # noqa: E402
 
 FAULT_STEP = 12
 SPIKE_STEP = 30  # after spike_min_baseline (20) steps of baseline
@@ -121,8 +121,8 @@ class Bench:
         self.s3 = self.proxy = None
         extra_env: dict[str, str] = {}
         if "upload_hang" in kinds:
-            from infra.local.s3proxy import ProxyProcess
-            from orchestrator.devstack import S3Server
+            from devtools.devstack import S3Server
+            from devtools.s3proxy import ProxyProcess
 
             self.s3 = S3Server.start(log_path=work / "s3.log")
             self.proxy = ProxyProcess(self.s3.host, self.s3.port, UPLOAD_RATE_BPS, str(work / "proxy-stats.json"))

@@ -1,6 +1,6 @@
 """Projected goodput of a 4,000-GPU / 500-node run over 30 days, three policies side by side (issue 24).
 
-A seeded discrete-event simulation (orchestrator/goodput/simulate.py) with Llama 3's failure rate
+A seeded discrete-event simulation (devtools/goodput_simulate.py) with Llama 3's failure rate
 and mix: 419 unexpected interruptions in 54 days on 16,384 GPUs (Meta, "The Llama 3 Herd of
 Models", 2024, table 5), scaled per GPU, causes drawn with their published shares; 4 TB
 checkpoints. Policies:
@@ -14,14 +14,14 @@ checkpoints. Policies:
   (c) Aerie in place: memory checkpoints (Young–Daly on the snapshot stall) replicated to a peer,
       hot spares for hardware faults, workers restarted in place for software faults, restore
       from memory; S3 every 2 h asynchronously. Its in-place restart and the agent's detection
-      delays are MEASURED in this run (the recovery harness, orchestrator/harness/recovery.py: one
+      delays are MEASURED in this run (the recovery harness, devtools/harness/recovery.py: one
       job of the tiny trainer on 2 local nodes x 2 ranks, a rank killed, stopped and spinning,
       each restarted in place from a memory checkpoint); the spare's swap stays assumed (hot spares
       are not measured yet), as does SageMaker's relaunch; the JSON says which.
 
 Measured in this run (unless --no-measure), each in a few seconds: restore throughput of the
 project's parallel ranged reader (aerie_s3, `--connections` GETs) and of one stream through the
-throttling proxy (infra/local/s3proxy.py) in front of the loopback S3 server, as an efficiency
+throttling proxy (devtools/s3proxy.py) in front of the loopback S3 server, as an efficiency
 against the per-connection cap, scaled to S3's ~85 MB/s per connection; the snapshot stall of an
 asynchronous save as host memory copy throughput (what the step loop waits for; a GPU's
 device-to-host copy is faster, so this is conservative); and (about 90 s, `--no-recovery` skips
@@ -55,7 +55,8 @@ from aerie_contracts.failures import FailureKind  # noqa: E402
 from aerie_contracts.goodput import LABELS, Category  # noqa: E402
 from aerie_contracts.health import HealthSettings  # noqa: E402
 from aerie_contracts.states import JobState  # noqa: E402
-from orchestrator.goodput import advice, simulate  # noqa: E402
+from devtools import goodput_simulate as simulate  # noqa: E402
+from orchestrator.goodput import advice  # noqa: E402
 
 MB = 1e6
 GPUS, NODES = 4000, 500
@@ -107,8 +108,8 @@ def measure_restore(connections: int, size_mb: int) -> dict:
     cap, through the throttling proxy in front of loopback S3."""
     from aerie_s3 import ranged
     from aerie_s3.settings import S3Settings
-    from infra.local.s3proxy import ProxyProcess
-    from orchestrator.devstack import S3Server
+    from devtools.devstack import S3Server
+    from devtools.s3proxy import ProxyProcess
 
     work = Path(tempfile.mkdtemp(prefix="aerie-goodput-"))
     server = S3Server.start(log_path=work / "moto.log")
@@ -169,8 +170,8 @@ def measure_recovery() -> dict:
     """The in-place recovery of the tiny trainer's rank faults on this machine (the harness of
     `bench/chaos.py --only recovery`, its `in place + memory` policy): per fault kind, the agent's
     detection delay (last step -> verdict) and the restart (verdict -> the new ranks restoring)."""
-    from orchestrator.harness.control_plane import started_plane
-    from orchestrator.harness.recovery import run_policy
+    from devtools.harness.control_plane import started_plane
+    from devtools.harness.recovery import run_policy
 
     with started_plane("aerie-goodput-recovery-") as (cp, work):
         run = run_policy(cp, work, "in place + memory", bucket="s3://aerie/goodput-recovery")
@@ -223,7 +224,7 @@ def parameters(args, measured: dict | None, snapshot_Bps: float | None, recovery
     p["snapshot_stall_s"] = param(per_node / snap, "s", "derived", "the step loop's wait per async save")
     p["collective_timeout_s"] = param(1800.0, "s", "assumed", "the seed's baseline NCCL timeout")
     rec = recovery or {}
-    here = "tiny trainer, 2 local nodes x 2 ranks, this run (orchestrator/harness/recovery.py)"
+    here = "tiny trainer, 2 local nodes x 2 ranks, this run (devtools/harness/recovery.py)"
     if rec.get("crash_detect_s") is not None:
         # A dead rank is seen when its process exits, not at a heartbeat; at least 1 s, to stay honest at scale.
         p["crash_detect_s"] = param(max(1.0, rec["crash_detect_s"]), "s", "measured", "a killed rank: " + here)

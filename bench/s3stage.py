@@ -7,8 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from infra.local.s3proxy import ProxyProcess
-from orchestrator.devstack import S3Server
+from devtools.devstack import S3Server
+from devtools.s3proxy import ProxyProcess
 
 
 class S3Stage:

@@ -17,8 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.harness.control_plane import ControlPlane  # noqa: E402
-from orchestrator.harness.jobs import trainer_spec  # noqa: E402
+from devtools.harness.control_plane import ControlPlane  # noqa: E402
+from devtools.harness.jobs import trainer_spec  # noqa: E402
 
 NAME = "pythia-tiny-hang"
 

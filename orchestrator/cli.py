@@ -105,6 +105,25 @@ def _age(t: float | None) -> str:
 # --- control plane ---------------------------------------------------------------------------
 
 
+def _dev_stack_s3():
+    """The dev stack's `ensure_s3`, imported only here: the product never needs the dev stack
+    (devtools/, moto's server from the [stack] extra) unless `aerie up` starts its loopback S3."""
+    try:
+        from devtools.devstack import ensure_s3, missing
+    except ImportError:
+        absent = ["devtools"]
+    else:
+        absent = missing()
+        if not absent:
+            return ensure_s3
+    _die(
+        f"with no S3 endpoint configured, `aerie up` starts the dev stack's loopback S3 server (moto), "
+        f"which is not installed ({', '.join(absent)} missing).\n"
+        f"  Install it:  pip install 'aerie[stack]'  (from a checkout: pip install -e '.[stack]')\n"
+        f"  or point Aerie at an S3 endpoint ({env.S3_ENDPOINT} or AWS_ENDPOINT_URL), or run `aerie up --no-s3`."
+    )
+
+
 @app.command()
 def up(
     host: str = typer.Option(None, help="Address to listen on (default 127.0.0.1, AERIE_HOST)."),
@@ -134,14 +153,13 @@ def up(
         overrides["port"] = port
     settings = Settings(**overrides)
     if s3 and not (os.environ.get(env.S3_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL")):
-        from orchestrator.devstack import ensure_s3
-
+        ensure_s3 = _dev_stack_s3()
         # A separate process that outlives this one: checkpoints survive a control-plane restart.
         server = ensure_s3(log_path=settings.home_dir / "devstack" / "s3.log")
         os.environ.update(server.env())  # jobs and the in-process handlers inherit it
         console.print(
             f"  s3: {server.endpoint_url} (loopback moto server, bucket s3://{server.bucket}; "
-            f"stop it with `python -m orchestrator.devstack down`)"
+            f"stop it with `python -m devtools.devstack down`)"
         )
     app_ = build_app(settings, with_controller=not api_only)
     settings.api_url_path.write_text(settings.api_url + "\n")

@@ -36,6 +36,7 @@ TORCH_FREE = (
     + _modules("recovery")
     + _modules("aerie_s3")
     + _modules("aerie_report")
+    + _modules("devtools")
     + [
         "trainer",
         "trainer.checkpoint.storage",
@@ -101,6 +102,7 @@ PROJECT_PACKAGES = (
     "aerie_s3",
     "agent",
     "bench",
+    "devtools",
     "infra",
     "lambdas",
     "orchestrator",
@@ -121,10 +123,13 @@ ALLOWED = {
     # policy (trainer.checkpoint.gc) and the manifest it keeps.
     "lambdas": ("aerie_contracts", "recovery", "trainer.checkpoint.manifest", "trainer.checkpoint.gc"),
     # The CLI hands its `data`, `export` and `--fault` commands to the trainer's torch-free entry points.
+    # devtools.devstack: `aerie up` only, imported inside the command when it starts the loopback S3
+    # (test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack).
     "orchestrator": (
         "aerie_contracts",
         "aerie_s3",
         "agent.contract",
+        "devtools.devstack",
         "lambdas",
         "recovery",
         "trainer.data.cli",
@@ -133,6 +138,9 @@ ALLOWED = {
     ),
     "trainer": ("aerie_contracts", "aerie_s3", "agent.contract"),
     "infra": ("aerie_contracts", "lambdas", "recovery", "infra"),
+    # The scaffolding (harness, dev stack, throttling proxy, goodput simulator) drives the product
+    # from outside; the harness reads a local node's fence file (orchestrator.backends.local_fence).
+    "devtools": ("aerie_contracts", "orchestrator.backends.local_fence"),
     # Benches measure the product and drive it through the harness; never through the test tree.
     "bench": tuple(p for p in PROJECT_PACKAGES if p != "tests"),
 }
@@ -166,3 +174,27 @@ def test_every_package_imports_only_what_the_architecture_allows():
             if not any(name == a or name.startswith(a + ".") for a in allowed):
                 broken.append(f"{path}: imports {name} (allowed: {', '.join(allowed) or 'standard library only'})")
     assert not broken, "\n".join(broken)
+
+
+def test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack():
+    """The scaffolding is out of the product (issue #32): no product module imports `devtools` at
+    module level, and the one import inside a function is `aerie up`'s, for the loopback S3."""
+    import ast
+
+    product = ("aerie_contracts", "aerie_report", "aerie_s3", "agent", "lambdas", "orchestrator", "recovery", "trainer")
+    found = []
+    for package in product:
+        for path in sorted((REPO / package).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            top_level = {id(n) for n in tree.body}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                if any(n.split(".")[0] == "devtools" for n in names):
+                    where = "module level" if id(node) in top_level else "lazy"
+                    found.append((str(path.relative_to(REPO)), where))
+    assert found == [("orchestrator/cli.py", "lazy")], found

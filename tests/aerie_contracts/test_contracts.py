@@ -60,7 +60,17 @@ def test_the_spec_validates_the_agents_health_class():
 
 # The packages whose code must take contract strings from `aerie_contracts` (Alembic's migration
 # scripts are frozen history: they keep the strings of their day).
-CODE_PACKAGES = ("agent", "aerie_report", "aerie_s3", "bench", "infra", "lambdas", "orchestrator", "trainer")
+CODE_PACKAGES = (
+    "agent",
+    "aerie_report",
+    "aerie_s3",
+    "bench",
+    "devtools",
+    "infra",
+    "lambdas",
+    "orchestrator",
+    "trainer",
+)
 
 
 def _code_trees() -> list[tuple[str, ast.Module]]:

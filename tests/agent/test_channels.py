@@ -238,7 +238,7 @@ def test_a_stop_request_during_the_download_ends_the_node_at_once(bucket, counti
     """SIGTERM to the real agent while it downloads through a slow link (the throttling proxy):
     the node ends as a user stop once the slices in flight land (the CRT hands over whole parts)
     without starting the others, no rank starts, and nothing half-written is left."""
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     _put(bucket, {"slow/blob.bin": os.urandom(8 << 20)})  # 8 slices of 1 MiB over 2 connections, ~1 s each
     server = counting_s3.server

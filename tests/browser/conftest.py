@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import trainer_spec
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import trainer_spec
 from tests.helpers.wait import wait_for
 
 CHROMIUM = "/usr/bin/chromium"

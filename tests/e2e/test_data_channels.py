@@ -16,8 +16,8 @@ import pytest
 
 from aerie_s3.ranged import equal_slices
 from aerie_s3.settings import S3Settings
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import rank_losses
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import rank_losses
 from tests.helpers.data_jobs import SHARDS, STEPS, prepare_dataset
 from tests.helpers.data_jobs import files as _files
 from tests.helpers.data_jobs import submit as _submit

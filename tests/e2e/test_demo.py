@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
-from orchestrator.harness.jobs import rank_losses
+from devtools.harness.jobs import rank_losses
 
 REPO = Path(__file__).resolve().parents[2]
 SCALARS = {"loss", "grad_norm", "lr", "tokens_per_s", "mfu", "tokens_per_dollar"}
@@ -42,7 +42,7 @@ def test_make_demo_tells_the_whole_story(tmp_path):
         )
     finally:
         subprocess.run(
-            [sys.executable, "-m", "orchestrator.devstack", "down"], cwd=REPO, env=env, capture_output=True, timeout=60
+            [sys.executable, "-m", "devtools.devstack", "down"], cwd=REPO, env=env, capture_output=True, timeout=60
         )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]

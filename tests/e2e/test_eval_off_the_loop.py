@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.harness.control_plane import REPO, ControlPlane, write_spec
+from devtools.harness.control_plane import REPO, ControlPlane, write_spec
 from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ import boto3
 import pytest
 
 from aerie_contracts import events as contract_events
-from orchestrator.harness.control_plane import REPO, ControlPlane, event_story, write_spec
+from devtools.harness.control_plane import REPO, ControlPlane, event_story, write_spec
 
 # Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]

@@ -29,9 +29,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.local.s3proxy import ThrottlingProxy
+from devtools.harness.jobs import trainer_spec
+from devtools.s3proxy import ThrottlingProxy
 from orchestrator.backends.local import STOP_GRACE_S
-from orchestrator.harness.jobs import trainer_spec
 from tests.helpers.planes import running_control_plane
 from tests.helpers.wait import wait_for
 

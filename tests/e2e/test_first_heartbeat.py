@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.harness.control_plane import REPO, ControlPlane, write_spec
+from devtools.harness.control_plane import REPO, ControlPlane, write_spec
 
 pytestmark = pytest.mark.slow
 

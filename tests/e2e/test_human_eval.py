@@ -18,8 +18,8 @@ import sys
 import httpx
 import pytest
 
+from devtools.harness.control_plane import ControlPlane, write_spec
 from lambdas import slack_blocks
-from orchestrator.harness.control_plane import ControlPlane, write_spec
 from tests.helpers.slack_standin import block_actions_payload, signed_request
 from tests.helpers.tiny_trainer import write_tiny_config
 from tests.helpers.wait import wait_for
@@ -44,7 +44,7 @@ def cp(tmp_path, slack_standin):
     plane.cleanup_nodes()
     # `aerie up` starts a loopback S3 server that outlives it on purpose; this test's must go.
     subprocess.run(
-        [sys.executable, "-m", "orchestrator.devstack", "down"],
+        [sys.executable, "-m", "devtools.devstack", "down"],
         env=plane.env,
         cwd=plane.home,
         capture_output=True,

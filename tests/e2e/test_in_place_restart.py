@@ -16,8 +16,8 @@ import time
 import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
+from devtools.harness.jobs import s3_spec, step_records
 from orchestrator.backends import local_fence
-from orchestrator.harness.jobs import s3_spec, step_records
 from tests.helpers.attempt_files import attempt_of, pids, running_pids
 from tests.helpers.wait import wait_for
 from trainer.checkpoint import manifest

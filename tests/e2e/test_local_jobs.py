@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, event_story
+from devtools.harness.control_plane import FIRST_ATTEMPT_STORY, event_story
 from tests.helpers.contract_jobs import contract_spec
 from tests.helpers.planes import running_control_plane
 

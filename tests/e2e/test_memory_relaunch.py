@@ -28,8 +28,8 @@ import pytest
 
 from aerie_contracts import memckpt
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
+from devtools.harness.jobs import attempt_step_records, s3_spec
 from orchestrator.backends import local_fence
-from orchestrator.harness.jobs import attempt_step_records, s3_spec
 from tests.helpers.attempt_files import (
     attempt_of,
     good_memory,

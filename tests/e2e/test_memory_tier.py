@@ -30,7 +30,7 @@ import pytest
 from aerie_contracts import memckpt
 from aerie_contracts.checkpoints import memory_uri
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
-from orchestrator.harness.jobs import attempt_step_records, s3_spec
+from devtools.harness.jobs import attempt_step_records, s3_spec
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, restored_events, running_pids, s3_requests_since
 from tests.helpers.wait import wait_for
 from trainer.checkpoint import manifest

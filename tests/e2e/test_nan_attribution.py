@@ -23,7 +23,7 @@ import time
 import pytest
 
 from aerie_contracts import FailureKind
-from orchestrator.harness.jobs import trainer_spec
+from devtools.harness.jobs import trainer_spec
 
 # Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.side_by_side]

@@ -130,7 +130,7 @@ def test_an_in_place_restart_runs_preflight_again_before_the_new_worker_group(s3
     """The agents stay up across an in-place restart (a rank's crash); each checks its node again
     before the new group's ranks start, for the new attempt (its collective on the new port)."""
     from aerie_contracts.restarts import CAUSE_MODE, RestartMode
-    from orchestrator.harness.jobs import s3_spec
+    from devtools.harness.jobs import s3_spec
 
     cp = s3_plane
     spec = s3_spec(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from orchestrator.harness.control_plane import event_story, job_story
+from devtools.harness.control_plane import event_story, job_story
 from tests.helpers.sagemaker_jobs import sagemaker_job
 
 # Alone (the serial phase): as on SageMaker, the first container to exit non-zero names the failure,

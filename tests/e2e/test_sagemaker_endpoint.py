@@ -22,8 +22,8 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from orchestrator.harness.control_plane import REPO, ControlPlane
-from orchestrator.harness.jobs import FAST_HEALTH
+from devtools.harness.control_plane import REPO, ControlPlane
+from devtools.harness.jobs import FAST_HEALTH
 from tests.helpers.sagemaker import ROLE, aws_profile, client, request
 
 GROUP = "/aws/sagemaker/TrainingJobs"

@@ -26,8 +26,8 @@ from aerie_contracts import FailureKind
 from aerie_contracts import env as E
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from agent.proctree import kill_subtree
-from orchestrator.harness.control_plane import event_story, job_story
-from orchestrator.harness.jobs import FAST_HEALTH
+from devtools.harness.control_plane import event_story, job_story
+from devtools.harness.jobs import FAST_HEALTH
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, running_pids
 from tests.helpers.contract_jobs import CONTRACT
 from tests.helpers.sagemaker_jobs import sagemaker_job

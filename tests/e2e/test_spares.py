@@ -25,8 +25,8 @@ import pytest
 from aerie_contracts import env as aerie_env
 from aerie_contracts.events import DetailType
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
+from devtools.harness.jobs import attempt_step_records, s3_spec
 from orchestrator.backends import local_fence
-from orchestrator.harness.jobs import attempt_step_records, s3_spec
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, restored_events
 from tests.helpers.wait import wait_for
 

@@ -13,8 +13,8 @@ import psutil
 from aerie_contracts import env
 from aerie_contracts.checkpoints import CheckpointTier, memory_uri
 from aerie_contracts.metrics import MetricEvent
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import event_records
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import event_records
 from tests.helpers.s3_requests import _LINE
 from tests.helpers.wait import wait_for
 

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import psutil
 
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import FAST_HEALTH
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import FAST_HEALTH
 from tests.helpers.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

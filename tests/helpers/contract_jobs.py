@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.harness.control_plane import write_spec
+from devtools.harness.control_plane import write_spec
 
 CONTRACT = ["python", "tests/e2e/contract_check.py"]
 

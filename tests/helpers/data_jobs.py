@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 from aerie_s3.clients import boto3_client
-from orchestrator.harness.control_plane import REPO, ControlPlane
-from orchestrator.harness.jobs import FAST_HEALTH
+from devtools.harness.control_plane import REPO, ControlPlane
+from devtools.harness.jobs import FAST_HEALTH
 
 STEPS = 6
 SHARDS = {f"shards/part-{i}.txt": f"shard {i}\n".encode() for i in range(3)}

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from aerie_contracts.metrics import MetricEvent
-from orchestrator.harness.jobs import FAST_HEALTH, attempt_step_records
+from devtools.harness.jobs import FAST_HEALTH, attempt_step_records
 
 HANG_SLACK_S = 45.0  # a hang verdict after the floor: a heartbeat or two, a loaded 2-core machine
 QUICK_S = 30.0  # a crash or a NaN: the next heartbeat and the controller's reconcile pass

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import httpx
 import uvicorn
 
+from devtools.harness.control_plane import free_port
 from orchestrator.events import Dispatcher, Handler, LambdaContext, Subscription
-from orchestrator.harness.control_plane import free_port
 from orchestrator.server import build_app, service_token
 from orchestrator.settings import Settings
 

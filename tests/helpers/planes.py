@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestrator.harness.control_plane import ControlPlane
+from devtools.harness.control_plane import ControlPlane
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.devstack import S3Server
+from devtools.devstack import S3Server
 
 _LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD|PUT|POST|DELETE) (/[^ ?"]*)(\?[^ "]*)? HTTP')
 

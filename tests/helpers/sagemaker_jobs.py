@@ -8,8 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orchestrator.harness.control_plane import REPO, ControlPlane, free_port, write_spec
-from orchestrator.harness.jobs import FAST_HEALTH
+from devtools.harness.control_plane import REPO, ControlPlane, free_port, write_spec
+from devtools.harness.jobs import FAST_HEALTH
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0"
 TINY = {"entrypoint": ["python", "-m", "trainer.train"], "args": ["--config", "examples/configs/pythia-tiny.yaml"]}

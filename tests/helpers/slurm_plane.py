@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as aerie_env
-from orchestrator.harness.control_plane import ControlPlane, write_spec
-from orchestrator.harness.wait import wait_for
+from devtools.harness.control_plane import ControlPlane, write_spec
+from devtools.harness.wait import wait_for
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """The tests' one way to wait for something in another process or thread: the harness's."""
 
-from orchestrator.harness.wait import wait_for
+from devtools.harness.wait import wait_for
 
 __all__ = ["wait_for"]

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from orchestrator.harness.jobs import rank_losses, trainer_spec
+from devtools.harness.jobs import rank_losses, trainer_spec
 
 RUN_S = float(os.environ.get("AERIE_CLEAN_RUN_S", "600"))
 STEP_WAIT_S = 0.5

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane
+from devtools.harness.control_plane import ControlPlane
 from tests.helpers.sagemaker import aws_keys, client, request
 from trainer.checkpoint.manifest import verify
 

@@ -13,8 +13,8 @@ import contextlib
 
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import trainer_spec
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import trainer_spec
 from tests.helpers.planes import netns_plane
 
 pytestmark = pytest.mark.slow

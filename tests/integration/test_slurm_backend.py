@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from devtools.harness.control_plane import REPO
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.placement import PlacementError
 from orchestrator.backends.slurm import SlurmBackend, slurm_job_state
-from orchestrator.harness.control_plane import REPO
 from orchestrator.spec import JobSpec
 from tests.helpers.launch_requests import attempt_request
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from orchestrator.harness.control_plane import REPO
+from devtools.harness.control_plane import REPO
 
 # Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py).
 pytestmark = pytest.mark.side_by_side

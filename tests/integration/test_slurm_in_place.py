@@ -18,8 +18,8 @@ import pytest
 
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
+from devtools.harness.jobs import s3_spec
 from orchestrator.backends.slurm import _find_job_by_name, slurm_job_state
-from orchestrator.harness.jobs import s3_spec
 from tests.helpers.attempt_files import attempt_of, job_processes, pids, restored_events, s3_requests_since
 from tests.helpers.slurm_plane import slurm_control_plane, stepper_spec
 from tests.helpers.wait import wait_for

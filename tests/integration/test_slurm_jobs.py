@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, ControlPlane, event_story
+from devtools.harness.control_plane import FIRST_ATTEMPT_STORY, ControlPlane, event_story
 from tests.helpers.attempt_files import job_processes
 from tests.helpers.contract_jobs import contract_spec
 from tests.helpers.slurm_plane import slurm_control_plane, stepper_spec

@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from orchestrator.harness.control_plane import REPO, ControlPlane
+from devtools.harness.control_plane import REPO, ControlPlane
 
 STEPS = 6
 

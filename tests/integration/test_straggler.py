@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import trainer_spec
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import trainer_spec
 
 pytestmark = pytest.mark.slow
 

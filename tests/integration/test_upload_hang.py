@@ -1,6 +1,6 @@
 """Acceptance 2 of issue #19, end to end: a rank busy-hangs while an asynchronous checkpoint upload
 is in flight, the upload crawling through a throttled S3 (a token-bucket proxy in front of the
-loopback server, `infra/local/s3proxy.py`, capping each connection at 1 KB/s, so the upload
+loopback server, `devtools/s3proxy.py`, capping each connection at 1 KB/s, so the upload
 outlasts the hang limit many times over). The upload is no pause: the hang is caught at the step
 limit (`hang_floor_s` 12 s here), not after `pause_max_s` (1,800 s) as when any open save
 suspended detection, and the half-written checkpoint is never recorded, so never `last_good`.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.local.s3proxy import ProxyProcess
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import step_records, trainer_spec
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import step_records, trainer_spec
+from devtools.s3proxy import ProxyProcess
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from orchestrator.harness.control_plane import FIRST_ATTEMPT_STORY, REPO, ControlPlane, event_story, write_spec
+from devtools.harness.control_plane import FIRST_ATTEMPT_STORY, REPO, ControlPlane, event_story, write_spec
 from orchestrator.settings import Settings
 from orchestrator.store import repo
 from tests.helpers.gc_jobs import gc_job, s3_checkpoint

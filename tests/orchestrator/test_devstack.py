@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from orchestrator import devstack
-from orchestrator.devstack import S3Server
+from devtools import devstack
+from devtools.devstack import S3Server
 
 
 def test_start_serves_a_bucket_and_stop_ends_the_process(tmp_path):
@@ -103,7 +103,7 @@ def test_a_server_that_cannot_bind_fails_fast():
         S3Server.start(port=first.port, timeout_s=15)
 
 
-# --- the per-connection throttling proxy (infra/local/s3proxy.py) -----------------------
+# --- the per-connection throttling proxy (devtools/s3proxy.py) -----------------------
 
 
 def timed_get(endpoint_url: str, key: str) -> tuple[bytes, float]:
@@ -124,7 +124,7 @@ def timed_get(endpoint_url: str, key: str) -> tuple[bytes, float]:
 
 
 def test_proxy_caps_each_connection(s3_server):
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     data = os.urandom(3 << 20)
     s3_server.client().put_object(Bucket="aerie", Key="proxy-blob", Body=data)
@@ -150,7 +150,7 @@ def test_proxy_caps_each_connection(s3_server):
 
 
 def test_proxy_as_a_separate_process_reports_its_counters(s3_server, tmp_path):
-    from infra.local.s3proxy import ProxyProcess
+    from devtools.s3proxy import ProxyProcess
 
     s3_server.client().put_object(Bucket="aerie", Key="small", Body=b"z" * 1000)
     with ProxyProcess("127.0.0.1", s3_server.port, rate=50e6, stats_path=str(tmp_path / "stats.json")) as proxy:
@@ -167,7 +167,7 @@ def test_proxy_cut_is_an_outage_and_heal_ends_it(s3_server):
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     s3_server.client().put_object(Bucket="aerie", Key="cut", Body=b"still here")
     with ThrottlingProxy("127.0.0.1", s3_server.port, rate=None) as proxy:

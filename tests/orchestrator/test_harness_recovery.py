@@ -1,4 +1,4 @@
-"""bench/chaos.py's recovery timings (orchestrator/harness/recovery.py), from metrics streams laid
+"""bench/chaos.py's recovery timings (devtools/harness/recovery.py), from metrics streams laid
 out as the agents write them: an in-place successor's stream beside the set-aside one of the
 attempt before, in the directory of the attempt that launched the agents."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aerie_contracts.checkpoints import memory_uri
 from aerie_contracts.metrics import MetricEvent
-from orchestrator.harness.recovery import FAULTS, PolicyRun, measure
+from devtools.harness.recovery import FAULTS, PolicyRun, measure
 
 T0 = 1_000_000.0
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from sqlalchemy import create_engine
 
-from orchestrator.harness.control_plane import ControlPlane, write_spec
+from devtools.harness.control_plane import ControlPlane, write_spec
 from orchestrator.leader import FileLeaderLock, PostgresLeaderLock
 
 

@@ -1,4 +1,5 @@
-"""What DescribeTrainingJob and ListTrainingJobs say about an Aerie job (orchestrator.sagemaker_mapping).
+"""What DescribeTrainingJob and ListTrainingJobs say about an Aerie job (orchestrator.sagemaker_answers,
+and orchestrator.sagemaker_admission's limits of a backend).
 
 Pure functions over a job and its attempts, so every state of a chain is written down here as
 data: submitted, launching, training, restarting after a verdict, uploading, completed, failed,
@@ -13,8 +14,10 @@ from types import SimpleNamespace
 import botocore.session
 import pytest
 
+from aerie_contracts.sagemaker_api import SecondaryStatus, TrainingJobStatus
 from lambdas.sagemaker_events import failure_reason
-from orchestrator import sagemaker_mapping as m
+from orchestrator import sagemaker_admission as admission
+from orchestrator import sagemaker_answers as m
 from orchestrator.store.models import Attempt, Node
 
 SECONDARY = set(botocore.session.get_session().get_service_model("sagemaker").shape_for("SecondaryStatus").enum)
@@ -153,14 +156,14 @@ def test_what_a_backend_cannot_run_is_refused_and_what_it_cannot_apply_is_named(
         {"InputDataConfig": [{"ChannelName": "c", "InputMode": "Pipe", "DataSource": {"S3DataSource": {}}}]},
     ]
     for extra in refused:
-        with pytest.raises(m.Unsupported):
-            m.backend_limits({**base, **extra}, "local")
-        assert m.backend_limits({**base, **extra}, "sagemaker") == []
+        with pytest.raises(admission.Unsupported):
+            admission.backend_limits({**base, **extra}, "local")
+        assert admission.backend_limits({**base, **extra}, "sagemaker") == []
     # S3 channels arrive on every backend (the agent downloads them on local and Slurm nodes).
     s3 = {"InputDataConfig": [{"ChannelName": "c", "DataSource": {"S3DataSource": {"S3Uri": "s3://b/p"}}}]}
     for backend in ("local", "slurm", "sagemaker"):
-        assert not [n for n in m.backend_limits({**base, **s3}, backend) if "InputDataConfig" in n]
-    assert m.backend_limits({**base, "VpcConfig": {"Subnets": ["s"]}}, "local")[-1].startswith("VpcConfig")
+        assert not [n for n in admission.backend_limits({**base, **s3}, backend) if "InputDataConfig" in n]
+    assert admission.backend_limits({**base, "VpcConfig": {"Subnets": ["s"]}}, "local")[-1].startswith("VpcConfig")
 
 
 def test_arns_name_the_tenants_account_and_the_lower_cased_name():
@@ -178,3 +181,10 @@ def test_on_the_sagemaker_backend_the_model_is_where_the_latest_attempts_trainin
     assert m.model_artifacts_uri(request, j) == "s3://b/out/j/output/model.tar.gz"  # local: the job's name
     j.backend = "sagemaker"
     assert m.model_artifacts_uri(request, j) == "s3://b/out/j-1a2b3c-a2/output/model.tar.gz"
+
+
+def test_the_contracts_status_words_are_sagemakers_own():
+    """The enums the endpoint, the backend and the Lambda write in are botocore's lists, all of them."""
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    assert SecondaryStatus.values() == SECONDARY
+    assert TrainingJobStatus.values() == set(model.shape_for("TrainingJobStatus").enum)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from aerie_contracts.failures import STOP_LIMITS, FailureKind, stop_limit
+from orchestrator import sagemaker_admission, sagemaker_answers
 from orchestrator import sagemaker_mapping as mapping
 from orchestrator.backends.base import Backend, NodeStatus, PollResult
 from orchestrator.backends.sagemaker import poll_result
@@ -93,7 +94,7 @@ def test_a_request_s_stopping_condition_is_stored_and_no_longer_said_to_be_ignor
     assert on_demand.stopping.max_wait_s == 90
     assert mapping.request_from_spec(on_demand)["StoppingCondition"] == {"MaxRuntimeInSeconds": 30}
     for backend in ("local", "slurm"):
-        assert not [w for w in mapping.backend_limits(body, backend) if "StoppingCondition" in w]
+        assert not [w for w in sagemaker_admission.backend_limits(body, backend) if "StoppingCondition" in w]
     with pytest.raises(ValueError, match="MaxWaitTimeInSeconds"):
         mapping.spec_from_request(
             request("w", StoppingCondition={"MaxRuntimeInSeconds": 90, "MaxWaitTimeInSeconds": 30})
@@ -158,7 +159,7 @@ def test_a_job_over_max_runtime_is_stopped_once_as_a_user_stop_and_ends_stopped(
         job = repo.get_job(s, "default", job_id)
         assert job.state == "Stopped" and job.reason == decided, job.reason
         assert [(a.state, a.reason) for a in job.attempts] == [("Stopped", decided)]
-        described = mapping.secondary_transitions(job, [], "local", time.time())
+        described = sagemaker_answers.secondary_transitions(job, [], "local", time.time())
     assert [t["Status"] for t in described][-2:] == ["Stopping", "MaxRuntimeExceeded"]
     assert described[-1]["StatusMessage"] == "Training job runtime exceeded MaxRuntimeInSeconds provided"
 
@@ -222,11 +223,11 @@ def test_describe_of_a_job_stopped_for_a_limit_says_so_as_sagemaker_does(kind):
         spec={},
         backend="slurm",
     )
-    out = mapping.secondary_transitions(job, [], "slurm", T0 + 50)
+    out = sagemaker_answers.secondary_transitions(job, [], "slurm", T0 + 50)
     assert [t["Status"] for t in out] == ["Starting", "Downloading", "Training", "Stopping", limit.secondary_status]
     assert out[-2]["StartTime"] == T0 + 32  # when the limit ran out
     assert out[-1]["StatusMessage"] == limit.message and out[-1]["EndTime"] == out[-1]["StartTime"]
-    assert mapping.training_job_status(job) == "Stopped"
+    assert sagemaker_answers.training_job_status(job) == "Stopped"
 
 
 def test_sagemaker_s_own_max_runtime_stop_is_read_as_the_limit_not_a_lost_node():

@@ -1,6 +1,6 @@
 """Checkpoint-interval advice per tier: the Young–Daly formula, the MTBF the fleet shows (for the
 memory tier: the failures it recovers from), the memory tier's measured snapshot stall, and a
-simulated run (orchestrator/goodput/simulate.py, the same failures for every interval) in which the
+simulated run (devtools/goodput_simulate.py, the same failures for every interval) in which the
 advised interval beats half and twice of it."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import random
 import pytest
 
 from aerie_contracts.goodput import Category
-from orchestrator.goodput import advice, ledger_for, simulate
+from devtools import goodput_simulate as simulate
+from orchestrator.goodput import advice, ledger_for
 from orchestrator.goodput.trace import AttemptTrace, CheckpointTrace, JobTrace
 from orchestrator.store import Database, repo
 

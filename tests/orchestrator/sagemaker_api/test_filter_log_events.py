@@ -37,7 +37,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from orchestrator import sagemaker_mapping as mapping
+from orchestrator import sagemaker_answers
 from orchestrator.sagemaker_api import logs as logs_api
 from orchestrator.sagemaker_api.errors import AwsError
 from orchestrator.store import repo
@@ -252,14 +252,14 @@ def test_stream_names_and_prefixes_narrow_the_search(endpoint, two_jobs):
 
 def test_groups_inputs_and_tenants_are_checked_as_cloudwatch_does(endpoint, two_jobs):
     logs = endpoint.logs
-    arn = f"arn:aws:logs:{REGION}:{mapping.account_id(endpoint.tenant)}:log-group:{GROUP}"
+    arn = f"arn:aws:logs:{REGION}:{sagemaker_answers.account_id(endpoint.tenant)}:log-group:{GROUP}"
     for identifier in (GROUP, arn, arn + ":*"):
         events = logs.filter_log_events(logGroupIdentifier=identifier)["events"]
         assert _triples(events) == two_jobs.expected
     for unknown in ({"logGroupName": "/aws/lambda/x"}, {"logGroupIdentifier": arn.replace(GROUP, "/aws/x")}):
         with pytest.raises(logs.exceptions.ResourceNotFoundException):
             logs.filter_log_events(**unknown)
-    other_account = arn.replace(mapping.account_id(endpoint.tenant), "000000000000")
+    other_account = arn.replace(sagemaker_answers.account_id(endpoint.tenant), "000000000000")
     with pytest.raises(logs.exceptions.ResourceNotFoundException):
         logs.filter_log_events(logGroupIdentifier=other_account)
     # what botocore would refuse before sending, sent anyway: the endpoint refuses it too

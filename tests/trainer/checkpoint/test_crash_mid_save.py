@@ -108,7 +108,7 @@ def data_cache(tmp_path_factory) -> Path:
 
 
 def test_kill_9_of_a_rank_mid_save(tmp_path, data_cache, s3_prefix, s3_server):
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     config = write_config(tmp_path, data_cache)
     step10, step20 = manifest.checkpoint_uri(s3_prefix, 10), manifest.checkpoint_uri(s3_prefix, 20)

@@ -105,7 +105,7 @@ def test_dcp_round_trip_through_the_loopback_server(torch1, s3_prefix, monkeypat
     """Only AERIE_S3_ENDPOINT names the server: the writer/reader subclasses bind it."""
     import torch.distributed.checkpoint as dcp
 
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     torch = torch1
     monkeypatch.delenv("AWS_ENDPOINT_URL")
@@ -134,7 +134,7 @@ def test_restore_reads_equal_ranged_slices_in_bounded_batches(torch1, s3_prefix,
     batches, and slices smaller than the items."""
     import torch.distributed.checkpoint as dcp
 
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     torch = torch1
     g = torch.Generator().manual_seed(1)
@@ -173,7 +173,7 @@ def test_dcp_round_trip_on_files(torch1, tmp_path):
 
 
 def test_parallel_get_reads_the_whole_object_with_ranged_gets(s3_env, s3_bucket, s3_server, monkeypatch):
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     data = os.urandom(3 << 20) + b"tail"
     s3io.boto3_client().put_object(Bucket=s3_bucket, Key="blob", Body=data)
@@ -239,7 +239,7 @@ def test_an_outage_mid_save_fails_fast_commits_nothing_and_leaves_abortable_uplo
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from infra.local.s3proxy import ThrottlingProxy
+    from devtools.s3proxy import ThrottlingProxy
 
     torch = torch1
     with ThrottlingProxy("127.0.0.1", s3_server.port, rate=1e6) as proxy:

@@ -19,8 +19,8 @@ from typing import Any
 
 from aerie_contracts import FailureKind
 from aerie_contracts.states import JOB_TERMINAL, JobState
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import rank_faults, rank_losses, trainer_spec
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import rank_faults, rank_losses, trainer_spec
 
 STEPS = 300
 EVERY = 20

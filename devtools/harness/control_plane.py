@@ -21,7 +21,7 @@ import psutil
 
 from aerie_contracts import DetailType
 from aerie_contracts import env as aerie_env
-from orchestrator.harness.wait import wait_for
+from devtools.harness.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ class ControlPlane:
         loopback S3 server `aerie up` started for this home."""
         if self.s3:
             subprocess.run(
-                [sys.executable, "-m", "orchestrator.devstack", "down"],
+                [sys.executable, "-m", "devtools.devstack", "down"],
                 env=self.env,
                 cwd=REPO,
                 capture_output=True,

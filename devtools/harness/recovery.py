@@ -35,8 +35,8 @@ from typing import Any
 from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.metrics import MetricEvent
 from aerie_contracts.states import JOB_TERMINAL
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import attempt_step_records, rank_faults, trainer_spec
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import attempt_step_records, rank_faults, trainer_spec
 
 STEPS = 400
 S3_EVERY = 20

@@ -13,7 +13,7 @@ reset, new ones refused) for crash-safety tests, without touching the server's d
 Use it in-process (`ThrottlingProxy(...).start()` runs an event loop in a thread) or
 as a separate process, which keeps it off the benchmark's GIL:
 
-    python infra/local/s3proxy.py --target 127.0.0.1:9000 --rate-mb 80 [--listen 127.0.0.1:0]
+    python devtools/s3proxy.py --target 127.0.0.1:9000 --rate-mb 80 [--listen 127.0.0.1:0]
         [--stats stats.json]
 
 The script prints `listening 127.0.0.1:PORT` once ready; with `--stats` it rewrites

@@ -24,8 +24,17 @@ from pathlib import Path
 from aerie_contracts import env
 
 DEFAULT_BUCKET = "aerie"
+# moto's server is not a core dependency of Aerie: it comes with the [stack] extra (and [dev]).
+INSTALL_HINT = "pip install 'aerie[stack]'  (from a checkout: pip install -e '.[stack]')"
 # moto accepts any credentials; these only need to be non-empty for the SDKs to sign.
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "aerie", "AWS_SECRET_ACCESS_KEY": "aerie-dev-secret"}
+
+
+def missing() -> list[str]:
+    """The modules moto's server needs that this interpreter cannot import: empty when it can run."""
+    import importlib.util
+
+    return [name for name in ("moto", "flask", "flask_cors") if importlib.util.find_spec(name) is None]
 
 
 def aerie_home() -> Path:
@@ -75,6 +84,10 @@ class S3Server:
         timeout_s: float = 30.0,
         record_state: bool = False,
     ) -> S3Server:
+        if absent := missing():
+            raise RuntimeError(
+                f"the loopback S3 server needs moto's server ({', '.join(absent)} missing): {INSTALL_HINT}"
+            )
         port = port or free_port(host)
         log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         proc = subprocess.Popen(
@@ -266,7 +279,7 @@ def ensure_s3(bucket: str = DEFAULT_BUCKET, log_path: str | os.PathLike | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m orchestrator.devstack {up,down,status,env} [--bucket B]` (used by infra/local/s3-server)."""
+    """`python -m devtools.devstack {up,down,status,env} [--bucket B]` (used by infra/local/s3-server)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="s3-server", description="The dev stack's loopback S3 server (moto).")

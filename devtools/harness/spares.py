@@ -15,10 +15,10 @@ from aerie_contracts import env as aerie_env
 from aerie_contracts.checkpoints import CheckpointTier, memory_uri
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES
 from aerie_contracts.states import JOB_TERMINAL
-from orchestrator.backends import local_fence
-from orchestrator.harness.control_plane import ControlPlane
-from orchestrator.harness.jobs import FAST_HEALTH, attempt_step_records, s3_spec
-from orchestrator.harness.wait import wait_for
+from devtools.harness.control_plane import ControlPlane
+from devtools.harness.jobs import FAST_HEALTH, attempt_step_records, s3_spec
+from devtools.harness.wait import wait_for
+from orchestrator.backends.local_fence import kill_node
 
 STEPS, S3_EVERY, MEM_EVERY = 40, 10, 10
 
@@ -36,7 +36,7 @@ def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, An
 
     wait_for(good, 180, "the first memory checkpoint")
     died_at = time.time()
-    local_fence.kill_node(root / "algo-2")
+    kill_node(root / "algo-2")
     shutil.rmtree(Path(cp.env[aerie_env.MEMORY_CHECKPOINT_DIR]) / "algo-2", ignore_errors=True)
     # Attempt 2's stream only once rank 0's agent set attempt 1's aside (until then "metrics" is 1's).
     switched = root / "algo-1" / "output" / "metrics.attempt-1"
