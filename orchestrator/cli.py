@@ -116,11 +116,15 @@ def _dev_stack_s3():
         absent = missing()
         if not absent:
             return ensure_s3
+    from rich.markup import escape  # the message's `[stack]` is text, not a style
+
     _die(
-        f"with no S3 endpoint configured, `aerie up` starts the dev stack's loopback S3 server (moto), "
-        f"which is not installed ({', '.join(absent)} missing).\n"
-        f"  Install it:  pip install 'aerie[stack]'  (from a checkout: pip install -e '.[stack]')\n"
-        f"  or point Aerie at an S3 endpoint ({env.S3_ENDPOINT} or AWS_ENDPOINT_URL), or run `aerie up --no-s3`."
+        escape(
+            f"with no S3 endpoint configured, `aerie up` starts the dev stack's loopback S3 server (moto), "
+            f"which is not installed ({', '.join(absent)} missing).\n"
+            f"  Install it:  pip install 'aerie[stack]'  (from a checkout: pip install -e '.[stack]')\n"
+            f"  or point Aerie at an S3 endpoint ({env.S3_ENDPOINT} or AWS_ENDPOINT_URL), or run `aerie up --no-s3`."
+        )
     )
 
 

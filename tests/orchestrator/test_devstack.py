@@ -103,6 +103,28 @@ def test_a_server_that_cannot_bind_fails_fast():
         S3Server.start(port=first.port, timeout_s=15)
 
 
+def test_without_moto_aerie_up_and_the_server_say_what_to_install(aerie_home, monkeypatch):
+    """moto is not a core dependency (the [stack] extra brings it): without it, `aerie up` on the
+    embedded defaults exits before serving, naming the extra (tests/test_install.py checks it in a
+    real install without moto), and S3Server.start refuses with the same hint."""
+    from typer.testing import CliRunner
+
+    from aerie_contracts import env
+    from orchestrator.cli import app
+
+    monkeypatch.setattr(devstack, "missing", lambda: ["moto", "flask"])
+    for var in (env.S3_ENDPOINT, "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("COLUMNS", "300")
+    r = CliRunner().invoke(app, ["up", "--port", "0"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 1, said
+    assert "moto, flask missing" in said and "pip install 'aerie[stack]'" in said and "--no-s3" in said
+    assert not (aerie_home / "devstack" / "s3.json").exists()
+    with pytest.raises(RuntimeError, match=r"aerie\[stack\]"):
+        S3Server.start()
+
+
 # --- the per-connection throttling proxy (devtools/s3proxy.py) -----------------------
 
 
