@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from aerie_contracts._strenum import StrEnum
+from aerie_contracts.sagemaker_api import SecondaryStatus
 
 
 class FailureKind(StrEnum):
@@ -113,7 +114,7 @@ class StopLimit:
     SecondaryStatus of a job it stopped for it, and that status's StatusMessage."""
 
     kind: FailureKind
-    secondary_status: str
+    secondary_status: SecondaryStatus
     message: str
 
 
@@ -121,12 +122,12 @@ class StopLimit:
 STOP_LIMITS: dict[str, StopLimit] = {
     FailureKind.MAX_RUNTIME_EXCEEDED: StopLimit(
         FailureKind.MAX_RUNTIME_EXCEEDED,
-        "MaxRuntimeExceeded",
+        SecondaryStatus.MAX_RUNTIME_EXCEEDED,
         "Training job runtime exceeded MaxRuntimeInSeconds provided",
     ),
     FailureKind.MAX_WAIT_EXCEEDED: StopLimit(
         FailureKind.MAX_WAIT_EXCEEDED,
-        "MaxWaitTimeExceeded",
+        SecondaryStatus.MAX_WAIT_TIME_EXCEEDED,
         "Training job wait time exceeded MaxWaitTimeInSeconds provided",
     ),
 }

@@ -12,20 +12,25 @@ from datetime import datetime, timezone
 from typing import Any
 
 from aerie_contracts import DetailType, FailureKind
+from aerie_contracts.sagemaker_api import SecondaryStatus, TrainingJobStatus
 from aerie_contracts.states import AttemptState
 
 STARTING = {
-    "Starting",
-    "Pending",
-    "LaunchingMLInstances",
-    "PreparingTrainingStack",
-    "Downloading",
-    "DownloadingTrainingImage",
-    "Restarting",
-    "Provisioning",
+    SecondaryStatus.STARTING,
+    SecondaryStatus.PENDING,
+    SecondaryStatus.LAUNCHING_ML_INSTANCES,
+    SecondaryStatus.PREPARING_TRAINING_STACK,
+    SecondaryStatus.DOWNLOADING,
+    SecondaryStatus.DOWNLOADING_TRAINING_IMAGE,
+    SecondaryStatus.RESTARTING,
+    "Provisioning",  # not one of botocore's SecondaryStatus words; kept so it still reads as starting
 }
 # SageMaker's TrainingJobStatus of an ended training job, as the attempt's state.
-ENDED = {"Completed": AttemptState.COMPLETED, "Failed": AttemptState.FAILED, "Stopped": AttemptState.STOPPED}
+ENDED: dict[str, AttemptState] = {
+    TrainingJobStatus.COMPLETED: AttemptState.COMPLETED,
+    TrainingJobStatus.FAILED: AttemptState.FAILED,
+    TrainingJobStatus.STOPPED: AttemptState.STOPPED,
+}
 # The FailureReason's prefix says whose fault it was.
 FAILURE_KINDS = {
     "AlgorithmError": FailureKind.EXIT_NONZERO,
@@ -42,9 +47,9 @@ RANK = re.compile(r"\brank (\d+)\b")
 
 def attempt_state(status: str, secondary: str | None) -> AttemptState:
     """SageMaker's TrainingJobStatus (+ SecondaryStatus) as an Aerie attempt state."""
-    if status == "InProgress":
+    if status == TrainingJobStatus.IN_PROGRESS:
         return AttemptState.STARTING if secondary in STARTING else AttemptState.RUNNING
-    if status == "Stopping":
+    if status == TrainingJobStatus.STOPPING:
         return AttemptState.RUNNING  # still ending; the next poll says Stopped
     return ENDED.get(status, AttemptState.STARTING)
 

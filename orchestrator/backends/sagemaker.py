@@ -44,6 +44,7 @@ from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
 from aerie_contracts.failures import STOP_LIMITS, FailureKind
 from aerie_contracts.restarts import NOT_REUSABLE
+from aerie_contracts.sagemaker_api import TrainingJobStatus
 from aerie_contracts.states import AttemptState
 
 # The state and event mapping lives with the handlers (it must ship to AWS Lambda alone).
@@ -76,7 +77,6 @@ NAME_MAX = 63
 AGENT_ENTRYPOINT = ["python", "-m", "agent.entrypoint"]
 ENV_VALUE_MAX = 512  # SageMaker's limit on one Environment value
 IN_PLACE_WAIT_S = 120.0  # SageMakerBackend.in_place_wait_s
-# SageMaker's SecondaryStatus values before the user's code runs.
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class SageMakerBackend(Backend):
         status = None
         if name:
             status = self.client.describe_training_job(TrainingJobName=name).get("TrainingJobStatus")
-        if status != "InProgress":
+        if status != TrainingJobStatus.IN_PROGRESS:
             log.warning("training job %s is %s: %s is launched anew, not in place", name, status, request.attempt_id)
             return None
         # Hot spares take replaced nodes' slots; a running training job cannot grow: the pool is

@@ -3,5 +3,7 @@ SDKs read job logs with, spoken over AWS's JSON 1.1 protocol with SigV4, on top 
 
 `gateway` (the ASGI door and authentication flow), `sigv4` (credentials, verification),
 `training` (CreateTrainingJob & co.), `logs` (DescribeLogStreams, GetLogEvents), `errors`.
-The request/response mapping itself lives once, in `orchestrator/sagemaker_mapping.py`.
+What the protocol carries is decided beside it, once: the spec <-> request field table in
+`orchestrator/sagemaker_mapping.py`, what a request becomes on a backend in
+`orchestrator/sagemaker_admission.py`, the Describe/List answers in `orchestrator/sagemaker_answers.py`.
 """

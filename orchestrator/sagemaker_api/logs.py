@@ -48,8 +48,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aerie_contracts import sagemaker_api as contract
 from aerie_contracts.states import ATTEMPT_TERMINAL
-from orchestrator import sagemaker_mapping as mapping
+from orchestrator import sagemaker_answers as answers
 from orchestrator.sagemaker_api.call import Call, registry
 from orchestrator.sagemaker_api.errors import LOGS_RESOURCE_NOT_FOUND, AwsError, validation
 from orchestrator.store import repo
@@ -67,7 +68,7 @@ JOBS_PAGE = 500
 
 def _group(body: dict[str, Any]) -> None:
     group = body.get("logGroupName") or body.get("logGroupIdentifier")
-    if group != mapping.TRAINING_LOG_GROUP:
+    if group != contract.TRAINING_LOG_GROUP:
         raise AwsError(LOGS_RESOURCE_NOT_FOUND, "The specified log group does not exist.")
 
 
@@ -110,8 +111,8 @@ def describe_log_streams(call: Call, body: dict[str, Any]) -> dict[str, Any]:
                         "firstEventTimestamp": first_ms,
                         "lastEventTimestamp": last_ms,
                         "lastIngestionTime": int(call.now * 1000),
-                        "arn": f"arn:aws:logs:{call.region}:{mapping.account_id(call.who.tenant)}:log-group:"
-                        f"{mapping.TRAINING_LOG_GROUP}:log-stream:{stream}",
+                        "arn": f"arn:aws:logs:{call.region}:{answers.account_id(call.who.tenant)}:log-group:"
+                        f"{contract.TRAINING_LOG_GROUP}:log-stream:{stream}",
                         "storedBytes": 0,
                     }
                 )
@@ -143,7 +144,7 @@ def get_log_events(call: Call, body: dict[str, Any]) -> dict[str, Any]:
     name, host, _epoch = match.groups()
     try:
         record = repo.get_sagemaker_job(
-            call.session, call.who.tenant, mapping.training_job_arn(call.region, call.who.tenant, name)
+            call.session, call.who.tenant, answers.training_job_arn(call.region, call.who.tenant, name)
         )
     except repo.NotFound:
         raise missing from None
@@ -286,9 +287,9 @@ def _filter_group(call: Call, body: dict[str, Any]) -> None:
     if not isinstance(group, str) or not group:
         raise _invalid("The log group must be a non-empty string.")
     if identifier is not None and group.startswith("arn:"):
-        own = f"arn:aws:logs:{call.region}:{mapping.account_id(call.who.tenant)}:log-group:"
+        own = f"arn:aws:logs:{call.region}:{answers.account_id(call.who.tenant)}:log-group:"
         group = group[len(own) :].removesuffix(":*") if group.startswith(own) else ""
-    if group != mapping.TRAINING_LOG_GROUP:
+    if group != contract.TRAINING_LOG_GROUP:
         raise AwsError(LOGS_RESOURCE_NOT_FOUND, "The specified log group does not exist.")
 
 
@@ -328,7 +329,7 @@ def _filter_records(call: Call, query: _FilterQuery) -> Iterator:
     """The tenant's SageMaker jobs in this region whose streams the query may name."""
     if query.names is not None:
         for name in sorted({n.split("/", 1)[0] for n in query.names if "/" in n}):
-            arn = mapping.training_job_arn(call.region, call.who.tenant, name)
+            arn = answers.training_job_arn(call.region, call.who.tenant, name)
             try:
                 yield repo.get_sagemaker_job(call.session, call.who.tenant, arn)
             except repo.NotFound:

@@ -3,7 +3,8 @@
 CreateTrainingJob makes an ordinary Aerie job (the controller, the agents, chaining and the
 dashboard treat it like any other) plus a record of the request as sent; the other operations
 read and change that pair, always within the caller's tenant and region. What a request means
-on a backend, and every answer's shape, come from `orchestrator/sagemaker_mapping.py`.
+on a backend comes from `orchestrator/sagemaker_admission.py`, every answer's shape from
+`orchestrator/sagemaker_answers.py`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from aerie_contracts import sagemaker_api as contract
 from aerie_contracts.states import JOB_TERMINAL
-from orchestrator import sagemaker_mapping as mapping
+from orchestrator import sagemaker_admission as admission
+from orchestrator import sagemaker_answers as answers
 from orchestrator.sagemaker_api import shapes
 from orchestrator.sagemaker_api.call import Call, registry
 from orchestrator.sagemaker_api.errors import (
@@ -53,7 +56,7 @@ def _name(body: dict[str, Any]) -> str:
 def _record(call: Call, name: str):
     try:
         return repo.get_sagemaker_job(
-            call.session, call.who.tenant, mapping.training_job_arn(call.region, call.who.tenant, name)
+            call.session, call.who.tenant, answers.training_job_arn(call.region, call.who.tenant, name)
         )
     except repo.NotFound:
         raise not_found() from None
@@ -124,7 +127,7 @@ def _spec_error(exc: ValidationError, request: dict[str, Any]) -> AwsError:
     lines = []
     for e in exc.errors():
         loc = tuple(e["loc"])
-        path = mapping.request_field(loc, request)
+        path = admission.request_field(loc, request)
         template = _AWS_RULES.get(e["type"])
         rule = template.format(**e.get("ctx", {})) if template else str(e["msg"]).removeprefix("Value error, ")
         value = e.get("input")
@@ -152,7 +155,7 @@ def final_metrics(call: Call, record, job) -> list[dict[str, Any]]:
     except Exception:  # logs of a backend that is unreachable now: no metrics, not a failed describe
         return []
     text = "\n".join(chunks[h]["text"] for h in hosts if h in chunks)
-    return mapping.metric_values(definitions, text, latest.ended_at or call.now)
+    return answers.metric_values(definitions, text, latest.ended_at or call.now)
 
 
 # --- operations ------------------------------------------------------------------------------------
@@ -171,21 +174,21 @@ def create_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
         )
     tags = _tags(body.get("Tags"))
     tag_map = {t["Key"]: t["Value"] for t in tags}
-    backend = tag_map.get(mapping.BACKEND_TAG) or call.settings.default_backend
+    backend = tag_map.get(contract.BACKEND_TAG) or call.settings.default_backend
     if backend not in call.backends:
         raise AwsError(
             RESOURCE_NOT_FOUND,
-            f"Backend {backend!r} (tag {mapping.BACKEND_TAG}) is not configured on this Aerie control plane; "
+            f"Backend {backend!r} (tag {contract.BACKEND_TAG}) is not configured on this Aerie control plane; "
             f"configured: {', '.join(sorted(call.backends))}",
         )
     try:
-        warnings = mapping.backend_limits(body, backend)
-        spec = JobSpec.model_validate(mapping.endpoint_spec(body, backend))
-    except mapping.Unsupported as exc:
+        warnings = admission.backend_limits(body, backend)
+        spec = JobSpec.model_validate(admission.endpoint_spec(body, backend))
+    except admission.Unsupported as exc:
         raise validation(f"1 validation error detected: {exc} (backend {backend})") from None
     except ValidationError as exc:
         raise _spec_error(exc, body) from None
-    arn = mapping.training_job_arn(call.region, call.who.tenant, name)
+    arn = answers.training_job_arn(call.region, call.who.tenant, name)
     in_use_message = (
         "Training job names must be unique within an AWS account and region, and a training job with this "
         f"name already exists ({arn})"
@@ -222,7 +225,7 @@ def create_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
 def describe_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
     record = _record(call, _name(body))
     job = record.job
-    return mapping.describe_training_job(record, job, call.now, final_metrics(call, record, job))
+    return answers.describe_training_job(record, job, call.now, final_metrics(call, record, job))
 
 
 @operation("StopTrainingJob", writes=True)
@@ -231,7 +234,7 @@ def stop_training_job(call: Call, body: dict[str, Any]) -> dict[str, Any]:
     job = record.job
     if job.state in JOB_TERMINAL:
         raise validation(
-            f"The request was rejected because the training job is in status {mapping.training_job_status(job)}."
+            f"The request was rejected because the training job is in status {answers.training_job_status(job)}."
         )
     job.stop_requested = True  # the controller stops the running attempt, as for `aerie stop`
     return {}
@@ -249,9 +252,9 @@ def list_training_jobs(call: Call, body: dict[str, Any]) -> dict[str, Any]:
         raise validation("SortBy must be Name, CreationTime or Status; SortOrder Ascending or Descending")
     states, stopping = None, None
     if body.get("StatusEquals") is not None:
-        if body["StatusEquals"] not in mapping.STATES_OF_STATUS:
+        if body["StatusEquals"] not in answers.STATES_OF_STATUS:
             raise validation(f"StatusEquals {body['StatusEquals']!r} is not a TrainingJobStatus")
-        states, stopping = mapping.STATES_OF_STATUS[body["StatusEquals"]]
+        states, stopping = answers.STATES_OF_STATUS[body["StatusEquals"]]
     if body.get("WarmPoolStatusEquals") or body.get("TrainingPlanArnEquals"):
         return {"TrainingJobSummaries": []}  # Aerie keeps no warm pools and has no training plans
     records = repo.list_sagemaker_jobs(
@@ -271,7 +274,7 @@ def list_training_jobs(call: Call, body: dict[str, Any]) -> dict[str, Any]:
         offset=offset,
     )
     out: dict[str, Any] = {
-        "TrainingJobSummaries": [mapping.training_job_summary(r, r.job, call.now) for r in records[:limit]]
+        "TrainingJobSummaries": [answers.training_job_summary(r, r.job, call.now) for r in records[:limit]]
     }
     if len(records) > limit:
         out["NextToken"] = _next_token(offset + limit)
