@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 import pytest
 
 from aerie_contracts import DetailType
-from lambdas import eval_dispatch, slack_blocks
+from lambdas import eval_dispatch, eval_posting, slack_blocks
 from lambdas.cron import parse_cron
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
@@ -143,7 +143,7 @@ def test_a_dead_posters_message_is_found_not_posted_again(api, slack_env, traine
     with pytest.raises(ConnectionError):
         eval_dispatch.handler(copy.deepcopy(event), api.context("eval_dispatch"))
     assert len(slack_env.messages(CHANNEL)) == 1
-    monkeypatch.setattr(eval_dispatch, "LEASE_S", 0.5)  # let the dead delivery's claim expire
+    monkeypatch.setattr(eval_posting, "LEASE_S", 0.5)  # let the dead delivery's claim expire
     import time
 
     time.sleep(0.6)
