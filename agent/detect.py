@@ -54,9 +54,7 @@ __all__ = ["DETECTORS", "HealthSettings", "Verdict", "Window", "detect_all", "js
 
 
 # The job spec's `health` section is `aerie_contracts.health.HealthSettings`, one type for the spec
-# and the agent. This second name only keeps older imports from outside agent/ working (two tests
-# still say `from agent.detect import HealthConfig`); new code says HealthSettings.
-HealthConfig = HealthSettings
+# (orchestrator/spec.py validates it with a model generated from it) and the agent.
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -6,8 +6,9 @@ import json
 import math
 
 from aerie_contracts import byo
+from aerie_contracts.health import HealthSettings
 from aerie_report import metrics_path, report
-from agent.detect import HealthConfig, detect_all
+from agent.detect import detect_all
 from agent.monitor import Observations
 from agent.probes.progress import ProgressProbe
 
@@ -24,10 +25,10 @@ def test_report_writes_the_contract_the_agent_reads(tmp_path, monkeypatch):
     assert lines[0]["tokens_per_s"] == 100 and math.isnan(lines[3]["loss"])
 
     probe = ProgressProbe(tmp_path)
-    obs = Observations(probe, HealthConfig.from_dict({}))
+    obs = Observations(probe, HealthSettings.from_dict({}))
     obs.add({"now": lines[-1]["t"] + 1, "records": probe.sample()})
     assert probe.last_step() == 4
-    verdicts = detect_all(obs.window(lines[-1]["t"] + 1, 0.0), HealthConfig.from_dict({"startup_grace_s": 0}))
+    verdicts = detect_all(obs.window(lines[-1]["t"] + 1, 0.0), HealthSettings.from_dict({"startup_grace_s": 0}))
     assert [v.kind for v in verdicts] == ["loss.nan"]  # the reported NaN reaches the detectors
 
 

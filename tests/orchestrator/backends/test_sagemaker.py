@@ -145,7 +145,7 @@ def test_sagemaker_sync_only_when_asked_and_never_over_aeries_checkpoints():
 
 def test_compact_health_means_the_same_to_the_agent():
     """SageMaker gets only the non-default health fields; the agent's defaults fill in the same values."""
-    from agent.detect import HealthConfig as AgentHealth
+    from aerie_contracts.health import HealthSettings as AgentHealth
 
     spec = JobSpec.load(REPO / "examples" / "pythia-tiny-sagemaker.yaml")
     sent = json.loads(create_training_job_request(_request(spec))["Environment"]["AERIE_HEALTH"])
