@@ -11,7 +11,8 @@ import pytest
 from devtools.harness.control_plane import REPO
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.placement import PlacementError
-from orchestrator.backends.slurm import SlurmBackend, slurm_job_state
+from orchestrator.backends.slurm import SlurmBackend
+from orchestrator.backends.slurm_cli import slurm_job_state
 from orchestrator.spec import JobSpec
 from tests.helpers.launch_requests import attempt_request
 
@@ -98,7 +99,7 @@ def test_poll_fails_loudly_when_slurmctld_does_not_answer(slurm_cluster, tmp_pat
     """An unreachable controller is an error to retry, never a reason to call a running job lost."""
     import re
 
-    from orchestrator.backends.slurm import SlurmError
+    from orchestrator.backends.slurm_cli import SlurmError
 
     conf = tmp_path / "slurm.conf"
     # Nothing listens on port 9; a short MessageTimeout makes Slurm's client give up in 1 s, not 9.

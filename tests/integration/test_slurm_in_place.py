@@ -19,7 +19,7 @@ import pytest
 from aerie_contracts.checkpoints import CheckpointTier, step_of_uri, tier_of_uri
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from devtools.harness.jobs import s3_spec
-from orchestrator.backends.slurm import _find_job_by_name, slurm_job_state
+from orchestrator.backends.slurm_cli import find_job_by_name, slurm_job_state
 from tests.helpers.attempt_files import attempt_of, job_processes, pids, restored_events, s3_requests_since
 from tests.helpers.slurm_plane import slurm_control_plane, stepper_spec
 from tests.helpers.wait import wait_for
@@ -73,7 +73,7 @@ def test_a_rank_crash_restarts_in_place_inside_one_slurm_allocation(cp, tmp_path
     handle_2 = json.loads((root / "handle-2.json").read_text())
     assert handle_2["slurm_job_id"] == handle_1["slurm_job_id"] and handle_2["attempt_id"] == second["id"]
     assert not (cp.home / "jobs" / job_id / "attempt-2").exists()
-    assert _find_job_by_name(second["id"]) is None
+    assert find_job_by_name(second["id"]) is None
     # The allocation ends once its agents have exited (each asks the control plane one last time).
     wait_for(
         what="the one Slurm job to end",

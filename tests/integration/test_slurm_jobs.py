@@ -68,7 +68,7 @@ def _handle(cp: ControlPlane, job: dict, attempt: int = 1) -> dict:
 
 
 def _slurm_state(slurm_job_id: int) -> str:
-    from orchestrator.backends.slurm import slurm_job_state
+    from orchestrator.backends.slurm_cli import slurm_job_state
 
     return (slurm_job_state(slurm_job_id) or {}).get("state", "")
 

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
-from orchestrator.backends.slurm import TERMINAL, _find_job_by_name, slurm_job_state
+from orchestrator.backends.slurm_cli import TERMINAL, find_job_by_name, slurm_job_state
 from tests.helpers.attempt_files import pids
 from tests.helpers.slurm_plane import slurm_control_plane, stepper_spec
 from tests.helpers.wait import wait_for
@@ -82,14 +82,14 @@ def test_a_blamed_node_is_replaced_by_a_spare_inside_one_slurm_allocation(cp, tm
     assert handle_2["slurm_job_id"] == handle_1["slurm_job_id"] and handle_2["attempt_id"] == second["id"]
     assert handle_2["hosts"] == ["node2"] and handle_2["replaced_nodes"] == {"node1": "node2"}
     assert not (cp.home / "jobs" / job_id / "attempt-2").exists()
-    assert _find_job_by_name(second["id"]) is None
+    assert find_job_by_name(second["id"]) is None
 
     # The spare allocation: one node for the one spare used, every node the job used excluded.
     spare_script = (root / "spares-2" / "job.sbatch").read_text()
     assert f"#SBATCH --job-name={second['id']}-spares\n" in spare_script and "#SBATCH --nodes=1\n" in spare_script
     assert "#SBATCH --exclude=node1,node2\n" in spare_script
     [allocation] = handle_2["spare_allocations"]
-    assert allocation["slurm_job_id"] == _find_job_by_name(f"{second['id']}-spares")
+    assert allocation["slurm_job_id"] == find_job_by_name(f"{second['id']}-spares")
     assert allocation["slurm_job_id"] != handle_1["slurm_job_id"]
     spare_log = (root / "node3" / "logs" / "node.log").read_text()
     assert "node3 is a hot spare" in spare_log, spare_log[-3000:]

@@ -11,7 +11,9 @@ from aerie_contracts.env import SLURM_PORT_BASE, SLURM_PORT_SPAN
 from aerie_contracts.states import AttemptState
 from agent.contract import write_json
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.backends.slurm import SlurmBackend, SlurmOptions, _node_status, in_place_port, launch_document
+from orchestrator.backends.slurm import SlurmBackend, in_place_port
+from orchestrator.backends.slurm_nodes import node_status
+from orchestrator.backends.slurm_script import SlurmOptions, launch_document
 from tests.helpers.launch_requests import launch_request
 
 
@@ -65,8 +67,8 @@ def test_a_node_reports_the_outcome_of_its_own_attempt_only(tmp_path):
     write_json(ml_root / "agent" / "agent.pid", 123)
     write_json(ml_root / "agent" / "exit.json", {"exit_code": 1, "attempt": "a1", "reason": {"kind": "loss.nan"}})
     # Attempt 1 failed; its in-place successor runs in the same, still running, allocation.
-    assert _node_status(ml_root, "node1", False, False, "RUNNING", "a1").state == AttemptState.FAILED
-    assert _node_status(ml_root, "node1", False, False, "RUNNING", "a2").state == AttemptState.RUNNING
+    assert node_status(ml_root, "node1", False, False, "RUNNING", "a1").state == AttemptState.FAILED
+    assert node_status(ml_root, "node1", False, False, "RUNNING", "a2").state == AttemptState.RUNNING
     # The allocation ended without an outcome of attempt 2: its node is lost, not failed by attempt 1's cause.
-    lost = _node_status(ml_root, "node1", True, False, "FAILED", "a2")
+    lost = node_status(ml_root, "node1", True, False, "FAILED", "a2")
     assert lost.state == AttemptState.FAILED and lost.reason["kind"] == "node.lost"

@@ -12,7 +12,8 @@ from agent.contract import NodeContract
 from agent.slurm import compose_env
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.nodeenv import node_env
-from orchestrator.backends.slurm import SlurmOptions, _exit_code, _state_word, launch_document, render_script
+from orchestrator.backends.slurm_cli import exit_code, state_word
+from orchestrator.backends.slurm_script import SlurmOptions, launch_document, render_script
 from orchestrator.spec import JobSpec
 from tests.helpers.launch_requests import attempt_request
 
@@ -146,11 +147,11 @@ def test_node_built_env_equals_the_local_backends(tmp_path, monkeypatch):
     [("COMPLETED", "COMPLETED"), (["CANCELLED", "COMPLETING"], "CANCELLED"), ("CANCELLED by 0", "CANCELLED"), ("", "")],
 )
 def test_state_words_from_every_slurm_version(raw, word):
-    assert _state_word(raw) == word
+    assert state_word(raw) == word
 
 
 @pytest.mark.parametrize(
     "raw, code", [(0, 0), ("2:0", 2), ("0:9", 0), (None, None), ({"status": "ERROR", "return_code": {"number": 3}}, 3)]
 )
 def test_exit_codes_from_every_slurm_version(raw, code):
-    assert _exit_code(raw) == code
+    assert exit_code(raw) == code

@@ -16,17 +16,11 @@ from aerie_contracts.env import SLURM_PORT_BASE, SLURM_PORT_SPAN
 from agent.contract import read_json, write_json
 from agent.slurm import memory_env as node_memory_env
 from agent.slurm import memory_port, split_hosts
-from orchestrator.backends import slurm as slurm_backend
+from orchestrator.backends import slurm_cli, slurm_nodes
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.nodeenv import memory_attempt_env as memory_env
-from orchestrator.backends.slurm import (
-    SlurmBackend,
-    SlurmOptions,
-    _learned,
-    _learned_spares,
-    launch_document,
-    render_script,
-)
+from orchestrator.backends.slurm import SlurmBackend
+from orchestrator.backends.slurm_script import SlurmOptions, launch_document, render_script
 from orchestrator.spec import JobSpec
 from recovery.modes import memory_tier_off
 from tests.helpers.launch_requests import launch_request
@@ -59,18 +53,18 @@ def test_the_handle_learns_hosts_and_spares_then_a_spare_takes_a_blamed_slot(tmp
         assert argv[:4] == ["scontrol", "show", "node", "-o"], argv
         return f"NodeName={argv[4]} Arch=x86_64 NodeAddr=10.1.0.3 NodeHostName={argv[4]} State=ALLOCATED\n"
 
-    monkeypatch.setattr(slurm_backend, "_run", scontrol)
+    monkeypatch.setattr(slurm_cli, "run", scontrol)
     root = tmp_path / "jobs" / "spare-abc" / "attempt-1"
     root.mkdir(parents=True)
     write_json(root / "launch.json", {"root": str(root), "master_port": None, "nodes": 2})
     launched = {"root": str(root), "hosts": [], "slurm_job_id": 77, "job_name": "spare-abc-a1", "spare_nodes": 1}
-    assert _learned(launched, root) is None  # no node has started yet
+    assert slurm_nodes.learned(launched, root) is None  # no node has started yet
     write_json(root / "hosts.json", {"hosts": ["node1", "node2"], "spares": ["node3"], "slurm_job_id": 77})
-    first = _learned(launched, root)
+    first = slurm_nodes.learned(launched, root)
     assert first is not None and first["hosts"] == ["node1", "node2"] and first["spares"] == ["node3"]
-    assert _learned(first, root) is None  # learned once
+    assert slurm_nodes.learned(first, root) is None  # learned once
 
-    monkeypatch.setattr(slurm_backend, "_run", FakeSlurm(scontrol=scontrol))
+    monkeypatch.setattr(slurm_cli, "run", FakeSlurm(scontrol=scontrol))
     second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     assert second["slurm_job_id"] == 77 and second["hosts"] == ["node3", "node2"]  # node1's rank slot
     assert second["spares"] == [] and second["replaced_nodes"] == {"node1": "node3"}  # replenished later
@@ -132,7 +126,7 @@ def _in_place_from(tmp_path, *, memory: bool = False) -> tuple[dict, Path]:
 
 def test_a_spare_taking_a_slot_submits_a_spare_allocation_of_as_many_nodes(tmp_path, monkeypatch):
     slurm = FakeSlurm()
-    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    monkeypatch.setattr(slurm_cli, "run", slurm)
     first, root = _in_place_from(tmp_path)
     (root / "node7" / "agent").mkdir(parents=True)  # a node that ran under this allocation before
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=("node9",))
@@ -167,7 +161,7 @@ def test_a_spare_taking_a_slot_submits_a_spare_allocation_of_as_many_nodes(tmp_p
 
 def test_a_blamed_node_replaced_by_no_spare_submits_nothing(tmp_path, monkeypatch):
     slurm = FakeSlurm()
-    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    monkeypatch.setattr(slurm_cli, "run", slurm)
     first, _ = _in_place_from(tmp_path)
     second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first))
     assert slurm.of("sbatch") == [] and "spare_allocations" not in second
@@ -175,7 +169,7 @@ def test_a_blamed_node_replaced_by_no_spare_submits_nothing(tmp_path, monkeypatc
 
 def test_the_spare_allocation_is_submitted_once_per_attempt(tmp_path, monkeypatch):
     slurm = FakeSlurm()
-    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    monkeypatch.setattr(slurm_cli, "run", slurm)
     first, root = _in_place_from(tmp_path)
     backend = SlurmBackend(tmp_path / "jobs")
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"})
@@ -190,10 +184,10 @@ def test_the_spare_allocation_is_submitted_once_per_attempt(tmp_path, monkeypatc
 def test_unplaceable_spares_do_not_fail_the_attempt(tmp_path, monkeypatch):
     def refuse(argv, **_):
         if argv[0] == "sbatch":
-            raise slurm_backend.SlurmError("sbatch: error: Requested node configuration is not available")
+            raise slurm_cli.SlurmError("sbatch: error: Requested node configuration is not available")
         return ""
 
-    monkeypatch.setattr(slurm_backend, "_run", refuse)
+    monkeypatch.setattr(slurm_cli, "run", refuse)
     first, _ = _in_place_from(tmp_path)
     second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     assert second["hosts"] == ["node3", "node2"] and "spare_allocations" not in second
@@ -201,24 +195,24 @@ def test_unplaceable_spares_do_not_fail_the_attempt(tmp_path, monkeypatch):
 
 def test_poll_learns_the_spare_allocation_s_nodes_as_spares_and_memory_peers(tmp_path, monkeypatch):
     slurm = FakeSlurm()
-    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    monkeypatch.setattr(slurm_cli, "run", slurm)
     first, root = _in_place_from(tmp_path, memory=True)
     second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     allocation = second["spare_allocations"][0]
     assert allocation["memory_index"] == 3  # its ring ports follow the main allocation's 2 + 1 nodes
     launch = read_json(root / "spares-2" / "launch.json")
     assert launch["memory_job_id"] == 77 and launch["memory_index"] == 3 and launch["memory_root"]
-    assert _learned_spares(second) is None  # its nodes have not started yet
+    assert slurm_nodes.learned_spares(second) is None  # its nodes have not started yet
 
     write_json(
         root / "spares-2" / "hosts.json",
         {"hosts": [], "spares": ["node4"], "slurm_job_id": 78, "memory_peers": {"node4": "127.0.0.1:40004"}},
     )
-    learned = _learned_spares(second)
+    learned = slurm_nodes.learned_spares(second)
     assert learned is not None and learned["spares"] == ["node4"]
     assert learned["spare_allocations"][0]["hosts"] == ["node4"]
     assert learned["memory_peers"]["node4"] == "127.0.0.1:40004" and learned["memory_peers"]["node3"]
-    assert _learned_spares(learned) is None  # learned once
+    assert slurm_nodes.learned_spares(learned) is None  # learned once
 
     # The next in-place attempt hands node4 a slot as it would a main-allocation spare, and refills.
     third = SlurmBackend(tmp_path / "jobs").launch(_request(3, in_place_of=learned, replace_nodes={"node2": "node4"}))
@@ -231,7 +225,7 @@ def test_poll_learns_the_spare_allocation_s_nodes_as_spares_and_memory_peers(tmp
 @pytest.mark.parametrize("how", ["stop", "fence"])
 def test_stop_and_fence_cancel_the_spare_allocations(tmp_path, monkeypatch, how):
     slurm = FakeSlurm()
-    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    monkeypatch.setattr(slurm_cli, "run", slurm)
     first, _ = _in_place_from(tmp_path)
     backend = SlurmBackend(tmp_path / "jobs")
     second = backend.launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
@@ -277,7 +271,7 @@ def test_a_spare_allocation_s_ring_ports_follow_the_main_allocation_s():
 
 def test_a_long_exclude_list_is_compressed_or_costs_the_spare_not_the_attempt(tmp_path, monkeypatch):
     slurm = FakeSlurm(scontrol=lambda argv: "node[1-99]\n" if argv[:3] == ["scontrol", "show", "hostlist"] else "")
-    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    monkeypatch.setattr(slurm_cli, "run", slurm)
     first, _ = _in_place_from(tmp_path)
     many = tuple(f"node{i}" for i in range(4, 100))  # 96 blamed nodes: over an #SBATCH value's 256
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=many)
@@ -287,7 +281,7 @@ def test_a_long_exclude_list_is_compressed_or_costs_the_spare_not_the_attempt(tm
 
     # Where scontrol does not compress them, the in-place attempt goes on without the spare.
     slurm = FakeSlurm()
-    monkeypatch.setattr(slurm_backend, "_run", slurm)
+    monkeypatch.setattr(slurm_cli, "run", slurm)
     first, _ = _in_place_from(tmp_path / "again")
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=many)
     second = SlurmBackend(tmp_path / "again" / "jobs").launch(request)
