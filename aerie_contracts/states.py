@@ -1,4 +1,5 @@
-"""Lifecycle states of jobs, attempts, nodes and checkpoints (stored as their string values).
+"""Lifecycle states of jobs, attempts, nodes, checkpoints and outbox events, and of a rank's
+process as the agent sees it (stored and sent as their string values).
 
 Job and attempt state names follow SageMaker's TrainingJobStatus where one exists, so a
 SageMaker user reads them without a glossary.
@@ -46,3 +47,34 @@ class CheckpointState(StrEnum):
 JOB_TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.STOPPED})
 ATTEMPT_TERMINAL = frozenset({AttemptState.COMPLETED, AttemptState.FAILED, AttemptState.STOPPED})
 ATTEMPT_ACTIVE = frozenset({AttemptState.PENDING, AttemptState.LAUNCHING, AttemptState.RUNNING})
+
+
+class OutboxStatus(StrEnum):
+    """Where an outbox event (the `events` row written with its state change) is in delivery."""
+
+    PENDING = "pending"  # written, not yet delivered to every subscriber (retried until it is)
+    DELIVERED = "delivered"  # every subscriber (and the publisher) took it
+    DEAD = "dead"  # a permanent error, or out of deliveries: dead-lettered, never retried
+
+
+class ProcessState(StrEnum):
+    """A rank's process as the agent's probe records it: psutil's `Process.status()` words as
+    they are, plus `gone` where the process no longer exists (or could not be read)."""
+
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    DISK_SLEEP = "disk-sleep"
+    STOPPED = "stopped"  # SIGSTOP: alive, never progressing
+    TRACING_STOP = "tracing-stop"
+    ZOMBIE = "zombie"
+    DEAD = "dead"
+    WAKING = "waking"
+    IDLE = "idle"
+    LOCKED = "locked"
+    WAITING = "waiting"
+    PARKED = "parked"
+    GONE = "gone"  # Aerie's own: no such process any more
+
+
+# A rank that cannot make progress (the `silent.hang` detector and blame's `stopped_rank` rule).
+STOPPED_PROCESS_STATES = frozenset({ProcessState.STOPPED, ProcessState.ZOMBIE, ProcessState.DEAD, ProcessState.GONE})

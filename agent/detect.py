@@ -32,6 +32,7 @@ from statistics import median
 
 from aerie_contracts import FailureKind
 from aerie_contracts.health import HealthSettings, Section
+from aerie_contracts.states import STOPPED_PROCESS_STATES
 from agent.probes.progress import CHECKPOINT, EVAL, UPLOAD_WAIT, WIND_DOWN
 from agent.sections import detect_checkpoint_stalled, section_limit
 from agent.window import (
@@ -84,7 +85,7 @@ def _in_grace(w: Window, cfg: HealthSettings) -> bool:
 
 
 def _stopped_processes(w: Window) -> list[dict]:
-    return [p for p in w.processes if p.get("state") in ("stopped", "zombie", "dead", "gone")]
+    return [p for p in w.processes if p.get("state") in STOPPED_PROCESS_STATES]
 
 
 def _median_util(w: Window, t0: float, t1: float = math.inf) -> dict[str, float]:

@@ -22,6 +22,7 @@ from aerie_contracts.health import (
     SUMMARY_SLOWEST_RANK,
     HealthSettings,
 )
+from aerie_contracts.states import ProcessState
 from agent.detect import Verdict, Window, detect_all, percentile, step_times
 from agent.probes.gpu import CpuAcceleratorProbe, NvmlProbe, RankProcesses, make_accelerator_probe
 from agent.probes.nic import NicProbe, interfaces_from_resourceconfig
@@ -183,7 +184,7 @@ class Monitor:
         """Every rank of this node exited 0 (`ranks/rank-R.exit.json`): the node waits for its peers
         to finish (torchrun's teardown, a trainer's final save on another node), it is not hung."""
         procs = self.obs.processes
-        if not procs or any(p.get("state") != "gone" for p in procs):
+        if not procs or any(p.get("state") != ProcessState.GONE for p in procs):
             return False
         for p in procs:
             try:

@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import select
 
 from aerie_contracts import DetailType
+from aerie_contracts.states import OutboxStatus
 from orchestrator import failpoints
 from orchestrator.eventbus import EventBridgePublisher
 from orchestrator.store import repo
@@ -200,7 +201,7 @@ class Dispatcher:
         """Deliver every due event once, oldest first. Returns how many were attempted."""
         self._collect()
         with self.db.session() as s:
-            q = select(Event).where(Event.status == "pending", Event.next_attempt_at <= time.time())
+            q = select(Event).where(Event.status == OutboxStatus.PENDING, Event.next_attempt_at <= time.time())
             if self._in_flight:
                 q = q.where(Event.seq.not_in(list(self._in_flight)))
             due = s.scalars(q.order_by(Event.seq).limit(self.batch)).all()
@@ -294,7 +295,7 @@ class Dispatcher:
             # events behind them (an attempt's failure) out of a pass's batch.
             with self.db.session() as s:
                 row = s.get(Event, seq)
-                if row is not None and row.status == "pending":
+                if row is not None and row.status == OutboxStatus.PENDING:
                     row.next_attempt_at = time.time() + DEFER_S
             return
         self._finish(seq, errors, permanent)
@@ -304,17 +305,17 @@ class Dispatcher:
         dead = None
         with self.db.session() as s:
             row = s.get(Event, seq)
-            if row is None or row.status != "pending":  # another leader finished it
+            if row is None or row.status != OutboxStatus.PENDING:  # another leader finished it
                 self._forget(seq)
                 return
             row.deliveries += 1
             error = "; ".join(errors) or None
             if error is None:
-                row.status = "delivered"
+                row.status = OutboxStatus.DELIVERED
                 row.last_error = None
                 self._forget(seq)
             elif permanent or row.deliveries >= self.max_deliveries:
-                row.status = "dead"
+                row.status = OutboxStatus.DEAD
                 row.last_error = error
                 log.error("event %s dead-lettered after %d deliveries: %s", row.id, row.deliveries, error)
                 dead = row

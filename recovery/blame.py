@@ -40,8 +40,8 @@ from typing import Any
 
 from aerie_contracts.failures import Blame, BlameRule, FailureKind, NodeBlame, policy
 from aerie_contracts.health import HealthSettings
+from aerie_contracts.states import STOPPED_PROCESS_STATES
 
-STOPPED_STATES = frozenset({"stopped", "zombie", "dead", "gone"})  # as the agent's process probe names them
 # What a rank blocked in a collective does to its device, per accelerator probe (agent/probes/gpu.py).
 WAITING_STATE = {"cpu": "idle", "nvml": "busy"}
 MIN_LAG_S = 1.0  # the same last step logged this much earlier (and 2 p95 step times) is a real lag
@@ -223,7 +223,7 @@ def _from_heartbeat(
     f.last_step, f.last_step_t = summary.get("last_step"), own
     f.has_progress = True
     procs = [p for p in summary.get("processes") or [] if isinstance(p, dict)]
-    f.stopped = sorted({p.get("rank") for p in procs if p.get("state") in STOPPED_STATES}, key=str)
+    f.stopped = sorted({p.get("rank") for p in procs if p.get("state") in STOPPED_PROCESS_STATES}, key=str)
     busy_at = max(cfg.gpu_idle_util, 0.5 * cfg.busy_util)
     for a in summary.get("accelerators") or []:
         util = _num(a.get("util")) if isinstance(a, dict) else None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from aerie_contracts.states import ProcessState
 from agent import devices
 from agent.ring import Ring
 
@@ -55,7 +56,7 @@ class RankProcesses:
                     proc = self._procs[rank] = psutil.Process(pid)
                 except psutil.Error:
                     self._procs.pop(rank, None)
-                    out.append({"rank": rank, "pid": pid, "state": "gone", "cpu": 0.0, "rss": None})
+                    out.append({"rank": rank, "pid": pid, "state": ProcessState.GONE, "cpu": 0.0, "rss": None})
                     continue
                 self._prev.pop(rank, None)
             try:
@@ -64,7 +65,7 @@ class RankProcesses:
                     state = proc.status()
                     rss = proc.memory_info().rss
             except psutil.Error:
-                out.append({"rank": rank, "pid": pid, "state": "gone", "cpu": 0.0, "rss": None})
+                out.append({"rank": rank, "pid": pid, "state": ProcessState.GONE, "cpu": 0.0, "rss": None})
                 continue
             cpu_s = times.user + times.system
             prev = self._prev.get(rank)
@@ -166,7 +167,7 @@ class NvmlProbe:
         """The GPU indices to watch this tick (see the class docstring)."""
         if self.watch == "all":
             return list(range(len(self.handles)))
-        ranks = {int(p["pid"]) for p in procs or [] if p.get("pid") and p.get("state") != "gone"}
+        ranks = {int(p["pid"]) for p in procs or [] if p.get("pid") and p.get("state") != ProcessState.GONE}
         if ranks:
             on_gpu = {i: self._compute_pids(i) for i in range(len(self.handles))}
             used = [i for i, pids in on_gpu.items() if pids & ranks]

@@ -13,7 +13,7 @@ from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, St
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from aerie_contracts.checkpoints import CheckpointTier
-from aerie_contracts.states import NodeState
+from aerie_contracts.states import NodeState, OutboxStatus
 
 
 def now() -> float:
@@ -131,7 +131,7 @@ class Event(Base):
     source: Mapped[str] = mapped_column(String(64), default="aerie.orchestrator")
     time: Mapped[float] = mapped_column(Float, default=now)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON)
-    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=OutboxStatus.PENDING, index=True)
     deliveries: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)

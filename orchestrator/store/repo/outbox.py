@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aerie_contracts.events import SEQ, SOURCE
+from aerie_contracts.states import OutboxStatus
 from orchestrator.store.models import (
     Event,
     Job,
@@ -28,7 +29,7 @@ def emit(s: Session, job: Job, detail_type: str, detail: dict[str, Any]) -> Even
         source=SOURCE,
         time=now(),
         detail={"job_id": job.id, "job_name": job.name, **detail},
-        status="pending",
+        status=OutboxStatus.PENDING,
     )
     s.add(event)
     return event
