@@ -26,8 +26,7 @@ NOT_DECISIONS = {
     # The spec declares the settings (pydantic fields: attributes, not reads).
     ("orchestrator/sagemaker_mapping.py", "max_restarts"): "translates retry.max_restarts <-> RetryStrategy",
     # The handle's own count of in-place attempts, for the next rendezvous port (not the setting).
-    ("orchestrator/backends/slurm.py", "in_place_restarts"): "the handle's in-place count, for the port",
-    ("orchestrator/backends/sagemaker.py", "in_place_restarts"): "the handle's in-place count, for the port",
+    ("orchestrator/backends/in_place.py", "in_place_restarts"): "the handle's in-place count, for the port",
 }
 
 
