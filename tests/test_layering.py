@@ -153,15 +153,20 @@ def _project_imports(package: str) -> list[tuple[str, str]]:
     for path in sorted((REPO / package).rglob("*.py")):
         if "migrations" in path.parts or ".venv" in path.parts:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
+        for _, names in _imports(ast.parse(path.read_text())):
             found += [(str(path.relative_to(REPO)), n) for n in names if n.split(".")[0] in PROJECT_PACKAGES]
     return found
+
+
+def _imports(tree):
+    """(node, the absolute module names it imports) for every import statement of `tree`."""
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield node, [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node, [node.module]
 
 
 def test_every_package_imports_only_what_the_architecture_allows():
@@ -187,13 +192,7 @@ def test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack()
         for path in sorted((REPO / package).rglob("*.py")):
             tree = ast.parse(path.read_text())
             top_level = {id(n) for n in tree.body}
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
+            for node, names in _imports(tree):
                 if any(n.split(".")[0] == "devtools" for n in names):
                     where = "module level" if id(node) in top_level else "lazy"
                     found.append((str(path.relative_to(REPO)), where))

@@ -53,6 +53,19 @@ def served_api(home) -> Iterator[SimpleNamespace]:
         yield SimpleNamespace(url=url, app=app, admin=admin)
 
 
+def served_api_fixture(name: str):
+    """A module-scoped pytest fixture: one `served_api` for the test module, under a temporary
+    home named `name`; each test works in a tenant of its own (tenants share nothing)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory):
+        with served_api(tmp_path_factory.mktemp(name)) as api:
+            yield api
+
+    return server
+
+
 def aws_keys(url: str, admin_token: str, **body) -> tuple[str, str]:
     """(access key id, secret access key) of a new token made by `admin_token` (role, tenant, ...)."""
     r = httpx.post(

@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from orchestrator.backends.sagemaker import SageMakerBackend
 from orchestrator.sagemaker_api.call import EndpointSettings
 from orchestrator.store import repo
-from tests.helpers.sagemaker import ROLE, aws_keys, client, request, served_api
+from tests.helpers.sagemaker import ROLE, aws_keys, client, request, served_api_fixture
 
 # Every request field CreateTrainingJob takes that Aerie stores, in one "held-out style" request:
 # spot, VPC, KMS, FastFile, retry, checkpoint, metric definitions, tags, environment and the rest.
@@ -100,11 +100,7 @@ UNHONOURED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One API for the module; each test works in a tenant of its own (tenants share nothing)."""
-    with served_api(tmp_path_factory.mktemp("sagemaker-api")) as api:
-        yield api
+server = served_api_fixture("sagemaker-api")
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 from botocore.model import ShapeResolver
 
 from orchestrator.sagemaker_api import shapes
-from tests.helpers.sagemaker import REGION, aws_keys, request, served_api
+from tests.helpers.sagemaker import REGION, aws_keys, request, served_api_fixture
 
 
 def _channel(**s3) -> dict:
@@ -49,10 +49,7 @@ def _with(path: tuple, value) -> dict:
     return body
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with served_api(tmp_path_factory.mktemp("sagemaker-enums")) as api:
-        yield api
+server = served_api_fixture("sagemaker-enums")
 
 
 @pytest.fixture

@@ -41,16 +41,13 @@ from orchestrator import sagemaker_answers
 from orchestrator.sagemaker_api import logs as logs_api
 from orchestrator.sagemaker_api.errors import AwsError
 from orchestrator.store import repo
-from tests.helpers.sagemaker import REGION, aws_keys, aws_profile, client, request, served_api
+from tests.helpers.sagemaker import REGION, aws_keys, aws_profile, client, request, served_api_fixture
 
 GROUP = "/aws/sagemaker/TrainingJobs"
 T0 = 1_780_000_000.0  # attempts' start times (s): the events' timestamps are these, in ms
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with served_api(tmp_path_factory.mktemp("filter-log-events")) as api:
-        yield api
+server = served_api_fixture("filter-log-events")
 
 
 @pytest.fixture
