@@ -66,6 +66,23 @@ def served_api_fixture(name: str):
     return server
 
 
+def attempt_with_logs(endpoint, tmp_path, name: str, number: int, state: str, lines: dict, started=None):
+    """Attempt `number` of `endpoint.tenant`'s job `name`, launched on the local backend at `started`
+    (default: now) with these node logs ({host: text}, as `<root>/<host>/logs/node.log`); its root."""
+    from orchestrator.store import repo
+
+    root = tmp_path / name / f"attempt-{number}"
+    for host, text in lines.items():
+        (root / host / "logs").mkdir(parents=True)
+        (root / host / "logs" / "node.log").write_text(text)
+    with endpoint.app.state.db.session() as s:
+        job = repo.get_job(s, endpoint.tenant, name)
+        a = repo.create_attempt(s, job, number)
+        a.handle = {"root": str(root), "hosts": sorted(lines)}
+        a.state, a.started_at = state, time.time() if started is None else started
+    return root
+
+
 def aws_keys(url: str, admin_token: str, **body) -> tuple[str, str]:
     """(access key id, secret access key) of a new token made by `admin_token` (role, tenant, ...)."""
     r = httpx.post(

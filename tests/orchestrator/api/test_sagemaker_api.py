@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 from orchestrator.backends.sagemaker import SageMakerBackend
 from orchestrator.sagemaker_api.call import EndpointSettings
 from orchestrator.store import repo
-from tests.helpers.sagemaker import ROLE, aws_keys, client, request, served_api_fixture
+from tests.helpers.sagemaker import ROLE, attempt_with_logs, aws_keys, client, request, served_api_fixture
 
 # Every request field CreateTrainingJob takes that Aerie stores, in one "held-out style" request:
 # spot, VPC, KMS, FastFile, retry, checkpoint, metric definitions, tags, environment and the rest.
@@ -479,16 +479,8 @@ def _channel(uri: str, **extra) -> dict:
 
 
 def _attempt_with_logs(endpoint, tmp_path, name: str, number: int, state: str, lines: dict[str, str]) -> None:
-    """Attempt `number` of job `name`, launched on the local backend with these node logs."""
-    root = tmp_path / name / f"attempt-{number}"
-    for host, text in lines.items():
-        (root / host / "logs").mkdir(parents=True)
-        (root / host / "logs" / "node.log").write_text(text)
-    with endpoint.app.state.db.session() as s:
-        job = repo.get_job(s, endpoint.tenant, name)
-        a = repo.create_attempt(s, job, number)
-        a.handle = {"root": str(root), "hosts": sorted(lines)}
-        a.state, a.started_at = state, time.time()
+    """Attempt `number` of job `name`, launched on the local backend now with these node logs."""
+    attempt_with_logs(endpoint, tmp_path, name, number, state, lines)
 
 
 def test_the_sdks_log_calls_read_each_hosts_output_across_attempts(endpoint, tmp_path):

@@ -40,8 +40,15 @@ from botocore.config import Config
 from orchestrator import sagemaker_answers
 from orchestrator.sagemaker_api import logs as logs_api
 from orchestrator.sagemaker_api.errors import AwsError
-from orchestrator.store import repo
-from tests.helpers.sagemaker import REGION, aws_keys, aws_profile, client, request, served_api_fixture
+from tests.helpers.sagemaker import (
+    REGION,
+    attempt_with_logs,
+    aws_keys,
+    aws_profile,
+    client,
+    request,
+    served_api_fixture,
+)
 
 GROUP = "/aws/sagemaker/TrainingJobs"
 T0 = 1_780_000_000.0  # attempts' start times (s): the events' timestamps are these, in ms
@@ -75,16 +82,7 @@ def _job(endpoint, name: str, instances: int = 1) -> None:
 
 def _attempt(endpoint, tmp_path: Path, name: str, number: int, state: str, started: float, lines: dict) -> Path:
     """Attempt `number` of job `name`, launched on the local backend at `started` with these node logs."""
-    root = tmp_path / name / f"attempt-{number}"
-    for host, text in lines.items():
-        (root / host / "logs").mkdir(parents=True)
-        (root / host / "logs" / "node.log").write_text(text)
-    with endpoint.app.state.db.session() as s:
-        job = repo.get_job(s, endpoint.tenant, name)
-        a = repo.create_attempt(s, job, number)
-        a.handle = {"root": str(root), "hosts": sorted(lines)}
-        a.state, a.started_at = state, started
-    return root
+    return attempt_with_logs(endpoint, tmp_path, name, number, state, lines, started)
 
 
 def _streams(endpoint, prefix: str) -> list[str]:
