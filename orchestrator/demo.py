@@ -30,12 +30,12 @@ from orchestrator.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "examples" / "demo.yaml"
-# The silent failure the demo rehearses: rank 1 spins without finishing step 150.
-DEMO_FAULT = "busy_hang@150:rank=1"
+# The silent failure the demo rehearses: rank 1 spins without finishing step 100.
+DEMO_FAULT = "busy_hang@100:rank=1"
 # The second fault: once attempt 2 has a good memory checkpoint of this step or later, its second
 # node (algo-2) is lost. The restart point is that checkpoint: the spare restores algo-2's ranks
 # from the replicas algo-1 holds.
-NODE_LOSS_ATTEMPT, NODE_LOSS_AFTER_STEP, NODE_LOSS_NODE = 2, 250, 1
+NODE_LOSS_ATTEMPT, NODE_LOSS_AFTER_STEP, NODE_LOSS_NODE = 2, 180, 1
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -141,7 +141,7 @@ def main() -> int:
         print(f"==> aerie submit {DEMO_SPEC.relative_to(REPO)} --name {name} --fault {DEMO_FAULT} --follow", flush=True)
         print(
             "    (2 nodes x 2 ranks and a hot spare; checkpoints every 50 steps to the loopback S3 server and "
-            "every few steps to memory. At step 150 rank 1 spins without progress: watch the agent catch it and "
+            "every few steps to memory. At step 100 rank 1 spins without progress: watch the agent catch it and "
             f"the job restart in place. After step {NODE_LOSS_AFTER_STEP} a whole node is lost: watch the spare "
             "take its place.)",
             flush=True,

@@ -82,8 +82,8 @@ def test_make_demo_tells_the_whole_story(tmp_path):
     job_dir = next((home / "jobs").iterdir())
     losses = rank_losses(home / "jobs", job_dir.name)
     stitched = {**losses[1], **losses[2], **losses[3]}
-    assert max(stitched) == 400
-    assert stitched[400] < 0.6 * stitched[10], (stitched[10], stitched[400])
+    assert max(stitched) == 300
+    assert stitched[300] < 0.6 * stitched[10], (stitched[10], stitched[300])
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
