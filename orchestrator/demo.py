@@ -25,6 +25,7 @@ from aerie_contracts import env as aerie_env
 from aerie_contracts.checkpoints import CheckpointTier
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES
 from aerie_contracts.states import JOB_TERMINAL, AttemptState
+from orchestrator import follow
 from orchestrator.client import ApiError, Client
 from orchestrator.settings import Settings
 
@@ -32,9 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_SPEC = REPO / "examples" / "demo.yaml"
 # The silent failure the demo rehearses: rank 1 spins without finishing step 100.
 DEMO_FAULT = "busy_hang@100:rank=1"
-# The second fault: once attempt 2 has a good memory checkpoint of this step or later, its second
-# node (algo-2) is lost. The restart point is that checkpoint: the spare restores algo-2's ranks
-# from the replicas algo-1 holds.
+# The second fault: once attempt 2 has a good memory checkpoint of this step or later, newer than
+# S3's last by at least MEMORY_LEAD steps, its second node (algo-2) is lost. The restart point is
+# that memory checkpoint: the spare restores algo-2's ranks from the replicas algo-1 holds.
+MEMORY_LEAD = 5
 NODE_LOSS_ATTEMPT, NODE_LOSS_AFTER_STEP, NODE_LOSS_NODE = 2, 180, 1
 
 
@@ -79,14 +81,12 @@ def _lose_a_node_later(aerie: list[str], env: dict[str, str], name: str, done: t
             if len(attempts) < NODE_LOSS_ATTEMPT or attempts[-1]["state"] != AttemptState.RUNNING:
                 continue
             own = f"/attempt_{NODE_LOSS_ATTEMPT:04d}"
-            good = [
-                c["step"]
-                for c in client.checkpoints(name)
-                if c["tier"] == CheckpointTier.MEMORY and c["state"] == "good" and c["uri"].endswith(own)
-            ]
+            rows = [c for c in client.checkpoints(name) if c["state"] == "good"]
         except ApiError:
             continue
-        if good and max(good) >= NODE_LOSS_AFTER_STEP:
+        good = [c["step"] for c in rows if c["tier"] == CheckpointTier.MEMORY and c["uri"].endswith(own)]
+        durable = max((c["step"] for c in rows if c["tier"] == CheckpointTier.S3), default=0)
+        if good and max(good) >= NODE_LOSS_AFTER_STEP and max(good) >= durable + MEMORY_LEAD:
             command = ["chaos", name, "--node", str(NODE_LOSS_NODE), "--fault", "node-loss"]
             print(
                 f"==> memory checkpoint of step {max(good)} is good: a whole node goes away "
@@ -111,7 +111,8 @@ def _story(client: Client, name: str) -> None:
         a, nxt = attempts[number], attempts.get(number + 1)
         if nxt is None:
             continue
-        reason, f = a.get("reason") or {}, faults.get(number) or {}
+        f = faults.get(number) or {}
+        host, _ = follow.root_cause(job, a)  # the blamed node, not the first report
         cause = nxt.get("cause") or {}
         how = str(cause.get(CAUSE_MODE, "relaunch")).replace("_", " ")
         swaps = ", ".join(
@@ -119,8 +120,9 @@ def _story(client: Client, name: str) -> None:
         )
         took = f"{f['recovery_s']:.1f}s from detection to the first step" if f.get("recovery_s") is not None else ""
         redone = f"{f.get('redone_steps', 0)} step(s) redone"
+        kind = (a.get("reason") or {}).get("kind") or "a failure"
         print(
-            f"  attempt {number}: {reason.get('kind')} on {reason.get('host') or '?'} -> attempt {nxt['number']} "
+            f"  attempt {number}: {kind} on {host or '?'} -> attempt {nxt['number']} "
             f"{how}{f' ({swaps})' if swaps else ''}, resumed from {nxt.get('resume_from') or 'nothing'}"
         )
         print(f"      {', '.join(x for x in (took, redone) if x)}")

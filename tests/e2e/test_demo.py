@@ -55,7 +55,8 @@ def test_make_demo_tells_the_whole_story(tmp_path):
     assert "resumed from mem://" in out, out[-6000:]
     # The spare (algo-3) restores the lost node's ranks from the replicas algo-1 holds.
     assert "rank 2: restoring from the replica copy" in out and "rank 3: restoring from the replica copy" in out
-    assert "algo-3 took algo-2's slot" in out
+    assert "attempt 1: silent.hang on algo-1 -> attempt 2 in place" in out, out[-6000:]
+    assert "attempt 2: node.lost on algo-2 -> attempt 3 in place (algo-3 took algo-2's slot)" in out
     assert "from detection to the first step" in out and "step(s) redone" in out
     assert "Completed" in out
     # `aerie checkpoints` (the demo runs it at the end) lists the committed checkpoints as good.
