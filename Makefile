@@ -19,17 +19,14 @@ DEMO_EXTRAS := train,stack
 # it. The rest through uv, which keeps the installed torch and installs the other ~220 packages in
 # parallel: ~45 s instead of pip's ~2.5 min (measured 2026-11-29, same package set); pip if uv fails.
 # `--compile-bytecode` as pip does (+8 s, on every core): without it the tests' first processes each
-# compiled transformers & co. for themselves. What pip installed (torch, sympy & co.) is compiled
-# after, on every core (compileall -j 0 of site-packages; what uv compiled is skipped), not by pip's
-# serial pass (29 s of its 58 s install, measured 2026-12-02). torch.testing's py312_* files are
-# Python 3.12 syntax, skipped as pip skips them. Uncompiled, sympy alone kept each warm successor
-# rank importing for ~40 s at idle priority. $(call install_project,EXTRAS)
+# compiled transformers & co. for themselves. (Tried 2026-12-02: torch with `pip --no-compile`,
+# then compileall -j 0 of what pip installed: no faster in all, ~75 s either way.)
+# $(call install_project,EXTRAS)
 define install_project
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile torch==2.13.0 'uv>=0.5'
+	$(PY) -m pip install -q torch==2.13.0 'uv>=0.5'
 	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) -e '.[$(1)]' \
 		|| { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[$(1)]'; }
-	$(PY) -m compileall -q -j 0 -x py312_ "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')" >/dev/null
 	@$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '2.13.0' else f'torch {v} crept in; expected 2.13.0')"
 endef
 
