@@ -12,7 +12,7 @@ PG_ADMIN_URL = os.environ.get("AERIE_TEST_PG", "postgresql+psycopg://postgres@12
 
 # The loopback S3 server fixtures (moto), shared by the checkpoint and chaining tests; the live API
 # and the Slack stand-in, shared by the handler tests; the whole-job tests' control plane.
-pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.live", "tests.fixtures.planes"]
+pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.live", "tests.fixtures.planes", "tests.fixtures.leaks"]
 
 TESTS = Path(__file__).resolve().parent
 # Whole jobs on real control planes, Slurm and browsers: their detectors run on tight thresholds
