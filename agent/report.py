@@ -17,29 +17,26 @@ import threading
 import time
 from typing import Any
 
-import httpx
-
-from aerie_contracts import memckpt
+from aerie_client import ApiError, Client
+from aerie_contracts import memckpt, routes
 
 log = logging.getLogger("aerie.agent")
 
-_Target = tuple[str, str]  # (the node's path under its attempt, "Bearer <that attempt's token>")
+_Target = tuple[str, str]  # (the node's path under its attempt, that attempt's token)
 
 
 class Reporter:
     def __init__(self, api: str, token: str, attempt: str, host: str, timeout_s: float = 5.0):
         self.enabled = bool(api and token and attempt)
         self.host = host
-        self.base = f"/v1/attempts/{attempt}/nodes/{host}"
-        self._auth = f"Bearer {token}"
+        self.base = routes.node(attempt, host)
+        self._token = token
         # The heartbeat's answer said the attempt is over (terminal, or the job is stopping).
         self.attempt_over = False
         # The job's newest good memory checkpoint step, as the last heartbeat's answer said (None:
         # none, or a control plane that does not say): what the memory tier must never prune.
         self.memory_good_step: int | None = None
-        self._client = httpx.Client(
-            base_url=api or "http://127.0.0.1:9", timeout=timeout_s, headers={"Authorization": self._auth}
-        )
+        self._client = Client(api or "http://127.0.0.1:9", token, timeout_s=timeout_s)
         # Every queue holds (target, item): the attempt's node path and token when it was queued.
         self._beats: queue.Queue[tuple[_Target, dict[str, Any]]] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._drain, name="heartbeats", daemon=True)
@@ -76,15 +73,15 @@ class Reporter:
             self._beats.get_nowait()  # an older summary must not follow this one
         except queue.Empty:
             pass
-        return bool(self._post("/heartbeat", summary, tries=3))
+        return bool(self._post(routes.HEARTBEAT, summary, tries=3))
 
     def _target(self) -> _Target:
-        return (self.base, self._auth)
+        return (self.base, self._token)
 
     def _drain(self) -> None:
         while True:
             target, summary = self._beats.get()
-            answer = self._post("/heartbeat", summary, tries=1, answer=True, target=target)
+            answer = self._post(routes.HEARTBEAT, summary, tries=1, answer=True, target=target)
             if not isinstance(answer, dict):
                 continue
             if answer.get("stop") and target[0] == self.base:
@@ -94,60 +91,54 @@ class Reporter:
 
     def next_attempt(self) -> dict[str, Any] | None:
         """What this node does now that its worker group ended (GET .../next), None if unknown."""
-        return self._get("/next")
+        try:
+            return self._get(routes.NEXT)
+        except ApiError:
+            return None
 
     def _get(self, path: str) -> dict[str, Any] | None:
+        """The answer to GET `path` below this node, None if there is none; raises `ApiError`."""
         if not self.enabled:
             return None
         try:
-            r = self._client.get(self.base + path)
-        except httpx.HTTPError as exc:
-            log.debug("control plane unreachable for %s: %s", path, exc)
-            return None
-        if r.status_code != 200:
-            log.warning("control plane refused %s: %s %s", path, r.status_code, r.text[:200])
-            return None
-        answer = r.json()
+            answer = self._client.request("GET", self.base + path, token=self._token)
+        except ApiError as exc:
+            if exc.retryable:
+                log.debug("control plane unreachable for %s: %s", path, exc)
+            else:
+                log.warning("control plane refused %s: %s", path, exc)
+            raise
         return answer if isinstance(answer, dict) else None
 
     def preflight(self, result: dict[str, Any]) -> dict[str, Any] | None:
         """Post this node's pre-flight result (POST .../preflight); the answer is the attempt's
         decision so far (`aerie_contracts.preflight.Decision`), None if it could not be sent."""
-        answer = self._post("/preflight", result, tries=3, answer=True)
+        answer = self._post(routes.PREFLIGHT, result, tries=3, answer=True)
         return answer if isinstance(answer, dict) else None
 
     def preflight_decision(self) -> dict[str, Any] | None:
         """The attempt's pre-flight decision (GET .../preflight), None if unknown. A control plane
         without the route (404: older than pre-flight) cannot hold the node back: start."""
-        if not self.enabled:
-            return None
         try:
-            r = self._client.get(self.base + "/preflight")
-        except httpx.HTTPError as exc:
-            log.debug("control plane unreachable for /preflight: %s", exc)
+            return self._get(routes.PREFLIGHT)
+        except ApiError as exc:
+            if exc.status == 404 and exc.body == {"detail": "Not Found"}:  # no such route
+                return {"action": "start", "why": "the control plane has no pre-flight decision"}
             return None
-        if r.status_code == 404 and r.text.replace(" ", "") == '{"detail":"NotFound"}':  # no such route
-            return {"action": "start", "why": "the control plane has no pre-flight decision"}
-        if r.status_code != 200:
-            log.warning("control plane refused /preflight: %s %s", r.status_code, r.text[:200])
-            return None
-        answer = r.json()
-        return answer if isinstance(answer, dict) else None
 
     def retarget(self, attempt: str, token: str) -> None:
         """Speak for another attempt (an in-place successor) from now on, with its own token."""
-        self.base = f"/v1/attempts/{attempt}/nodes/{self.host}"
-        self._auth = f"Bearer {token}"
-        self._client.headers["Authorization"] = self._auth
+        self.base = routes.node(attempt, self.host)
+        self._token = token
         self.attempt_over = False
 
     def verdict(self, body: dict[str, Any]) -> None:
         if self.enabled:
-            self._reports.put((self._target(), "/verdicts", body))
+            self._reports.put((self._target(), routes.VERDICTS, body))
 
     def checkpoint(self, body: dict[str, Any]) -> None:
         if self.enabled:
-            self._reports.put((self._target(), "/checkpoints", body))
+            self._reports.put((self._target(), routes.CHECKPOINTS, body))
 
     def metrics(self, records: list[dict[str, Any]]) -> None:
         if not self.enabled or not records:
@@ -168,7 +159,7 @@ class Reporter:
         while True:
             target, records = self._metrics.get()
             try:
-                self._post("/metrics", {"records": records}, tries=3, target=target)
+                self._post(routes.METRICS, {"records": records}, tries=3, target=target)
             finally:
                 self._metrics.task_done()
 
@@ -187,7 +178,7 @@ class Reporter:
         deadline = time.time() + budget_s
         while (self._reports.unfinished_tasks or self._metrics.unfinished_tasks) and time.time() < deadline:
             time.sleep(0.1)
-        return self._post("/exit", body, tries=2)
+        return self._post(routes.EXIT, body, tries=2)
 
     def _post(
         self, path: str, body: dict[str, Any], tries: int, answer: bool = False, target: _Target | None = None
@@ -196,23 +187,13 @@ class Reporter:
         (the attempt it was queued for), else for the current attempt."""
         if not self.enabled:
             return False
-        base, auth = target or self._target()
-        for i in range(tries):
-            try:
-                r = self._client.post(base + path, json=body, headers={"Authorization": auth})
-                if r.status_code < 500:
-                    if r.status_code >= 400:
-                        log.warning("control plane refused %s: %s %s", path, r.status_code, r.text[:200])
-                        return False
-                    return _json_or_true(r) if answer else True
-            except httpx.HTTPError as exc:
+        base, token = target or self._target()
+        try:
+            got = self._client.request("POST", base + path, json=body, tries=tries, token=token)
+        except ApiError as exc:
+            if exc.retryable:
                 log.debug("control plane unreachable for %s: %s", path, exc)
-            time.sleep(min(2.0, 0.3 * 2**i))
-        return False
-
-
-def _json_or_true(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return True
+            else:
+                log.warning("control plane refused %s: %s", path, exc)
+            return False
+        return (True if got is None else got) if answer else True

@@ -1,4 +1,4 @@
-"""The handlers' line to the control plane: JSON over HTTP with the standard library only.
+"""The handlers' line to the control plane: the shared API client (`aerie_client`).
 
 Where the API is and which token to use comes from the context (in-process delivery sets
 `aerie_api`/`aerie_token`) or the environment: `AERIE_API`, and `AERIE_SERVICE_TOKEN` or, as the
@@ -10,29 +10,24 @@ secrets.
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any
 
-from aerie_contracts import env
+import aerie_client
+from aerie_client import ApiError
+from aerie_contracts import env, routes
+
+__all__ = ["Api", "ApiError", "secret_setting", "secret_value"]
 
 
-class ApiError(RuntimeError):
-    def __init__(self, status: int, body: str):
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
+class Api(aerie_client.Client):
+    """The shared client, found from the handler's context or environment. No retries: a failed
+    delivery is delivered again (the event bus, Lambda's own retry), and every handler is idempotent."""
 
-
-class Api:
     def __init__(self, base: str, token: str, timeout_s: float = 30.0):
         if not base or not token:
             raise RuntimeError("handler needs AERIE_API and AERIE_SERVICE_TOKEN (or a context that carries them)")
-        self.base = base.rstrip("/")
-        self.token = token
-        self.timeout_s = timeout_s
+        super().__init__(base, token, timeout_s=timeout_s)
 
     @classmethod
     def from_context(cls, context: Any) -> Api:
@@ -40,23 +35,8 @@ class Api:
         token = getattr(context, "aerie_token", "") or secret_setting(env.SERVICE_TOKEN)
         return cls(base, token)
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            self.base + path,
-            data=data,
-            method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, exc.read().decode("utf-8", "replace")) from None
-        return json.loads(raw) if raw else None
-
     def job(self, job_id: str) -> dict[str, Any]:
-        job: dict[str, Any] = self.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+        job: dict[str, Any] = self.call("GET", routes.job(job_id))
         return job
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from aerie_contracts import routes
 from aerie_contracts.events import DetailType
 from aerie_contracts.states import AttemptState
 from lambdas.api import Api, ApiError
@@ -39,10 +40,10 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     decision = policy.next_step(api, job, number, reason, event_id=event.get("id"))
 
     if decision.action == policy.FAIL:
-        api.call("POST", f"/v1/jobs/{job['id']}/fail", {"reason": decision.reason})
+        api.call("POST", routes.job_fail(job["id"]), {"reason": decision.reason})
         return {"action": "fail", "reason": decision.reason}
     try:
-        api.call("POST", f"/v1/jobs/{job['id']}/attempts", decision.attempt)
+        api.call("POST", routes.job_attempts(job["id"]), decision.attempt)
     except ApiError as exc:
         if exc.status == 409:  # someone (a redelivery) already created it
             return {"action": "none", "why": "attempt already created"}

@@ -16,10 +16,9 @@ good one for S3's policy.
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
-from aerie_contracts import DetailType
+from aerie_contracts import DetailType, routes
 from aerie_contracts.checkpoints import expired_memory
 from aerie_contracts.restarts import CAUSE_RESUME_FALLBACK
 from aerie_contracts.states import ATTEMPT_TERMINAL, JOB_TERMINAL, CheckpointState
@@ -55,14 +54,14 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if deleted:
         body = {"uris": list(deleted), "state": "deleted", "reason": "deleted by checkpoint GC"}
         for i in range(0, len(deleted), 1000):
-            api.call("POST", f"/v1/jobs/{job['id']}/checkpoints/state", {**body, "uris": body["uris"][i : i + 1000]})
+            api.call("POST", routes.job_checkpoint_states(job["id"]), {**body, "uris": body["uris"][i : i + 1000]})
     return {"deleted": list(deleted), "expired_memory": expired}
 
 
 def expire_memory(api: Api, job: dict[str, Any]) -> list[str]:
     """Mark the job's memory checkpoints that no restart can use any more `deleted`, each with its
     reason; returns their URIs."""
-    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints?limit=10000") or []
+    rows = api.call("GET", routes.job_checkpoints(job["id"]) + "?limit=10000") or []
     ended = {a["id"] for a in job["attempt_list"] if a.get("state") in ATTEMPT_TERMINAL}
     gone = expired_memory(rows, job_over=job.get("state") in JOB_TERMINAL, ended_attempts=ended)
     by_reason: dict[str, list[str]] = {}
@@ -71,5 +70,5 @@ def expire_memory(api: Api, job: dict[str, Any]) -> list[str]:
     for why, uris in by_reason.items():
         for i in range(0, len(uris), 1000):
             body = {"uris": uris[i : i + 1000], "state": CheckpointState.DELETED.value, "reason": why}
-            api.call("POST", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints/state", body)
+            api.call("POST", routes.job_checkpoint_states(job["id"]), body)
     return sorted(gone)

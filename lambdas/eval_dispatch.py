@@ -21,7 +21,7 @@ import urllib.parse
 import uuid
 from typing import Any
 
-from aerie_contracts import DetailType
+from aerie_contracts import DetailType, routes
 from lambdas.api import Api
 from lambdas.eval_posting import LEASE_S, post_once
 from lambdas.eval_sampling import (
@@ -60,8 +60,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if not client.token:
         raise RuntimeError("eval_dispatch needs a Slack bot token (SLACK_BOT_TOKEN or AERIE_SLACK_BOT_TOKEN)")
     uri, step = detail["uri"], int(detail["step"])
-    base = f"/v1/jobs/{urllib.parse.quote(job['id'])}"
-    samples = api.call("GET", f"{base}/eval/samples?checkpoint_uri={urllib.parse.quote(uri, safe='')}")
+    samples = api.call("GET", f"{routes.job_eval_samples(job['id'])}?checkpoint_uri={urllib.parse.quote(uri, safe='')}")
     if len(samples) < len(prompts):
         if not samples:
             why = not_selected(ev, job, api, uri)
@@ -71,7 +70,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         answers = run_sampler(job["spec"], uri, prompts, ev.get("sampling") or {})
         samples = api.call(
             "POST",
-            f"{base}/eval/samples",
+            routes.job_eval_samples(job["id"]),
             {
                 "checkpoint_uri": uri,
                 "step": step,

@@ -9,9 +9,9 @@ metadata before posting, so even that crash window posts once. Rate limits: the 
 from __future__ import annotations
 
 import time
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from aerie_contracts import routes
 from lambdas import slack_blocks
 from lambdas.api import Api
 
@@ -33,10 +33,9 @@ def post_once(
     context: Any,
 ) -> bool:
     """Post `sample` unless it was posted; True when this call posted it."""
-    path = f"/v1/eval/samples/{urllib.parse.quote(sample['id'])}"
     deadline = time.time() + min(LEASE_S + 30, _remaining_s(context))
     while True:
-        got = api.call("POST", f"{path}/claim", {"claim": claim, "lease_s": LEASE_S})
+        got = api.call("POST", routes.eval_sample_claim(sample["id"]), {"claim": claim, "lease_s": LEASE_S})
         current = got["sample"]
         if current.get("slack_ts"):
             return False
@@ -49,7 +48,7 @@ def post_once(
     if got["claimed"] == "takeover":
         ts = find_posted(client, channel, current)
         if ts:
-            api.call("POST", f"{path}/posted", {"channel": channel, "ts": ts})
+            api.call("POST", routes.eval_sample_posted(sample["id"]), {"channel": channel, "ts": ts})
             return False
     message = slack_blocks.sample_message(current, job, None, raters)
     resp = client.chat_postMessage(
@@ -60,7 +59,7 @@ def post_once(
         unfurl_links=False,
         unfurl_media=False,
     )
-    api.call("POST", f"{path}/posted", {"channel": resp["channel"], "ts": resp["ts"]})
+    api.call("POST", routes.eval_sample_posted(sample["id"]), {"channel": resp["channel"], "ts": resp["ts"]})
     return True
 
 

@@ -4,9 +4,9 @@ only (good checkpoints, their commit times, which were sampled), so redeliveries
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
+from aerie_contracts import routes
 from aerie_contracts.checkpoints import CheckpointTier
 from lambdas.api import Api
 from lambdas.cron import parse_cron
@@ -19,7 +19,7 @@ def not_selected(ev: dict[str, Any], job: dict[str, Any], api: Api, uri: str) ->
     if not every and not schedule:
         return None
     # Durable (S3) checkpoints only: a memory checkpoint is never sampled nor counted.
-    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/checkpoints")
+    rows = api.call("GET", routes.job_checkpoints(job["id"]))
     checkpoints = sorted(
         (c for c in rows if c["state"] == "good" and c.get("tier", CheckpointTier.S3) == CheckpointTier.S3),
         key=lambda c: c["step"],
@@ -31,7 +31,7 @@ def not_selected(ev: dict[str, Any], job: dict[str, Any], api: Api, uri: str) ->
     if every:
         n = len(earlier) + 1
         return None if n % int(every) == 0 else f"good checkpoint #{n}, sampling every {every}"
-    sampled = {s["checkpoint_uri"] for s in api.call("GET", f"/v1/jobs/{urllib.parse.quote(job['id'])}/eval/samples")}
+    sampled = {s["checkpoint_uri"] for s in api.call("GET", routes.job_eval_samples(job["id"]))}
     previous = [c for c in earlier if c["uri"] in sampled]
     start = previous[-1]["created_at"] if previous else job["created_at"]
     if parse_cron(schedule).fired_between(start, mine["created_at"]):

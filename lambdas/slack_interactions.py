@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import base64
 import logging
-import urllib.parse
 from typing import Any
 
-from aerie_contracts import env
+from aerie_contracts import env, routes
 from lambdas.api import secret_setting
 from lambdas.slack_client import update_message, web_client
 from lambdas.slack_requests import MAX_BODY_BYTES, REPLAY_WINDOW_S, RatingAction, Refused, parse_actions, verify_request
@@ -63,7 +62,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     for action in actions:
         result = api.call(
             "POST",
-            f"/v1/eval/samples/{urllib.parse.quote(action.sample_id)}/ratings",
+            routes.eval_sample_ratings(action.sample_id),
             {
                 "user_id": action.user_id,
                 "user_name": action.user_name,

@@ -1,4 +1,5 @@
-"""A thin HTTP client for the API: what the CLI (and tests, and handlers) use.
+"""The CLI's client of the API (and the tests' and the demo's): `aerie_client.Client` found the
+way `aerie up` left the API, with a method per command.
 
 The CLI never touches the database; it finds the API and the token the way `aerie up` left them
 (`$AERIE_HOME/api.url`, `$AERIE_HOME/admin.token`) unless `AERIE_API` / `AERIE_TOKEN` say otherwise.
@@ -11,16 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from aerie_contracts import env
+import aerie_client
+from aerie_client import ApiError
+from aerie_contracts import env, routes
 from orchestrator.settings import Settings
 
-
-class ApiError(RuntimeError):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+__all__ = ["ApiError", "Client"]
 
 
 def _read(path: Path) -> str | None:
@@ -30,53 +27,47 @@ def _read(path: Path) -> str | None:
         return None
 
 
-class Client:
+class Client(aerie_client.Client):
+    unreachable_hint = "is `aerie up` running?"
+
     def __init__(self, api: str | None = None, token: str | None = None, timeout_s: float = 30.0):
         settings = Settings()
         self.api = api or os.environ.get(env.API) or _read(settings.api_url_path) or settings.api_url
-        self.token = token or os.environ.get(env.TOKEN) or _read(settings.admin_token_path)
-        if not self.token:
+        token = token or os.environ.get(env.TOKEN) or _read(settings.admin_token_path)
+        if not token:
             raise ApiError(
                 401, f"no API token: set AERIE_TOKEN or start `aerie up` (it writes {settings.admin_token_path})"
             )
-        self.http = httpx.Client(
-            base_url=self.api, timeout=timeout_s, headers={"Authorization": f"Bearer {self.token}"}
-        )
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            r = self.http.request(method, path, **kwargs)
-        except httpx.ConnectError:
-            raise ApiError(0, f"cannot reach the Aerie API at {self.api}: is `aerie up` running?") from None
-        if r.status_code >= 400:
-            raise ApiError(r.status_code, _error_text(r))
-        return r.json() if r.content else None
+        super().__init__(self.api, token, timeout_s=timeout_s)
 
     # Jobs
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", "/v1/jobs", json=spec)
+        return self.request("POST", routes.jobs(), json=spec)
 
     def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/jobs", params={"state": state} if state else None)
+        return self.request("GET", routes.jobs(), params={"state": state} if state else None)
 
     def job(self, ref: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{ref}")
+        return self.request("GET", routes.job(ref))
 
     def stop(self, ref: str) -> dict[str, Any]:
-        return self.request("POST", f"/v1/jobs/{ref}/stop")
+        return self.request("POST", routes.job_stop(ref))
 
     def chaos(self, ref: str, node: int, rank: int | None, fault: str) -> dict[str, Any]:
         body = {"node": node, "fault": fault} | ({} if rank is None else {"rank": rank})
-        return self.request("POST", f"/v1/jobs/{ref}/chaos", json=body)
+        return self.request("POST", routes.job_chaos(ref), json=body)
 
     def events(self, ref: str) -> list[dict[str, Any]]:
-        return self.request("GET", f"/v1/jobs/{ref}/events")
+        return self.request("GET", routes.job_events(ref))
 
     def goodput(self, ref: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/jobs/{ref}/goodput")
+        return self.request("GET", routes.job_goodput(ref))
 
     def checkpoints(self, ref: str) -> list[dict[str, Any]]:
-        return self.request("GET", f"/v1/jobs/{ref}/checkpoints")
+        return self.request("GET", routes.job_checkpoints(ref))
+
+    def ratings(self, ref: str) -> list[dict[str, Any]]:
+        return self.request("GET", routes.job_ratings(ref))
 
     def logs(self, ref: str, attempt: int | None = None, offsets: dict[str, int] | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {}
@@ -84,18 +75,14 @@ class Client:
             params["attempt"] = attempt
         if offsets:
             params["offsets"] = json.dumps(offsets)
-        return self.request("GET", f"/v1/jobs/{ref}/logs", params=params)
+        return self.request("GET", routes.job_logs(ref), params=params)
 
+    # Tokens
+    def create_token(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", routes.tokens(), json=body)
 
-def _error_text(r: httpx.Response) -> str:
-    try:
-        detail = r.json().get("detail")
-    except ValueError:
-        return f"HTTP {r.status_code}: {r.text[:500]}"
-    if isinstance(detail, list):  # pydantic validation errors: one line per bad field
-        lines = []
-        for err in detail:
-            loc = ".".join(str(p) for p in err.get("loc", []) if p != "body")
-            lines.append(f"  {loc or '(body)'}: {err.get('msg')}")
-        return f"HTTP {r.status_code}: invalid request\n" + "\n".join(lines)
-    return f"HTTP {r.status_code}: {detail}"
+    def tokens(self) -> list[dict[str, Any]]:
+        return self.request("GET", routes.tokens())
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        return self.request("DELETE", routes.token(token_id))

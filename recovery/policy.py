@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from aerie_contracts import routes
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_MODE_REASON, CAUSE_REPLACED_NODES
 from aerie_contracts.states import JOB_TERMINAL, AttemptState
@@ -58,7 +59,7 @@ def next_step(
 
     # Attribute first, whatever follows: `aerie describe` shows the blame of a job that ends too.
     blames, blame_why = blame_attempt(job, failed)
-    recorded = api.call("POST", f"/v1/jobs/{job['id']}/attempts/{number}/blames", {"blames": blames})
+    recorded = api.call("POST", routes.attempt_blames(job["id"], number), {"blames": blames})
 
     replayed = nan_replay.recurred(job, failed)  # a NaN replayed at the same step: the data's
     if replayed is not None:

@@ -10,9 +10,9 @@ survives only where the memory that holds it does. Reads and reports go through 
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aerie_contracts import routes
 from aerie_contracts.checkpoints import MEMORY_GONE_LOST, CheckpointTier, expired_memory, step_of_uri
 from aerie_contracts.restarts import (
     CAUSE_MEMORY_NODES,
@@ -94,11 +94,11 @@ def memory_survivors(job: dict[str, Any], failed: int, mode: RestartMode) -> set
 
 
 def _mark_memory_gone(api: Transport, job_id: str, attempts: list[str], reason: str) -> None:
-    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
+    rows = api.call("GET", routes.job_checkpoints(job_id) + "?limit=10000") or []
     gone = expired_memory(rows, lost_attempts=set(attempts))
     if gone:
         body = {"uris": sorted(gone), "state": CheckpointState.DELETED.value, "reason": reason}
-        api.call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints/state", body)
+        api.call("POST", routes.job_checkpoint_states(job_id), body)
 
 
 def last_good_memory_checkpoint(
@@ -107,7 +107,7 @@ def last_good_memory_checkpoint(
     """The job's newest memory checkpoint that the control plane recorded good (both copies of
     every rank's snapshot complete), written by one of `attempts` (None: any), with which node
     wrote which ranks and holds whose replica; or None."""
-    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
+    rows = api.call("GET", routes.job_checkpoints(job_id) + "?limit=10000") or []
     good = [
         r
         for r in rows
@@ -123,7 +123,7 @@ def last_good_memory_checkpoint(
 
 def recorded_checkpoints(api: Transport, job_id: str) -> dict[str, str]:
     """The control plane's record of the job's checkpoints: {uri: state}."""
-    rows = api.call("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints?limit=10000") or []
+    rows = api.call("GET", routes.job_checkpoints(job_id) + "?limit=10000") or []
     # S3-tier rows only: a memory checkpoint has no objects to verify (and must not be reported bad
     # for it); choosing a memory resume point is the in-place restart's decision, not this one.
     s3 = CheckpointTier.S3.value
@@ -141,6 +141,6 @@ def report_unverified(api: Transport, job_id: str, recorded: dict[str, str], inf
             continue
         reasons = info.reasons if info is not None else ["no object left under it"]
         body = {"uris": [uri], "state": "bad", "reason": "verification failed: " + "; ".join(reasons)[:900]}
-        api.call("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/checkpoints/state", body)
+        api.call("POST", routes.job_checkpoint_states(job_id), body)
         bad.append(uri)
     return bad

@@ -35,6 +35,7 @@ TORCH_FREE = (
     + _modules("lambdas")
     + _modules("recovery")
     + _modules("aerie_s3")
+    + _modules("aerie_client")
     + _modules("aerie_report")
     + _modules("devtools")
     + [
@@ -97,6 +98,7 @@ def test_contracts_use_the_standard_library_only():
 # The import rules of docs/architecture.md's package table, between the project's own packages:
 # package -> (the project packages/modules it may import). Anything not listed is a violation.
 PROJECT_PACKAGES = (
+    "aerie_client",
     "aerie_contracts",
     "aerie_report",
     "aerie_s3",
@@ -112,20 +114,23 @@ PROJECT_PACKAGES = (
 )
 ALLOWED = {
     "aerie_contracts": (),
+    # The one client of the API (httpx): the contracts' route builders, nothing of the product.
+    "aerie_client": ("aerie_contracts",),
     "aerie_report": ("aerie_contracts",),  # the one-line client: standard library + contracts only
     "aerie_s3": ("aerie_contracts",),
     # A third-party trainer's checkpoints are committed by the agent (agent/byo_checkpoints.py).
-    "agent": ("aerie_contracts", "aerie_s3", "trainer.checkpoint.manifest", "trainer.checkpoint.fence"),
+    "agent": ("aerie_client", "aerie_contracts", "aerie_s3", "trainer.checkpoint.manifest", "trainer.checkpoint.fence"),
     # The decisions after a failure: the contracts' words, and the torch-free checkpoint listing
     # the resume point is chosen from (S3's verified checkpoints: trainer.checkpoint.manifest).
     "recovery": ("aerie_contracts", "trainer.checkpoint.manifest"),
     # Handlers: event -> the recovery package's decision -> one API call; checkpoint GC's retention
     # policy (trainer.checkpoint.gc) and the manifest it keeps.
-    "lambdas": ("aerie_contracts", "recovery", "trainer.checkpoint.manifest", "trainer.checkpoint.gc"),
+    "lambdas": ("aerie_client", "aerie_contracts", "recovery", "trainer.checkpoint.manifest", "trainer.checkpoint.gc"),
     # The CLI hands its `data`, `export` and `--fault` commands to the trainer's torch-free entry points.
     # devtools.devstack: `aerie up` only, imported inside the command when it starts the loopback S3
     # (test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack).
     "orchestrator": (
+        "aerie_client",
         "aerie_contracts",
         "aerie_s3",
         "agent.contract",
@@ -136,7 +141,8 @@ ALLOWED = {
         "trainer.export_cli",
         "trainer.faults",
     ),
-    "trainer": ("aerie_contracts", "aerie_s3", "agent.contract"),
+    # The checkpoint fence commits through the API (trainer.checkpoint.fence -> aerie_client).
+    "trainer": ("aerie_client", "aerie_contracts", "aerie_s3", "agent.contract"),
     "infra": ("aerie_contracts", "lambdas", "recovery", "infra"),
     # The scaffolding (harness, dev stack, throttling proxy, goodput simulator) drives the product
     # from outside; the harness reads a local node's fence file (orchestrator.backends.local_fence).
@@ -186,7 +192,17 @@ def test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack()
     module level, and the one import inside a function is `aerie up`'s, for the loopback S3."""
     import ast
 
-    product = ("aerie_contracts", "aerie_report", "aerie_s3", "agent", "lambdas", "orchestrator", "recovery", "trainer")
+    product = (
+        "aerie_client",
+        "aerie_contracts",
+        "aerie_report",
+        "aerie_s3",
+        "agent",
+        "lambdas",
+        "orchestrator",
+        "recovery",
+        "trainer",
+    )
     found = []
     for package in product:
         for path in sorted((REPO / package).rglob("*.py")):
@@ -196,4 +212,4 @@ def test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack()
                 if any(n.split(".")[0] == "devtools" for n in names):
                     where = "module level" if id(node) in top_level else "lazy"
                     found.append((str(path.relative_to(REPO)), where))
-    assert found == [("orchestrator/cli.py", "lazy")], found
+    assert found == [("orchestrator/cli/stack.py", "lazy")], found

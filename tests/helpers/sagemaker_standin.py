@@ -104,7 +104,7 @@ class SageMakerStandIn:
         name = req["TrainingJobName"]
         with self.lock:
             if name in self.jobs:
-                raise ApiError("ResourceInUse", f"Training job names must be unique: {name}")
+                raise SageMakerFault("ResourceInUse", f"Training job names must be unique: {name}")
             job = self.jobs[name] = TrainingJob(name, req, self.workdir / name)
         count = req["ResourceConfig"]["InstanceCount"]
         itype = req["ResourceConfig"]["InstanceType"]
@@ -142,7 +142,7 @@ class SageMakerStandIn:
     def StopTrainingJob(self, req: dict[str, Any]) -> dict[str, Any]:
         job = self._job(req["TrainingJobName"])
         if job.status != "InProgress":
-            raise ApiError("ValidationException", f"The job status is {job.status}")
+            raise SageMakerFault("ValidationException", f"The job status is {job.status}")
         job.status, job.secondary, job.stop_requested = "Stopping", "Stopping", time.time()
         self._signal(job, signal.SIGTERM)
         return {}
@@ -234,7 +234,7 @@ class SageMakerStandIn:
 
     def _job(self, name: str) -> TrainingJob:
         if name not in self.jobs:
-            raise ApiError("ValidationException", f"Requested resource not found: {name}")
+            raise SageMakerFault("ValidationException", f"Requested resource not found: {name}")
         return self.jobs[name]
 
     def _arn(self, name: str) -> str:
@@ -251,12 +251,12 @@ class SageMakerStandIn:
                 try:
                     fn = getattr(standin, op, None)
                     if fn is None or op not in standin._inputs:
-                        raise ApiError("UnknownOperationException", f"not modelled by the stand-in: {op}")
+                        raise SageMakerFault("UnknownOperationException", f"not modelled by the stand-in: {op}")
                     report = ParamValidator().validate(body, standin._inputs[op])
                     if report.has_errors():
-                        raise ApiError("ValidationException", report.generate_report())
+                        raise SageMakerFault("ValidationException", report.generate_report())
                     status, out = 200, fn(body)
-                except ApiError as exc:
+                except SageMakerFault as exc:
                     status, out = 400, {"__type": exc.code, "message": str(exc)}
                 data = json.dumps(out).encode()
                 self.send_response(status)
@@ -271,7 +271,7 @@ class SageMakerStandIn:
         return Handler
 
 
-class ApiError(Exception):
+class SageMakerFault(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code

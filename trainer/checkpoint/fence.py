@@ -5,7 +5,7 @@ attempt the control plane already gave up on; its ranks may finish an upload and
 layout keeps its objects apart (`step_N/attempt_E/`, see `aerie_contracts.checkpoints`), and the
 commit goes through the control plane, which knows which attempt is current:
 
-1. ask (`GET /v1/attempts/{id}`): a superseded attempt stops here and writes no manifest;
+1. ask (`GET /v1/attempts/{id}`, `routes.attempt`): a superseded attempt stops here and writes no manifest;
 2. write `manifest.json` (S3 has no transaction spanning "still current?" and this PUT);
 3. record (`POST /v1/attempts/{id}/checkpoints`): the store checks, in the same transaction that
    inserts the row, that the attempt is still current, and refuses otherwise (409). This record,
@@ -13,21 +13,19 @@ commit goes through the control plane, which knows which attempt is current:
    still never resumed from; it also marks its own manifest BAD when refused, for S3-only readers.
 
 Outside Aerie (no `AERIE_API`/`AERIE_AGENT_TOKEN`/`AERIE_ATTEMPT`) there is no gate: the manifest
-alone is the commit, as before. Standard library only, like `manifest`.
+alone is the commit, as before. Torch-free; it speaks through the shared API client (`aerie_client`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from aerie_contracts import env
+from aerie_client import ApiError, Client, backoff_s
+from aerie_contracts import env, routes
 from trainer.checkpoint import manifest
 
 log = logging.getLogger(__name__)
@@ -59,25 +57,20 @@ class CommitGate:
 
     @property
     def _base(self) -> str:
-        return f"/v1/attempts/{urllib.parse.quote(self.attempt_id, safe='')}"
+        return routes.attempt(self.attempt_id)
+
+    @cached_property
+    def _client(self) -> Client:
+        return Client(self.api, self.token, timeout_s=self.timeout_s)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         """(status, decoded body); raises OSError when the API cannot be reached."""
-        req = urllib.request.Request(
-            self.api + path,
-            data=json.dumps(body).encode() if body is not None else None,
-            method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                status, raw = r.status, r.read()
-        except urllib.error.HTTPError as exc:
-            status, raw = exc.code, exc.read()
-        try:
-            return status, json.loads(raw) if raw else None
-        except ValueError:
-            return status, raw.decode("utf-8", "replace")
+            return 200, self._client.request(method, path, json=body)
+        except ApiError as exc:
+            if exc.status == 0:
+                raise OSError(str(exc)) from None
+            return exc.status, exc.body
 
     @staticmethod
     def _detail(body: Any) -> str:
@@ -100,11 +93,11 @@ class CommitGate:
         """Have the control plane record a committed checkpoint. True once recorded; raises
         `Superseded` when refused; False when it could not be reached within the budget (the
         agent forwards the `checkpoint_committed` line later, through the same check)."""
-        deadline, delay = time.monotonic() + self.record_budget_s, 0.5
+        deadline, tries = time.monotonic() + self.record_budget_s, 0
         body = {"step": int(step), "uri": uri, "meta": meta}
         while True:
             try:
-                status, answer = self._call("POST", f"{self._base}/checkpoints", body)
+                status, answer = self._call("POST", routes.attempt_checkpoints(self.attempt_id), body)
                 if status < 300:
                     return True
                 if status == 409:
@@ -114,15 +107,19 @@ class CommitGate:
                     return False
             except OSError as exc:
                 log.warning("control plane unreachable recording %s: %s", uri, exc)
+            # The shared retry policy's pauses, within this commit's own budget.
+            delay = backoff_s(tries)
+            tries += 1
             if time.monotonic() + delay > deadline:
                 return False
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
     def mark_bad(self, uri: str, reason: str) -> bool:
         """Tell the control plane a checkpoint is not to be resumed from (best effort)."""
         try:
-            status, answer = self._call("POST", f"{self._base}/checkpoints/bad", {"uri": uri, "reason": reason[:1000]})
+            status, answer = self._call(
+                "POST", routes.attempt_checkpoints_bad(self.attempt_id), {"uri": uri, "reason": reason[:1000]}
+            )
         except OSError as exc:
             log.warning("cannot tell the control plane that %s is bad: %s", uri, exc)
             return False
@@ -133,7 +130,7 @@ class CommitGate:
     def recorded(self) -> dict[str, str] | None:
         """The control plane's record of the job's checkpoints ({uri: state}); None if unreachable."""
         try:
-            status, rows = self._call("GET", f"{self._base}/checkpoints")
+            status, rows = self._call("GET", routes.attempt_checkpoints(self.attempt_id))
         except OSError as exc:
             log.warning("cannot read the control plane's checkpoint record: %s", exc)
             return None

@@ -35,9 +35,9 @@ RUNTIME_PROVIDED = frozenset(
     canonicalize_name(n) for n in ("boto3", "botocore", "s3transfer", "jmespath", "python-dateutil", "urllib3", "six")
 )
 
-# Copied whole: the handlers, the recovery package they decide with, and the standard-library
-# contracts module they import.
-HANDLER_PACKAGES = ("lambdas", "recovery", "aerie_contracts")
+# Copied whole: the handlers, the recovery package they decide with, the standard-library
+# contracts module they import, and the API client they speak through (httpx, bundled below).
+HANDLER_PACKAGES = ("lambdas", "recovery", "aerie_contracts", "aerie_client")
 
 TRAINER_FILES = (
     "trainer/__init__.py",

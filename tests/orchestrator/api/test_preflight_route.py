@@ -74,6 +74,7 @@ def test_an_ended_attempt_aborts_and_a_malformed_result_is_refused(api):
 
 def test_the_reporter_asks_for_the_decision_and_an_older_control_plane_cannot_hold_the_node(api):
     """The agent's reporter against the real app: the decision route, and a route that is not there."""
+    import aerie_client
     from agent.report import Reporter
 
     client, app, _admin = api
@@ -84,8 +85,7 @@ def test_the_reporter_asks_for_the_decision_and_an_older_control_plane_cannot_ho
         repo.set_attempt_state(s, attempt, "Running")
         a1, token = attempt.id, repo.mint_token(s, "agent", attempt_id=attempt.id)
     rep = Reporter("http://testserver", token, a1, "algo-1")
-    client.headers["Authorization"] = f"Bearer {token}"
-    rep._client = client  # the in-process app (TestClient is an httpx.Client)
+    rep._client = aerie_client.Client("http://testserver", token, http=client)  # the in-process app
     assert rep.preflight_decision()["action"] == Decision.WAIT
     answer = rep.preflight({"passed": True, "checks": [], "elapsed_s": 1.0})
     assert answer["action"] == Decision.START and rep.preflight_decision()["action"] == Decision.START
