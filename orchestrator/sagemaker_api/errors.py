@@ -29,8 +29,9 @@ INTERNAL_FAILURE = "InternalFailure"
 RESOURCE_IN_USE = "ResourceInUse"
 RESOURCE_NOT_FOUND = "ResourceNotFound"
 RESOURCE_LIMIT_EXCEEDED = "ResourceLimitExceeded"
-# CloudWatch Logs' modeled error.
+# CloudWatch Logs' modeled errors.
 LOGS_RESOURCE_NOT_FOUND = "ResourceNotFoundException"
+INVALID_PARAMETER = "InvalidParameterException"  # a bad input to FilterLogEvents
 
 # SageMaker answers a name it does not know with this ValidationException, not ResourceNotFound
 # (aws/aws-sdk#165); boto3's waiters and the SDKs expect exactly that.
@@ -59,3 +60,7 @@ def validation(message: str) -> AwsError:
 
 def not_found() -> AwsError:
     return AwsError(VALIDATION, NOT_FOUND_MESSAGE)
+
+
+def invalid_parameter(message: str) -> AwsError:
+    return AwsError(INVALID_PARAMETER, message)

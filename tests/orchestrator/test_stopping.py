@@ -17,7 +17,7 @@ from aerie_contracts.failures import STOP_LIMITS, FailureKind, stop_limit
 from orchestrator import sagemaker_admission, sagemaker_answers
 from orchestrator import sagemaker_mapping as mapping
 from orchestrator.backends.base import Backend, NodeStatus, PollResult
-from orchestrator.backends.sagemaker import poll_result
+from orchestrator.backends.sagemaker_state import poll_result
 from orchestrator.controller import Controller
 from orchestrator.settings import Settings
 from orchestrator.spec import JobSpec

@@ -22,12 +22,8 @@ from botocore.stub import ANY, Stubber
 
 from aerie_contracts import memckpt
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.backends.sagemaker import (
-    SageMakerBackend,
-    create_training_job_request,
-    event_from_sagemaker,
-    training_job_name,
-)
+from orchestrator.backends.sagemaker import SageMakerBackend, event_from_sagemaker
+from orchestrator.backends.sagemaker_request import create_training_job_request, training_job_name
 from orchestrator.spec import NAME_PATTERN, JobSpec
 from tests.helpers.launch_requests import attempt_request
 

@@ -16,7 +16,8 @@ from aerie_contracts import memckpt
 from aerie_contracts.states import AttemptState
 from agent.identity import DEFAULT_MASTER_PORT
 from orchestrator.backends.base import LaunchRequest, NodeStatus, PollResult, with_reported_exits
-from orchestrator.backends.sagemaker import SageMakerBackend, create_training_job_request, in_place_port
+from orchestrator.backends.sagemaker import SageMakerBackend
+from orchestrator.backends.sagemaker_request import create_training_job_request, in_place_port
 from tests.helpers.launch_requests import launch_request
 
 JOB = "warm-abc"

@@ -40,6 +40,7 @@ from botocore.config import Config
 from orchestrator import sagemaker_answers
 from orchestrator.sagemaker_api import logs as logs_api
 from orchestrator.sagemaker_api.errors import AwsError
+from orchestrator.sagemaker_api.log_filter_patterns import compile_filter_pattern
 from tests.helpers.sagemaker import (
     REGION,
     attempt_with_logs,
@@ -285,7 +286,7 @@ def _client_without_validation(endpoint):
 
 
 def test_the_pattern_compiler_alone():
-    match = logs_api.compile_filter_pattern
+    match = compile_filter_pattern
     message = "step 10 loss 2.5 out of memory"
     assert match("")(message) and match("loss")(message) and match("10 loss")(message)
     assert match('"out of memory"')(message) and not match('"memory out"')(message)
