@@ -16,10 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.table import Table
 
 from aerie_contracts import restarts
 from aerie_contracts.failures import BlameRule, FailureKind
-from orchestrator import cli, goodput_view
+from orchestrator import goodput_view
+from orchestrator.cli import output
 from orchestrator.store import repo
 
 REPO = Path(__file__).parents[2]
@@ -32,7 +35,7 @@ LONG_MODE_REASON = "algo-1 is blamed and excluded (stalest), so the memory tier 
 LONG_BAD = "verification failed: shard __1_0.distcp is missing (manifest lists 2 shards, 1 found in S3)"
 RESUME = "s3://aerie-checkpoints-of-a-long-bucket-name/ckpt/tables/step_00000100/attempt_0001"
 
-# Every table each command prints, by its headers, as cli.py and goodput_view.py build them.
+# Every table each command prints, by its headers, as orchestrator/cli/ and goodput_view.py build them.
 TABLES = {
     "ls": [["ID", "NAME", "STATE", "BACKEND", "ATTEMPTS", "AGE", "REASON"]],
     "describe": [
@@ -51,7 +54,7 @@ TABLES = {
     "backends": [["BACKEND", "REACHABLE", "DETAIL"]],
 }
 
-# One process, its stdout a file: each command as `aerie` runs it (the entry point is `cli.app`).
+# One process, its stdout a file: each command as `aerie` runs it (the entry point is `orchestrator.cli:app`).
 DRIVER = """
 import sys
 from orchestrator.cli import app
@@ -183,18 +186,18 @@ def _attempts_table(monkeypatch, columns: str | None, isatty: bool) -> tuple[str
     for var in ("FORCE_COLOR", "TTY_COMPATIBLE"):
         monkeypatch.delenv(var, raising=False)
     stream = _Stream(isatty)
-    table = cli.Table(*TABLES["describe"][0])
+    table = Table(*TABLES["describe"][0])
     table.add_row("1", "Failed", "silent.hang", "1", "relaunch", RESUME, "algo-1:Failed, algo-2:Failed", "", "", "9s")
-    console = cli._FreshConsole(file=stream, color_system=None)
+    console = output._FreshConsole(file=stream, color_system=None)
     console.print(table)
-    return stream.getvalue(), console.width, cli.Console(file=stream).width
+    return stream.getvalue(), console.width, Console(file=stream).width
 
 
 def test_columns_set_or_a_terminal_keep_richs_width(monkeypatch):
     in_a_file, width, _ = _attempts_table(monkeypatch, None, isatty=False)
-    assert width == cli.UNBOUNDED_WIDTH and RESUME in in_a_file
+    assert width == output.UNBOUNDED_WIDTH and RESUME in in_a_file
     assert _header_rows(in_a_file)[0] == TABLES["describe"][0]
     narrow, width, rich_width = _attempts_table(monkeypatch, "80", isatty=False)  # COLUMNS, as rich reads it
     assert width == rich_width == 80 and max(len(line) for line in narrow.splitlines()) <= 80
     _, width, rich_width = _attempts_table(monkeypatch, None, isatty=True)  # the terminal's own width
-    assert width == rich_width < cli.UNBOUNDED_WIDTH
+    assert width == rich_width < output.UNBOUNDED_WIDTH

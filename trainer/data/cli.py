@@ -1,4 +1,4 @@
-"""`aerie data ...` commands (mounted by orchestrator/cli.py as the `data` sub-app)."""
+"""`aerie data ...` commands (mounted by orchestrator/cli/ as the `data` sub-app)."""
 
 from __future__ import annotations
 

@@ -68,14 +68,17 @@ def test_the_cli_prints_a_table_and_a_summary(api, monkeypatch, capsys):
     from typer.testing import CliRunner
 
     from orchestrator import cli
+    from orchestrator.cli import api as cli_api
+    from orchestrator.client import Client
 
-    class InProcess(cli.Client):
+    class InProcess(Client):
         def request(self, method, path, **kwargs):
             r = client.request(method, path, headers=_h(admin), **kwargs)
             assert r.status_code == 200, r.text
             return r.json()
 
-    monkeypatch.setattr(cli, "_client", lambda: InProcess(api="http://in-process", token=admin))
+    # Every command builds its client with `Client()` in orchestrator/cli/api.py: swap it there.
+    monkeypatch.setattr(cli_api, "Client", lambda: InProcess(api="http://in-process", token=admin))
     out = CliRunner().invoke(cli.app, ["goodput", job_id], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "productive steps" in out.output and "checkpoint stall" in out.output

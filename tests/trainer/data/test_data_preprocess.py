@@ -150,7 +150,7 @@ def test_data_layer_imports_without_torch():
 
 
 def test_cli_mount_needs_neither_numpy_nor_tokenizers():
-    """orchestrator/cli.py imports data_app; the orchestrator's core install lacks the train extra."""
+    """orchestrator/cli/ imports data_app; the orchestrator's core install lacks the train extra."""
     code = (
         "import sys, trainer.data.cli;"
         "heavy = {'numpy', 'tokenizers', 'torch'} & set(sys.modules); assert not heavy, heavy"
@@ -159,7 +159,7 @@ def test_cli_mount_needs_neither_numpy_nor_tokenizers():
 
 
 def test_mounts_as_aerie_data():
-    """orchestrator/cli.py mounts `data_app` as `aerie data`; check that shape works."""
+    """orchestrator/cli/ mounts `data_app` as `aerie data`; check that shape works."""
     import typer
 
     app = typer.Typer()
