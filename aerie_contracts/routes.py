@@ -9,6 +9,7 @@ running job. Standard library only: the Lambda bundle and the torch-free agent i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import quote
 
 PREFIX = "/v1"
@@ -18,78 +19,48 @@ def _q(part: object) -> str:
     return quote(str(part), safe="")
 
 
+def _below(parent: Callable[[str], str], suffix: str) -> Callable[[str], str]:
+    """A builder for `suffix` under what `parent` builds (one line per route, below)."""
+    return lambda ref: parent(ref) + suffix
+
+
 # Jobs (the CLI, the handlers, the recovery package)
 def jobs() -> str:
     return f"{PREFIX}/jobs"
 
 
-def job(ref: str) -> str:
-    return f"{PREFIX}/jobs/{_q(ref)}"
+def _item(collection: str) -> Callable[[str], str]:
+    """A builder for one item of `collection`, its id quoted."""
+    return lambda ref: f"{PREFIX}{collection}/{_q(ref)}"
 
 
-def job_stop(ref: str) -> str:
-    return f"{job(ref)}/stop"
+job = _item("/jobs")
 
 
-def job_fail(ref: str) -> str:
-    return f"{job(ref)}/fail"
-
-
-def job_chaos(ref: str) -> str:
-    return f"{job(ref)}/chaos"
-
-
-def job_events(ref: str) -> str:
-    return f"{job(ref)}/events"
-
-
-def job_goodput(ref: str) -> str:
-    return f"{job(ref)}/goodput"
-
-
-def job_logs(ref: str) -> str:
-    return f"{job(ref)}/logs"
-
-
-def job_attempts(ref: str) -> str:
-    return f"{job(ref)}/attempts"
+job_stop = _below(job, "/stop")
+job_fail = _below(job, "/fail")
+job_chaos = _below(job, "/chaos")
+job_events = _below(job, "/events")
+job_goodput = _below(job, "/goodput")
+job_logs = _below(job, "/logs")
+job_attempts = _below(job, "/attempts")
+job_checkpoints = _below(job, "/checkpoints")
+job_checkpoint_states = _below(job, "/checkpoints/state")
+# Human eval (the eval handlers, Slack's interactions, `aerie ratings`)
+job_eval_samples = _below(job, "/eval/samples")
+job_ratings = _below(job, "/ratings")
 
 
 def attempt_blames(ref: str, number: int) -> str:
     return f"{job_attempts(ref)}/{int(number)}/blames"
 
 
-def job_checkpoints(ref: str) -> str:
-    return f"{job(ref)}/checkpoints"
+eval_sample = _item("/eval/samples")
 
 
-def job_checkpoint_states(ref: str) -> str:
-    return f"{job_checkpoints(ref)}/state"
-
-
-# Human eval (the eval handlers, Slack's interactions, `aerie ratings`)
-def job_eval_samples(ref: str) -> str:
-    return f"{job(ref)}/eval/samples"
-
-
-def job_ratings(ref: str) -> str:
-    return f"{job(ref)}/ratings"
-
-
-def eval_sample(sample_id: str) -> str:
-    return f"{PREFIX}/eval/samples/{_q(sample_id)}"
-
-
-def eval_sample_claim(sample_id: str) -> str:
-    return f"{eval_sample(sample_id)}/claim"
-
-
-def eval_sample_posted(sample_id: str) -> str:
-    return f"{eval_sample(sample_id)}/posted"
-
-
-def eval_sample_ratings(sample_id: str) -> str:
-    return f"{eval_sample(sample_id)}/ratings"
+eval_sample_claim = _below(eval_sample, "/claim")
+eval_sample_posted = _below(eval_sample, "/posted")
+eval_sample_ratings = _below(eval_sample, "/ratings")
 
 
 # Tokens (`aerie token ...`)
@@ -102,16 +73,11 @@ def token(token_id: int) -> str:
 
 
 # An attempt, as its nodes and its checkpoint fence see it (agent token auth)
-def attempt(attempt_id: str) -> str:
-    return f"{PREFIX}/attempts/{_q(attempt_id)}"
+attempt = _item("/attempts")
 
 
-def attempt_checkpoints(attempt_id: str) -> str:
-    return f"{attempt(attempt_id)}/checkpoints"
-
-
-def attempt_checkpoints_bad(attempt_id: str) -> str:
-    return f"{attempt_checkpoints(attempt_id)}/bad"
+attempt_checkpoints = _below(attempt, "/checkpoints")
+attempt_checkpoints_bad = _below(attempt, "/checkpoints/bad")
 
 
 def node(attempt_id: str, host: str) -> str:
