@@ -1,5 +1,5 @@
 """The API's paths, built in one place: every caller (CLI, agent, handlers, the checkpoint fence,
-the recovery package) asks these builders for a path instead of writing `"/v1/..."` itself.
+the recovery package) asks these builders for a path instead of writing the `/v1/...` literal itself.
 
 Each builder quotes its parameters (a job name or a host may hold characters a path cannot), so a
 caller never forgets to. `ROUTES` lists every (method, template) the callers use; a test checks

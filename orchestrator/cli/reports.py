@@ -172,7 +172,7 @@ def checkpoints(job: str = typer.Argument(..., help="Job id or name.")) -> None:
 
 def ratings(job: str = typer.Argument(..., help="Job id or name.")) -> None:
     """Human eval ratings per checkpoint: mean score (1-5) and hallucination rate, from Slack."""
-    rows = _call(_client().request, "GET", f"/v1/jobs/{job}/ratings")
+    rows = _call(_client().ratings, job)
     if not rows:
         console.print(f"no rated checkpoints for {job} (is the spec's eval section set?)")
         return

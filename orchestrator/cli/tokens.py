@@ -32,7 +32,7 @@ def token_create(
     """Create a token; the secret is printed once and stored only as a hash."""
     body = {"role": role, "name": name, "tenant": tenant, "expires_in_s": expires_in, "aws": aws or None}
     client = _client()
-    t = _call(client.request, "POST", "/v1/tokens", json={k: v for k, v in body.items() if v is not None})
+    t = _call(client.create_token, {k: v for k, v in body.items() if v is not None})
     err.print(f"token {t['id']} ({t['role']}, tenant {t['tenant']}); store it now, it is not shown again:")
     if not aws:
         print(t["token"])
@@ -50,7 +50,7 @@ def token_create(
 @token_app.command("list")
 def token_list() -> None:
     """List tokens (never their secrets)."""
-    rows = _call(_client().request, "GET", "/v1/tokens")
+    rows = _call(_client().tokens)
     table = Table("ID", "ROLE", "TENANT", "NAME", "AGE", "EXPIRES", "REVOKED", "AWS ACCESS KEY")
     for t in rows:
         expires = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t["expires_at"])) if t.get("expires_at") else "never"
@@ -70,5 +70,5 @@ def token_list() -> None:
 @token_app.command("revoke")
 def token_revoke(token_id: int = typer.Argument(..., help="Token id (from `aerie token list`).")) -> None:
     """Revoke a token: it stops working at once."""
-    t = _call(_client().request, "DELETE", f"/v1/tokens/{token_id}")
+    t = _call(_client().revoke_token, token_id)
     console.print(f"revoked token {t['id']} ({t['role']}, {t['name'] or 'unnamed'})")
