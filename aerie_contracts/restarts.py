@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from aerie_contracts._strenum import StrEnum
+from aerie_contracts.backends import backends_with
 from aerie_contracts.failures import FailureKind
 
 
@@ -47,20 +48,10 @@ CAUSE_MEMORY_NODES = "memory_nodes"
 # ... and, when hot spares take failed nodes' places (resources.spare_nodes): {failed host: spare host}.
 CAUSE_REPLACED_NODES = "replaced_nodes"
 
-# Backends whose agents outlive a worker group; the others relaunch every attempt. Slurm's agents
-# stay up inside the job's one allocation (`sbatch`): the next attempt is served by the same `srun`.
-# SageMaker's stay up inside the running training job: the next attempt is served by the same job.
-IN_PLACE_BACKENDS = frozenset({"local", "slurm", "sagemaker"})
-
-# Backends that give their nodes the in-memory checkpoint tier (its replication ring needs each
-# node's endpoint: the local backend picks them at launch, Slurm's nodes derive them from the job id,
-# SageMaker's from resourceconfig.json's hosts and the training job's name).
-MEMORY_TIER_BACKENDS = frozenset({"local", "slurm", "sagemaker"})
-
-# Backends whose relaunched attempt may still find the nodes' shared memory: the local backend's
-# nodes are folders of one host, so a relaunch finds every snapshot and replica that was not
-# removed. Elsewhere a relaunch is a new allocation and resumes from S3.
-MEMORY_OUTLIVES_RELAUNCH = frozenset({"local"})
+# The backends by capability (declared once, in `aerie_contracts.backends`).
+IN_PLACE_BACKENDS = backends_with("in_place")
+MEMORY_TIER_BACKENDS = backends_with("memory_tier")
+MEMORY_OUTLIVES_RELAUNCH = backends_with("memory_outlives_relaunch")
 
 # Failures after which the attempt's allocation cannot be reused: a node is gone or cut off, failed
 # its pre-flight check (bad hardware: it would fail again), or the attempt never had its nodes.

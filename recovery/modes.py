@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from aerie_contracts.backends import capabilities
 from aerie_contracts.restarts import (
     DEFAULT_IN_PLACE_RESTARTS,
-    IN_PLACE_BACKENDS,
-    MEMORY_TIER_BACKENDS,
     NOT_REUSABLE,
     SPARE_REPAIRS,
     RestartMode,
@@ -39,7 +38,7 @@ def decide(
     """(mode, why) for the attempt after `failed`; `exclude` are the hosts the next attempt leaves
     out (blamed often enough: `recovery.budget.excluded_hosts`)."""
     backend = job.get("backend", "")
-    if backend not in IN_PLACE_BACKENDS:
+    if not capabilities(backend).in_place:
         return RestartMode.RELAUNCH, f"the {backend} backend relaunches every attempt"
     ruled_out = not_in_place(job.get("spec") or {})
     if ruled_out:
@@ -81,7 +80,7 @@ def with_spares(
     mode, why = decide(job, failed, reason, exclude)
     if mode == RestartMode.IN_PLACE or not spares:
         return mode, why, {}
-    if job.get("backend", "") not in IN_PLACE_BACKENDS or not_in_place(job.get("spec") or {}):
+    if not capabilities(job.get("backend", "")).in_place or not_in_place(job.get("spec") or {}):
         return mode, why, {}
     kind = reason.get("kind") or ""
     if kind in NOT_REUSABLE and kind not in SPARE_REPAIRS:
@@ -119,14 +118,15 @@ def may_restart_in_place(backend: str, reason: dict[str, Any] | None, budget: in
     """Whether a failed attempt could still be followed in place, before blame is known: the
     controller keeps its agents up until chaining decides (it tears them down on a relaunch)."""
     kind = (reason or {}).get("kind")
-    return backend in IN_PLACE_BACKENDS and budget > 0 and kind not in NOT_REUSABLE
+    return capabilities(backend).in_place and budget > 0 and kind not in NOT_REUSABLE
 
 
 def may_take_spare(backend: str, reason: dict[str, Any] | None, budget: int, spares: list[str]) -> bool:
     """Whether a failed attempt that cannot be reused as it is may still be followed in place, a
     hot spare taking the failed node's slot: the controller keeps the survivors' agents up."""
     kind = (reason or {}).get("kind")
-    return backend in IN_PLACE_BACKENDS and budget > 0 and bool(spares) and kind in SPARE_REPAIRS
+    caps = capabilities(backend)
+    return caps.in_place and caps.hot_spares and budget > 0 and bool(spares) and kind in SPARE_REPAIRS
 
 
 def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
@@ -135,9 +135,9 @@ def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
     every = (spec.get("checkpoint") or {}).get("memory_every_steps", "auto")
     if every in (0, "0"):
         return "checkpoint.memory_every_steps is 0"
-    if backend not in IN_PLACE_BACKENDS:
+    if not capabilities(backend).in_place:
         return f"the {backend} backend does not restart in place yet"
-    if backend not in MEMORY_TIER_BACKENDS:
+    if not capabilities(backend).memory_tier:
         return f"the {backend} backend has no in-memory checkpoint tier yet"
     if (spec.get("retry") or {}).get("max_restarts") == 0:
         return "retry.max_restarts is 0: no attempt would resume from them"

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aerie_contracts import routes
+from aerie_contracts.backends import capabilities
 from aerie_contracts.checkpoints import MEMORY_GONE_LOST, CheckpointTier, expired_memory, step_of_uri
 from aerie_contracts.restarts import (
     CAUSE_MEMORY_NODES,
     CAUSE_RESUME_FALLBACK,
-    MEMORY_OUTLIVES_RELAUNCH,
     RestartMode,
     mode_of,
 )
@@ -59,7 +59,7 @@ def last_good(
     """The resume point of attempt `failed` + 1 across the tiers, and the cause's memory fields:
     the newest good checkpoint that survives the restart `mode`. S3's always does. A memory
     checkpoint does only where the memory that holds it is still there: the nodes stay (in place)
-    or keep their memory across a relaunch (`MEMORY_OUTLIVES_RELAUNCH`), and it was written by an
+    or keep their memory across a relaunch (`Capabilities.memory_outlives_relaunch`), and it was written by an
     attempt whose successors up to this one all kept it (`memory_survivors`). It is newer than
     S3's (taken far more often), and restoring it reads nothing from S3 (a replaced node fetches
     its ranks' replicas from the nodes that hold them); S3's stays the fallback should any rank's
@@ -81,7 +81,7 @@ def memory_survivors(job: dict[str, Any], failed: int, mode: RestartMode) -> set
     """The attempts whose memory checkpoints attempt `failed` + 1 may restore (`mode`: its
     restart's): the failed one, if its nodes' memory survives the restart, and each earlier one
     whose successor kept it in turn (started in place, or on a backend whose relaunch keeps it)."""
-    outlives = job.get("backend") in MEMORY_OUTLIVES_RELAUNCH
+    outlives = capabilities(job.get("backend") or "").memory_outlives_relaunch
     by_number = {int(a["number"]): a for a in job.get("attempt_list", [])}
     survivors: set[str] = set()
     kept = mode == RestartMode.IN_PLACE or outlives
