@@ -1,6 +1,6 @@
 """Has a job run out of its StoppingCondition? A pure decision over the store's times.
 
-The controller asks once per reconcile pass (`Controller._enforce_stopping`) and, when a limit is
+The controller asks once per reconcile pass (`controller_limits.enforce_stopping`) and, when a limit is
 out, stops the job exactly as a user's StopTrainingJob / `aerie stop` does (`stop_requested`: the
 agents get SIGTERM, an in-flight checkpoint save may finish and commit, a torn one never has a
 manifest) and the job ends Stopped with the limit's reason (`aerie_contracts.failures.STOP_LIMITS`:

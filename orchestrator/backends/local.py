@@ -7,9 +7,10 @@ ended: the handle is only the attempt's directory. Replacing a hot spare that di
 also takes the attempt's launch request (its agents' environment), which is never written to disk
 (it holds the agent token): a restarted control plane hands it back, rebuilt (`adopt`).
 
-Over 400 lines on purpose: one Backend implementation (launch, in-place launch, adopt, poll,
-stop, fence) with its hot spares (spawn, replenish, replace the dead, keep across a relaunch), which
-share the handle's layout; the process-tree helpers are split out (local_fence.py, nodeenv.py).
+This module holds the backend's verbs (launch, in-place launch, adopt, poll, stop, fence, chaos,
+logs); the helpers live apart: starting a node's tree (local_spawn.py), reading and signalling it
+(local_procs.py), fencing it (local_fence.py), the attempt folder's layout (local_layout.py) and
+the hot-spare pool's planning (local_spares.py).
 """
 
 from __future__ import annotations
@@ -19,22 +20,16 @@ import json
 import os
 import shutil
 import signal
-import socket
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import psutil
-
-from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
 from aerie_contracts import memckpt_lease as memory_lease
 from aerie_contracts.states import AttemptState
-from agent.contract import CHANNEL_CACHE_ENV, NodeContract, read_json, write_json
-from orchestrator.backends import in_place, local_fence, netns, placement
+from agent.contract import read_json, write_json
+from orchestrator.backends import in_place, local_fence, local_spares, local_spawn, netns, placement
 from orchestrator.backends.base import (
     Backend,
     LaunchRequest,
@@ -45,7 +40,10 @@ from orchestrator.backends.base import (
     read_log_chunk,
     summarize_nodes,
 )
-from orchestrator.backends.nodeenv import channels, in_place_env, in_place_on, memory_env, node_env
+from orchestrator.backends.local_layout import all_nodes, master_addr, node_dir
+from orchestrator.backends.local_procs import agent_gone, alive, read_pid, signal_node
+from orchestrator.backends.local_spawn import check_container_paths, free_port
+from orchestrator.backends.nodeenv import in_place_on
 from recovery.modes import memory_tier_off
 
 # A node whose agent has not written its pid this long after launch never started.
@@ -91,7 +89,7 @@ class LocalBackend(Backend):
         net = spec.backend_options.get("netns")
         # A relaunch keeps the spares still waiting from the attempt before (their trees stay in
         # that attempt's folder: `node_roots`), and starts only the missing ones.
-        reused = _reusable(request, wanted) if not net else {}
+        reused = local_spares.reusable(request, wanted) if not net else {}
         try:
             hosts = placement.place(spec.resources.instance_count, slots, [*request.exclude_nodes, *reused])
         except placement.PlacementError:
@@ -124,7 +122,7 @@ class LocalBackend(Backend):
         with os.fdopen(fd, "w") as marker:
             marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
 
-        master_port = _free_port()
+        master_port = free_port()
         # Kept for spares started later (`_replace_dead_spares`), by this control plane or a
         # restarted one (`adopt`); an in-place successor's handle has a port of its own.
         handle["master_port"] = master_port
@@ -137,7 +135,7 @@ class LocalBackend(Backend):
         memory_on = memory_tier_off(spec.model_dump(), self.name) is None
         # Areas in this host's /dev/shm that failed or killed agents of other jobs left behind.
         memory_lease.sweep_nodes(memckpt.root_dir(), keep=request.job_id)
-        peers = {h: f"127.0.0.1:{_free_port()}" for h in [*hosts, *fresh]} if memory_on else {}
+        peers = {h: f"127.0.0.1:{free_port()}" for h in [*hosts, *fresh]} if memory_on else {}
         if peers:
             peers.update({h: info["peer"] for h, info in reused.items() if info.get("peer")})  # where they serve
         if peers:
@@ -161,70 +159,11 @@ class LocalBackend(Backend):
         self.adopt(request, handle)
         return handle
 
-    def _spawn(
-        self,
-        request: LaunchRequest,
-        root: Path,
-        host: str,
-        hosts: list[str],
-        *,
-        spare: bool,
-        peers: dict[str, str],
-        key: str | None = None,
-        master_port: int,
-        net: Any = None,
-    ) -> None:
-        """One node's process tree (`python -m agent.entrypoint` in a session of its own)."""
-        spec = request.spec
-        workdir = Path(spec.backend_options.get("workdir") or os.getcwd())
-        container_paths = bool(spec.backend_options.get("container_paths"))
-        contract = NodeContract(
-            ml_root=root / host,
-            # A spare is a node of no attempt yet: its own host alone, until it is handed a slot.
-            hosts=(host,) if spare else tuple(hosts),
-            current_host=host,
-            hyperparameters=dict(spec.hyperparameters),
-            channels=channels(spec),
-            network_interface=netns.NS_IFACE if net else "lo",
-            instance_type=spec.resources.instance_type,
-        )
-        contract.write()
-        env = node_env(request, contract, net.nodes[0].ip if net else "127.0.0.1", master_port, workdir)
-        if spec.backend_options.get("model_artifacts_uri"):
-            env[aerie_env.MODEL_ARTIFACTS_URI] = str(spec.backend_options["model_artifacts_uri"])
-        env.setdefault(CHANNEL_CACHE_ENV, str(self.channel_cache))
-        # The agents outlive their worker groups: a failed attempt may be restarted in place.
-        env.update(in_place_env(spec, self.in_place_wait_s))
-        if spare:
-            env[aerie_env.SPARE] = "1"
-        if peers and key:
-            env.update(memory_env(spec, host, peers, key))
-        argv = [sys.executable, "-m", "agent.entrypoint"]
-        if container_paths:
-            # /opt/ml is this node's directory, in a mount namespace of its own; `python` in the
-            # user's shell commands is the Python the nodes run (the local stand-in for the image).
-            argv = container_paths_argv(contract.ml_root, argv)
-            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
-        if net:
-            # Inside its namespace the node reaches the control plane through the bridge
-            # (`aerie up --host 0.0.0.0`), and gloo uses the node's own eth0.
-            env[aerie_env.API] = _via(request.api_url, net.bridge_ip)
-            env["GLOO_SOCKET_IFNAME"] = netns.NS_IFACE
-            argv = ["ip", "netns", "exec", net.node(host).ns, *argv]
-        log = open(contract.ml_root / "logs" / "node.log", "ab", buffering=0)
-        # start_new_session: the node survives the control plane and can be signalled as a group.
-        # The command is a fixed argv; user strings only travel in the environment.
-        psutil.Popen(
-            argv,
-            cwd=str(workdir),
-            env=env,
-            stdin=open(os.devnull),
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-        )
-        log.close()
+    def _spawn(self, request: LaunchRequest, root: Path, host: str, hosts: list[str], **node: Any) -> None:
+        """One node's process tree (`local_spawn.spawn_node`, with this backend's settings); a
+        method, so that tests can record the nodes instead of starting them."""
+        channel_cache, wait_s = self.channel_cache, self.in_place_wait_s
+        local_spawn.spawn_node(request, root, host, hosts, channel_cache=channel_cache, in_place_wait_s=wait_s, **node)
 
     def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
         """A warm attempt: nothing to spawn. The failed attempt's agents are still up; each learns
@@ -237,11 +176,11 @@ class LocalBackend(Backend):
             self.adopt(request, existing)
             return existing  # idempotent: a re-adopted launch keeps its port
         # Every local node shares this host's ports: a free one, not the rule's next (in_place.py).
-        handle = in_place.next_handle(request.in_place_of, request, master_port=_free_port())
+        handle = in_place.next_handle(request.in_place_of, request, master_port=free_port())
         fresh: list[str] = []
         if request.replace_nodes:
             handle["master_addr"] = master_addr(handle)  # a spare may hold rank 0's slot now
-            fresh = self._replenish(request, handle)
+            fresh = local_spares.replenish(request, handle)
         write_json(path, handle)
         # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
         root = Path(handle["root"])
@@ -261,7 +200,7 @@ class LocalBackend(Backend):
             # A handle launched before fresh launches kept their port: any free one. A spare's tree
             # uses it for nothing (its pre-flight takes a port of its own); the in-place attempt
             # that hands it a rank slot names that attempt's port (GET .../next).
-            port = _free_port()
+            port = free_port()
         self._launched[(str(Path(handle["root"])), handle.get("attempt_id"))] = (request, int(port))
 
     def _spawn_spares(
@@ -280,25 +219,6 @@ class LocalBackend(Backend):
                 master_port=master_port,
             )
 
-    def _replenish(self, request: LaunchRequest, handle: dict[str, Any], count: int | None = None) -> list[str]:
-        """The pool refilled (`resources.spare_nodes`): as many new spares as took slots, on the
-        next free slots (never a name a node of this tree had: its folder is the old node's), added
-        to the handle and to its memory ring's endpoints. Fewer when the pool runs out. `count`:
-        that many instead (spares that died while they waited)."""
-        spec = request.spec
-        used = len(request.replace_nodes) if count is None else count
-        slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
-        root = Path(handle["root"])
-        had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-        kept = handle.get("node_roots") or {}  # spares kept from an earlier attempt, dead ones too
-        taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had, *kept]
-        fresh = placement.spares(used, slots, taken, request.exclude_nodes)
-        if fresh:
-            handle["spares"] = [*handle.get("spares", []), *fresh]
-            if handle.get("memory_peers"):
-                handle["memory_peers"] = {**handle["memory_peers"], **{h: f"127.0.0.1:{_free_port()}" for h in fresh}}
-        return fresh
-
     # --- poll -------------------------------------------------------------------------------
 
     def poll(self, handle: dict[str, Any]) -> PollResult:
@@ -308,11 +228,11 @@ class LocalBackend(Backend):
         stop = read_json(root / "stop.json")
         attempt_id = handle.get("attempt_id")
         nodes = [
-            self._node_status(_node_dir(handle, host), host, launched_at, stop, attempt_id) for host in handle["hosts"]
+            self._node_status(node_dir(handle, host), host, launched_at, stop, attempt_id) for host in handle["hosts"]
         ]
         if stop and isinstance(stop, dict) and time.time() - stop["t"] > STOP_GRACE_S:
-            for host in _all_nodes(handle):
-                _kill_node(_node_dir(handle, host), signal.SIGKILL)
+            for host in all_nodes(handle):
+                signal_node(node_dir(handle, host), signal.SIGKILL)
         result = summarize_nodes(nodes)
         if not stop and not result.terminal and handle.get("spares"):
             result = self._replace_dead_spares(handle, result)
@@ -327,16 +247,16 @@ class LocalBackend(Backend):
 
     def _replace_dead_spares(self, handle: dict[str, Any], result: PollResult) -> PollResult:
         """A hot spare whose tree died while it waited (its agent's pid gone: killed, or it failed
-        its own pre-flight) is replaced on the next free slot, as `_replenish` refills the pool
-        after a swap; the changed handle goes back in the poll's result for the controller."""
+        its own pre-flight) is replaced on the next free slot, as `local_spares.replenish` refills
+        the pool after a swap; the changed handle goes back in the poll's result for the controller."""
         root = Path(handle["root"])
-        dead = [h for h in handle["spares"] if _dead(_node_dir(handle, h) / "agent" / "agent.pid")]
+        dead = [h for h in handle["spares"] if agent_gone(node_dir(handle, h) / "agent" / "agent.pid")]
         launched = self._launched.get((str(root), handle.get("attempt_id")))
         if not dead or launched is None or handle.get("netns"):
             return result
         request, master_port = launched
         new = {**handle, "spares": [h for h in handle["spares"] if h not in dead]}
-        fresh = self._replenish(request, new, len(dead))
+        fresh = local_spares.replenish(request, new, len(dead))
         self._spawn_spares(request, root, new, fresh, master_port)
         replaced = {h: fresh[i] if i < len(fresh) else "" for i, h in enumerate(dead)}
         return dataclasses.replace(result, spares_replaced=replaced, handle=new)
@@ -344,12 +264,12 @@ class LocalBackend(Backend):
     def _node_status(
         self, ml_root: Path, host: str, launched_at: float, stop: Any, attempt_id: str | None = None
     ) -> NodeStatus:
-        node_dir = ml_root / "agent"
+        agent_dir = ml_root / "agent"
         ended = node_outcome(ml_root, host, attempt_id)
         if ended is not None:
             return ended
-        pid = _read_pid(node_dir / "agent.pid")
-        if pid is not None and _alive(pid, "agent"):
+        pid = read_pid(agent_dir / "agent.pid")
+        if pid is not None and alive(pid, "agent"):
             return NodeStatus(host, AttemptState.RUNNING)
         if pid is None and time.time() - launched_at < START_TIMEOUT_S:
             return NodeStatus(host, AttemptState.STARTING)
@@ -366,10 +286,10 @@ class LocalBackend(Backend):
         if host not in handle["hosts"]:
             raise ValueError(f"{host} is not a node of this attempt ({', '.join(handle['hosts'])})")
         if request.get("fault") == byo.FAULT_NODE_LOSS:
-            local_fence.kill_node(_node_dir(handle, host))
+            local_fence.kill_node(node_dir(handle, host))
             shutil.rmtree(memckpt.root_dir() / memckpt.safe_name(host, "host"), ignore_errors=True)
             return
-        directory = _node_dir(handle, host) / "agent" / byo.CHAOS_DIR
+        directory = node_dir(handle, host) / "agent" / byo.CHAOS_DIR
         directory.mkdir(parents=True, exist_ok=True)
         write_json(directory / f"{request['id']}.json", request)
 
@@ -382,8 +302,8 @@ class LocalBackend(Backend):
             backstop = threading.Timer(STOP_GRACE_S, self._kill_all, [handle])
             backstop.daemon = True
             backstop.start()
-        for host in _all_nodes(handle):
-            _kill_node(_node_dir(handle, host), signal.SIGTERM)
+        for host in all_nodes(handle):
+            signal_node(node_dir(handle, host), signal.SIGTERM)
         if handle.get("netns"):
             # The controller stops polling a finished attempt: tear the network down once its
             # nodes have had their grace period.
@@ -396,7 +316,7 @@ class LocalBackend(Backend):
         (`local_fence`); the other nodes get the usual stop, unless hot spares wait beside them."""
         for host in hosts:
             if host in handle["hosts"]:
-                local_fence.kill_node(_node_dir(handle, host))
+                local_fence.kill_node(node_dir(handle, host))
         if handle.get("spares"):
             # A hot spare may take the lost node's slot in place: the survivors stay up (the
             # controller stops them, spares included, if chaining cannot keep them).
@@ -404,132 +324,14 @@ class LocalBackend(Backend):
         self.stop(handle)
 
     def _kill_all(self, handle: dict[str, Any]) -> None:
-        for host in _all_nodes(handle):
-            local_fence.kill_node(_node_dir(handle, host))
+        for host in all_nodes(handle):
+            local_fence.kill_node(node_dir(handle, host))
 
     def logs(
         self, handle: dict[str, Any], offsets: dict[str, int] | None = None, max_bytes: int = 1 << 20
     ) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for host in handle["hosts"]:
-            path = _node_dir(handle, host) / "logs" / "node.log"
+            path = node_dir(handle, host) / "logs" / "node.log"
             out[host] = read_log_chunk(path, (offsets or {}).get(host, 0), max_bytes)
         return out
-
-
-def _node_dir(handle: dict[str, Any], host: str) -> Path:
-    """A node's folder: under the attempt's, or, for a spare a relaunch kept, under the attempt
-    that started it (`node_roots`)."""
-    return Path((handle.get("node_roots") or {}).get(host) or handle["root"]) / host
-
-
-def _reusable(request: LaunchRequest, wanted: int) -> dict[str, dict[str, str]]:
-    """The spares of the attempt before (`request.reuse_spares`) a relaunch can keep: alive, not
-    excluded, at most `wanted`."""
-    out = {}
-    for host, info in request.reuse_spares.items():
-        pid = _read_pid(Path(info["root"]) / host / "agent" / "agent.pid")
-        if len(out) < wanted and host not in request.exclude_nodes and pid is not None and _alive(pid, "agent"):
-            out[host] = info
-    return out
-
-
-def _all_nodes(handle: dict[str, Any]) -> list[str]:
-    """The attempt's nodes and its hot spares (one process tree each, stopped together)."""
-    return [*handle["hosts"], *handle.get("spares", [])]
-
-
-def check_container_paths() -> None:
-    """Nodes with /opt/ml need `unshare` and root (or an /opt/ml to bind over in a user namespace)."""
-    if shutil.which("unshare") is None:
-        raise RuntimeError("container paths (/opt/ml) need util-linux's `unshare`, which is not installed")
-    if os.geteuid() != 0 and not os.path.isdir("/opt/ml"):
-        raise RuntimeError("container paths (/opt/ml) need root, or an existing /opt/ml directory to bind over")
-
-
-def container_paths_argv(ml_root: Path, command: list[str]) -> list[str]:
-    """`command` in a private mount namespace with the node's directory bound over /opt/ml."""
-    unshare = ["unshare", "--mount", "--propagation", "private"]
-    if os.geteuid() != 0:
-        unshare.append("--map-root-user")
-    return [*unshare, "--", sys.executable, "-m", "agent.container_paths", str(ml_root), "--", *command]
-
-
-def _via(url: str, host: str) -> str:
-    """`url` with its host replaced (the control plane as seen from inside a namespace)."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _dead(pid_file: Path) -> bool:
-    """A node whose agent wrote its pid and is gone (not one still starting)."""
-    pid = _read_pid(pid_file)
-    return pid is not None and not _alive(pid, "agent")
-
-
-def _alive(pid: int, needle: str) -> bool:
-    """True if `pid` runs and is ours (pids are reused: check the command line too)."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        cmdline = proc.cmdline()
-        # Empty while the process is still in exec (a loaded host's just-started node): starting, not gone.
-        return not cmdline or any(needle in part for part in cmdline)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def _is_rank_of(pid: int, ml_root: Path) -> bool:
-    """True if `pid` runs a rank of the node at `ml_root` (its contract environment says so: a pid
-    file alone could name a reused pid)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(aerie_env.ML_ROOT) == str(ml_root)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def _kill_node(ml_root: Path, sig: int) -> None:
-    """Signal the node's agent; on SIGKILL also what it can't stop itself then: torchrun's process
-    group, and each rank (torchrun puts every worker in a session of its own)."""
-    pid = _read_pid(ml_root / "agent" / "agent.pid")
-    if pid is not None and _alive(pid, "agent"):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-    if sig == signal.SIGKILL:
-        for name in ("trainer.pgid", "entrypoint.pgid"):
-            pgid = _read_pid(ml_root / "agent" / name)
-            if pgid:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for pid_file in (ml_root / "agent" / "ranks").glob("rank-*.pid"):
-            pid = _read_pid(pid_file)
-            if pid and _is_rank_of(pid, ml_root):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-
-def master_addr(handle: dict[str, Any]) -> str:
-    """Node rank 0's address (the handle's first host): its network namespace's, else loopback."""
-    nodes = (handle.get("netns") or {}).get("nodes") or {}
-    return str((nodes.get(handle["hosts"][0]) or {}).get("ip") or "127.0.0.1")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.local import check_container_paths, container_paths_argv
+from orchestrator.backends.local_spawn import check_container_paths, container_paths_argv
 
 
 @pytest.fixture(autouse=True)

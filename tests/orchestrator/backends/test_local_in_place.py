@@ -90,7 +90,7 @@ def test_an_in_place_attempt_gives_a_spare_the_replaced_node_s_slot(tmp_path):
 
 
 def test_a_spare_in_rank_0_s_slot_is_the_new_master_address():
-    from orchestrator.backends.local import master_addr
+    from orchestrator.backends.local_layout import master_addr
 
     netns = {"nodes": {h: {"host": h, "ip": f"10.9.0.{i}"} for i, h in enumerate(["algo-1", "algo-2", "algo-3"], 2)}}
     assert master_addr({"hosts": ["algo-3", "algo-2"], "netns": netns}) == "10.9.0.4"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from orchestrator.backends.local import _kill_node
+from orchestrator.backends.local_procs import signal_node
 
 HANG = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 
@@ -31,7 +31,7 @@ def test_sigkill_reaches_ranks_in_their_own_sessions_and_spares_reused_pids(tmp_
     try:
         (ranks / "rank-1.pid").write_text(str(rank.pid))
         (ranks / "rank-0.pid").write_text(str(stranger.pid))  # as if the pid had been reused
-        _kill_node(node, signal.SIGKILL)
+        signal_node(node, signal.SIGKILL)
         assert rank.wait(timeout=10) == -signal.SIGKILL
         time.sleep(0.2)
         assert stranger.poll() is None

@@ -16,8 +16,9 @@ import pytest
 
 from aerie_contracts import env as E
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.backends.local import LocalBackend, _alive
-from orchestrator.controller import _waiting_spares
+from orchestrator.backends.local import LocalBackend
+from orchestrator.backends.local_procs import alive
+from orchestrator.controller_launch import waiting_spares
 from orchestrator.spec import JobSpec
 
 
@@ -106,7 +107,7 @@ def test_a_spare_that_dies_while_it_waits_is_replaced_on_the_next_free_slot(back
 def test_a_relaunch_keeps_the_spares_still_waiting_and_starts_only_its_own_nodes(backend):
     first = backend.launch(_request(1))
     backend.stop({**first, "spares": []})  # what the controller does to a failed local attempt
-    kept = _waiting_spares(backend, first)
+    kept = waiting_spares(backend, first)
     assert kept == {"algo-3": {"root": first["root"], "peer": first["memory_peers"]["algo-3"]}}
     backend.spawned.clear()
 
@@ -115,12 +116,12 @@ def test_a_relaunch_keeps_the_spares_still_waiting_and_starts_only_its_own_nodes
     assert handle["node_roots"] == {"algo-3": first["root"]}
     assert handle["memory_peers"]["algo-3"] == first["memory_peers"]["algo-3"]  # where it serves
     assert backend.spawned == [(2, "algo-1", False), (2, "algo-4", False)]  # no new spare
-    assert _waiting_spares(backend, handle) == {"algo-3": {"root": first["root"], "peer": kept["algo-3"]["peer"]}}
+    assert waiting_spares(backend, handle) == {"algo-3": {"root": first["root"], "peer": kept["algo-3"]["peer"]}}
 
     # Dead by then: not kept; a new spare tree starts in the new attempt's folder instead.
     _kill(Path(first["root"]) / "algo-3")
     backend.spawned.clear()
-    third = backend.launch(_request(3, reuse_spares=_waiting_spares(backend, handle)))
+    third = backend.launch(_request(3, reuse_spares=waiting_spares(backend, handle)))
     assert third["hosts"] == ["algo-1", "algo-2"] and third["spares"] == ["algo-3"] and "node_roots" not in third
     assert (3, "algo-3", True) in backend.spawned
 
@@ -135,7 +136,7 @@ def _poll_until_replaced(local: LocalBackend, handle: dict, timeout_s: float = 1
 
 
 def _agent_alive(node: Path) -> bool:
-    return _alive(int((node / "agent" / "agent.pid").read_text()), "agent")
+    return alive(int((node / "agent" / "agent.pid").read_text()), "agent")
 
 
 def test_a_restarted_control_plane_replaces_a_dead_spare_once_the_attempt_is_handed_back(tmp_path, monkeypatch, agents):

@@ -1,0 +1,47 @@
+"""The local backend's hot-spare pool: which waiting spares a relaunch keeps, and where new ones go.
+
+Pure planning over the handle and the node pool's slots (`placement`); the backend starts the trees
+(`LocalBackend._spawn_spares`). A new spare never takes a name a node of the attempt's tree had:
+that name's folder is the old node's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.backends import placement
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.local_procs import alive, read_pid
+from orchestrator.backends.local_spawn import free_port
+
+
+def reusable(request: LaunchRequest, wanted: int) -> dict[str, dict[str, str]]:
+    """The spares of the attempt before (`request.reuse_spares`) a relaunch can keep: alive, not
+    excluded, at most `wanted`."""
+    out = {}
+    for host, info in request.reuse_spares.items():
+        pid = read_pid(Path(info["root"]) / host / "agent" / "agent.pid")
+        if len(out) < wanted and host not in request.exclude_nodes and pid is not None and alive(pid, "agent"):
+            out[host] = info
+    return out
+
+
+def replenish(request: LaunchRequest, handle: dict[str, Any], count: int | None = None) -> list[str]:
+    """The pool refilled (`resources.spare_nodes`): as many new spares as took slots, on the
+    next free slots (never a name a node of this tree had: its folder is the old node's), added
+    to the handle and to its memory ring's endpoints. Fewer when the pool runs out. `count`:
+    that many instead (spares that died while they waited)."""
+    spec = request.spec
+    used = len(request.replace_nodes) if count is None else count
+    slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
+    root = Path(handle["root"])
+    had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    kept = handle.get("node_roots") or {}  # spares kept from an earlier attempt, dead ones too
+    taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had, *kept]
+    fresh = placement.spares(used, slots, taken, request.exclude_nodes)
+    if fresh:
+        handle["spares"] = [*handle.get("spares", []), *fresh]
+        if handle.get("memory_peers"):
+            handle["memory_peers"] = {**handle["memory_peers"], **{h: f"127.0.0.1:{free_port()}" for h in fresh}}
+    return fresh
