@@ -8,7 +8,7 @@ peer agent over loopback TCP (`agent.memckpt.replicate`, a server in a second pr
 restore (verify + load into the model). Then the whole cost on training: `--rounds` rounds, each
 `--window` steps with no snapshots, with a blocking one and with an async one every `--every`
 steps, and an async one that walks the state with `get_state_dict` every time (`async_walk`, as
-before `memory.StateCache`) (interleaved, so the machine's load hits all four alike); the overhead of each is its
+before `StateCache`) (interleaved, so the machine's load hits all four alike); the overhead of each is its
 extra wall time over the no-snapshot windows (a background write still takes CPU from the step on
 a CPU-only host). Ratios, not goals: the issue's goal is snapshot overhead <= 2 % of step time,
 measured in the same run.
@@ -39,7 +39,7 @@ from aerie_contracts import env as E
 from aerie_contracts import memckpt
 from agent.memckpt import replicate
 from agent.memckpt.store import SnapshotStore
-from trainer.checkpoint import interval, memory
+from trainer.checkpoint import interval, memory, memory_file
 from trainer.models import build_model, get_preset
 
 
@@ -119,7 +119,7 @@ def main() -> None:
             peer.terminate()
             peer.wait(timeout=10)
         t0 = time.perf_counter()
-        memory.load_snapshot(snap.path(args.snapshots), model, opt, None)
+        memory_file.load_snapshot(snap.path(args.snapshots), model, opt, None)
         restore_s = time.perf_counter() - t0
         size = memckpt.HEADER_SIZE + header.size
         print(

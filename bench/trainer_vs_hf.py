@@ -5,7 +5,7 @@ For each family (GPT-NeoX vs `GPTNeoXForCausalLM`, LLaMA-GQA vs `LlamaForCausalL
 - the same shapes (HF's model is built from `trainer.export.to_hf_config`), the same weights
   (ours are loaded from HF's randomly initialised state dict, and the bench checks that the
   first losses agree), the same batch of tokens, fp32 weights and optimizer state;
-- the same training step for both: `trainer.train.train_step`, the function the training loop
+- the same training step for both: `trainer.train_step.train_step`, the function the training loop
   runs (loss, backward, grad-norm clipping, the trainer's AdamW from `build_optimizer`, fused,
   with its weight-decay groups and LR schedule, hyperparameters from `TrainConfig`'s defaults).
   Only the model differs: ours computes its loss as in training (`model(inputs, labels=...)`,
@@ -58,7 +58,7 @@ from trainer import parallel, pricing
 from trainer.config import TrainConfig
 from trainer.export import from_hf_state_dict, to_hf_config
 from trainer.models import ModelConfig, build_model, get_preset
-from trainer.train import build_optimizer, train_step
+from trainer.train_step import build_optimizer, train_step
 
 SMALL = dict(hidden_size=256, num_layers=4, num_heads=4, vocab_size=8192)
 # --shape: family -> model config. "small" (default): a few million parameters, an 8k vocabulary.
@@ -112,7 +112,7 @@ class HFWithLoss(nn.Module):
 
 
 class Runner:
-    """One model + the trainer's optimizer and schedule; `step()` is `trainer.train.train_step`."""
+    """One model + the trainer's optimizer and schedule; `step()` is `trainer.train_step.train_step`."""
 
     def __init__(self, model: nn.Module, tokens: torch.Tensor, cfg: TrainConfig):
         self.model, self.cfg, self.tokens = model.train(), cfg, tokens
@@ -278,7 +278,7 @@ def main() -> None:
         "configs": {f: dataclasses.asdict(SHAPES[args.shape][f]) for f in args.family or FAMILIES},
         "dtype": "float32 weights; eager and compiled lines fp32 compute",
         "cpu_bf16": pricing.cpu_bf16_unit() or "none (emulated: slow for both)",
-        "step": "trainer.train.train_step (loss, backward, clip, fused AdamW, schedule)",
+        "step": "trainer.train_step.train_step (loss, backward, clip, fused AdamW, schedule)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "goal_ratio": GOAL,

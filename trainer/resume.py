@@ -63,7 +63,7 @@ def read_memory(uri: str) -> tuple[dict | None, str]:
     shared memory, verified (header complete, payload CRC-32, the step it names): (state, "") or
     (None, why not). The agent left it there: its own copy, or the peer's replica it fetched."""
     from aerie_contracts import memckpt
-    from trainer.checkpoint import memory
+    from trainer.checkpoint import memory_file
 
     step = step_of_uri(uri)
     if step is None:
@@ -72,7 +72,7 @@ def read_memory(uri: str) -> tuple[dict | None, str]:
     rank = dist.get_rank() if dist.is_initialized() else 0
     path = memckpt.local_dir(None, job) / memckpt.file_name(step, rank)
     try:
-        header, state = memory.read_snapshot(path)
+        header, state = memory_file.read_snapshot(path)
     except (memckpt.SnapshotError, OSError) as exc:
         return None, f"rank {rank}: {exc}"
     if header.step != step:
@@ -95,12 +95,12 @@ def restore_memory(uri: str, model, optimizer, scheduler) -> tuple[dict | None, 
     """Resume from a memory checkpoint if every rank's snapshot verifies; else every rank takes the
     durable fallback (`AERIE_RESUME_FALLBACK`, S3) instead, or starts from scratch without one:
     (extra state or None for scratch, the URI restored). A torn or corrupt snapshot is never used."""
-    from trainer.checkpoint import memory
+    from trainer.checkpoint import memory_file
 
     state, why = read_memory(uri)
     if everyone(state is not None):
         assert state is not None
-        return memory.apply_snapshot(state, model, optimizer, scheduler), uri
+        return memory_file.apply_snapshot(state, model, optimizer, scheduler), uri
     fallback = env.RESUME_FALLBACK.get() or ""
     log.warning(
         "memory checkpoint %s not restored (%s): every rank resumes from %s instead",

@@ -14,61 +14,29 @@ JSON line back.
   server holds of `node`'s snapshot — or `local`, its own) -> `{"ok": true, "size"}` + the file's
   bytes, or `{"ok": false, "error"}`. The fetching side verifies before it uses them.
 
-Authentication (scoped to the attempt): each connection opens with the server's line
-`{"challenge"}` (16 random bytes, hex); the client's request carries `nonce` (its own 16 random
-bytes) and `proof` = HMAC-SHA256(key, "request" + challenge + the request's canonical JSON
-without `proof`); every answer the server sends after a valid request carries `proof` =
-HMAC-SHA256(key, "answer" + nonce + the answer's canonical JSON). The key is the attempt's
-replication secret (`AERIE_MEMORY_CHECKPOINT_KEY`, from the control plane, new each attempt). A
-request without the right proof is refused (`{"ok": false, "error": "refused: ..."}`) and logged
-with its peer's address, never with the key or the proof; a client refuses an answer without the
-right proof. A `put` request names the snapshot header's `crc32` and the receiver checks the
-header it receives against it, so the proof covers the stream's header.
-
-The payload is authenticated too, not only checksummed: a `put` request (and a `get`'s answer)
-carries `mac` = HMAC-SHA256(key, "aerie-memckpt/payload" + every byte of the snapshot file, header
-block included), computed by the sender in the same pass that verifies its CRC-32 and, being part
-of the proven line, bound to this connection. The receiver computes it over the bytes as they
-arrive and keeps the partial (never renames it into a replica or a restored copy) unless it
-matches: a man in the middle who rewrites the payload and fixes up its CRC-32 (CRC is linear:
-that is easy) is refused (`TamperedSnapshot`).
+Every request and every answer to it is proven with the attempt's replication key, and so is the
+payload (agent/memckpt/auth.py); the framing and the receiving of a file are agent/memckpt/wire.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import logging
 import os
 import secrets
 import socket
 import socketserver
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
 
 from aerie_contracts import memckpt
+from agent.memckpt.auth import ANSWER, REQUEST, payload_mac, prove, proven, verify_and_mac
 from agent.memckpt.store import SnapshotStore
+from agent.memckpt.wire import ReplicationError, Unauthenticated, read_line, receive_file, send_line
 
 log = logging.getLogger("aerie.agent.memckpt")
 
-MAX_LINE = 64 * 1024
 TIMEOUT_S = 30.0
-
-
-class ReplicationError(Exception):
-    """The peer refused the transfer, or the connection failed."""
-
-
-class Unauthenticated(ReplicationError):
-    """A request or an answer without the attempt's proof."""
-
-
-class TamperedSnapshot(Unauthenticated):
-    """The streamed bytes do not carry the sender's payload MAC (whatever their CRC-32 says)."""
-
 
 REFUSED = "refused: no valid proof of this attempt's replication key"
 
@@ -76,118 +44,11 @@ REFUSED = "refused: no valid proof of this attempt's replication key"
 parse_key, new_key = memckpt.parse_key, memckpt.new_key
 
 
-def _canonical(obj: dict[str, Any]) -> bytes:
-    return json.dumps({k: v for k, v in obj.items() if k != "proof"}, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _proof(key: bytes, label: bytes, nonce: str, obj: dict[str, Any]) -> str:
-    return hmac.new(key, label + b"\n" + nonce.encode() + b"\n" + _canonical(obj), hashlib.sha256).hexdigest()
-
-
-def _proven(key: bytes, label: bytes, nonce: str, obj: dict[str, Any]) -> bool:
-    proof = obj.get("proof")
-    return isinstance(proof, str) and hmac.compare_digest(proof, _proof(key, label, nonce, obj))
-
-
-_REQUEST, _ANSWER, _PAYLOAD = b"aerie-memckpt/request", b"aerie-memckpt/answer", b"aerie-memckpt/payload\n"
-
-
-def _payload_mac(key: bytes) -> hmac.HMAC:
-    return hmac.new(key, _PAYLOAD, hashlib.sha256)
-
-
-def verify_and_mac(path: Path, key: bytes) -> tuple[memckpt.Header, str]:
-    """One pass over a complete local snapshot: its header once its payload matches the CRC-32
-    (else raises, as `memckpt.verify`), and the payload MAC of the whole file under `key`."""
-    header = memckpt.read_header(path)
-    mac, crc = _payload_mac(key), 0
-    with open(path, "rb") as f:
-        mac.update(f.read(memckpt.HEADER_SIZE))
-        left = header.size
-        while left > 0:
-            chunk = f.read(min(memckpt.CHUNK, left))
-            if not chunk:
-                raise memckpt.TornSnapshot(f"{path}: {header.size - left} payload bytes of {header.size}")
-            crc = zlib.crc32(chunk, crc)
-            mac.update(chunk)
-            left -= len(chunk)
-    if crc != header.crc32:
-        raise memckpt.CorruptSnapshot(f"{path}: payload CRC-32 {crc:08x}, header says {header.crc32:08x}")
-    return header, mac.hexdigest()
-
-
 def peer_of(nodes: list[str], node: str) -> str | None:
     """Where `node` sends its snapshots: the next node in the attempt's ring (None alone)."""
     if node not in nodes:
         raise ValueError(f"node {node!r} is not one of the attempt's nodes {nodes}")
     return None if len(nodes) < 2 else nodes[(nodes.index(node) + 1) % len(nodes)]
-
-
-# --- framing ----------------------------------------------------------------------------------------
-
-
-def _send_line(sock: socket.socket, obj: dict[str, Any]) -> None:
-    sock.sendall(json.dumps(obj).encode() + b"\n")
-
-
-def _read_line(stream) -> dict[str, Any]:
-    line = stream.readline(MAX_LINE + 1)
-    if not line.endswith(b"\n"):
-        raise ReplicationError("connection closed or line too long")
-    value = json.loads(line)
-    if not isinstance(value, dict):
-        raise ReplicationError("a JSON object was expected")
-    return value
-
-
-def _read_exact(stream, n: int) -> bytes:
-    data = stream.read(n)
-    if len(data) != n:
-        raise ReplicationError(f"connection closed after {len(data)} of {n} bytes")
-    return data
-
-
-def _receive_file(stream, size: int, final: Path, *, crc32: int, key: bytes, mac: object) -> memckpt.Header:
-    """`size` bytes of a snapshot file into `final` (via a partial; header last), CRC checked,
-    the header's CRC-32 the `crc32` that the peer's proven line named and the bytes' payload MAC
-    under `key` the `mac` it named."""
-    if size < memckpt.HEADER_SIZE:
-        raise ReplicationError(f"a snapshot of {size} bytes has no header")
-    if not isinstance(mac, str):
-        raise TamperedSnapshot("the peer named no payload MAC")
-    block = _read_exact(stream, memckpt.HEADER_SIZE)
-    header = memckpt.Header.decode(block)
-    running = _payload_mac(key)
-    running.update(block)
-    if header.crc32 != crc32:
-        raise ReplicationError(f"the header's CRC-32 {header.crc32:08x} is not the proven {crc32:08x}")
-    if header.size != size - memckpt.HEADER_SIZE:
-        raise ReplicationError(f"header says {header.size} payload bytes, the sender {size - memckpt.HEADER_SIZE}")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(final.name + memckpt.PARTIAL)
-    try:
-        with open(partial, "wb") as f:
-            f.write(b"\0" * memckpt.HEADER_SIZE)
-            crc, left = 0, header.size
-            while left > 0:
-                chunk = stream.read(min(memckpt.CHUNK, left))
-                if not chunk:
-                    raise ReplicationError(f"connection closed with {left} payload bytes to go")
-                crc = zlib.crc32(chunk, crc)
-                running.update(chunk)
-                f.write(chunk)
-                left -= len(chunk)
-            if crc != header.crc32:
-                raise memckpt.CorruptSnapshot(f"received payload CRC-32 {crc:08x}, header says {header.crc32:08x}")
-            if not hmac.compare_digest(running.hexdigest(), mac):
-                raise TamperedSnapshot("the received bytes do not carry the sender's payload MAC")
-            f.flush()
-            memckpt.write_header(f.fileno(), header)
-        os.replace(partial, final)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    return header
 
 
 # --- server -----------------------------------------------------------------------------------------
@@ -202,8 +63,8 @@ class _Handler(socketserver.StreamRequestHandler):
         self._nonce = ""
         try:
             challenge = secrets.token_hex(16)
-            _send_line(self.connection, {"challenge": challenge})
-            request = _read_line(self.rfile)
+            send_line(self.connection, {"challenge": challenge})
+            request = read_line(self.rfile)
             self._key = self.server.key_for(challenge, request)
             if self._key is None:
                 log.warning(
@@ -215,7 +76,7 @@ class _Handler(socketserver.StreamRequestHandler):
                     *self.client_address[:2],
                 )
                 self.server.refused += 1
-                _send_line(self.connection, {"ok": False, "error": REFUSED})
+                send_line(self.connection, {"ok": False, "error": REFUSED})
                 return
             self._nonce = str(request.get("nonce", ""))
             op = request.get("op")
@@ -235,8 +96,8 @@ class _Handler(socketserver.StreamRequestHandler):
     def _answer(self, obj: dict[str, Any]) -> None:
         """An answer line, proven with the key the request proved (none to an unproven request)."""
         if self._key is not None:
-            obj = {**obj, "proof": _proof(self._key, _ANSWER, self._nonce, obj)}
-        _send_line(self.connection, obj)
+            obj = {**obj, "proof": prove(self._key, ANSWER, self._nonce, obj)}
+        send_line(self.connection, obj)
 
     def _key_of(self) -> bytes:
         assert self._key is not None  # only proven requests get this far
@@ -253,7 +114,7 @@ class _Handler(socketserver.StreamRequestHandler):
             raise ReplicationError(f"not a snapshot name: {request.get('name')!r}")
         rank, step = parsed
         final = store.dir(replica_of=node) / memckpt.file_name(step, rank)
-        header = _receive_file(
+        header = receive_file(
             self.rfile,
             int(request["size"]),
             final,
@@ -285,7 +146,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 self._answer({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
                 return
             f.seek(0)
-            mac = _payload_mac(self._key_of())
+            mac = payload_mac(self._key_of())
             for chunk in iter(lambda: f.read(memckpt.CHUNK), b""):
                 mac.update(chunk)
             f.seek(0)
@@ -318,7 +179,7 @@ class ReplicaServer(socketserver.ThreadingTCPServer):
     def key_for(self, challenge: str, request: dict[str, Any]) -> bytes | None:
         """The key `request` proved it holds for this connection's `challenge`, else None."""
         key = self.key
-        return key if _proven(key, _REQUEST, challenge, request) else None
+        return key if proven(key, REQUEST, challenge, request) else None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -341,21 +202,21 @@ class ReplicaServer(socketserver.ThreadingTCPServer):
 def _request(sock: socket.socket, stream, key: bytes, request: dict[str, Any]) -> str:
     """Answer the server's challenge: send `request` proven with `key`; returns the nonce its
     answers are proven with."""
-    greeting = _read_line(stream)
+    greeting = read_line(stream)
     challenge = greeting.get("challenge")
     if not isinstance(challenge, str):
         raise ReplicationError("the peer sent no challenge (not a replication endpoint of this version)")
     request = {**request, "nonce": secrets.token_hex(16)}
-    _send_line(sock, {**request, "proof": _proof(key, _REQUEST, challenge, request)})
+    send_line(sock, {**request, "proof": prove(key, REQUEST, challenge, request)})
     return str(request["nonce"])
 
 
 def _answer_of(stream, key: bytes, nonce: str, what: str) -> dict[str, Any]:
     """The server's answer line; a success must be proven with the attempt's key."""
-    reply = _read_line(stream)
+    reply = read_line(stream)
     if not reply.get("ok"):
         raise ReplicationError(f"{what} from the peer: {reply.get('error')}")
-    if not _proven(key, _ANSWER, nonce, reply):
+    if not proven(key, ANSWER, nonce, reply):
         raise Unauthenticated(f"the peer's answer to {what} is not proven with this attempt's key")
     return reply
 
@@ -404,7 +265,7 @@ def fetch_snapshot(
         request = {"op": "get", "job": job, "node": node, "rank": rank, "step": step, "tier": tier}
         nonce = _request(sock, stream, key, request)
         reply = _answer_of(stream, key, nonce, f"{tier} of rank {rank} step {step}")
-        header = _receive_file(
+        header = receive_file(
             stream, int(reply["size"]), dest, crc32=int(reply["crc32"]), key=key, mac=reply.get("mac")
         )
     if (header.job, header.rank, header.step) != (job, rank, step):

@@ -2,7 +2,7 @@
 when a memory checkpoint is good on this node (both copies complete for every local rank).
 
 The agent's tier (node.NodeMemoryTier) calls `tick` on a timer, in a thread of its own; `key` is
-the attempt's replication key (replicate.py).
+the attempt's replication key (agent/memckpt/auth.py).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def unregistered_env_names(root: Path, registered: set[str] | None = None) -> li
             except (tokenize.TokenError, SyntaxError):  # not valid Python after all: the grep stands
                 pass
         rel = path.relative_to(root)
-        found += [f"{rel}:{line}: {name} is not in aerie_contracts/env.py" for line, name in names if name not in known]
+        found += [f"{rel}:{line}: {name} is not in aerie_contracts.env" for line, name in names if name not in known]
         found += [
             f"{rel}:{line}: a name built from the AERIE_ prefix ({what!r}): take it from aerie_contracts.env"
             for line, what in built
@@ -143,7 +143,7 @@ def unregistered_env_names(root: Path, registered: set[str] | None = None) -> li
 
 def test_every_aerie_name_in_the_repository_is_registered():
     found = unregistered_env_names(REPO)
-    assert not found, "register them (with a meaning) in aerie_contracts/env.py:\n" + "\n".join(found)
+    assert not found, "register them (with a meaning) in aerie_contracts/env_names.py:\n" + "\n".join(found)
 
 
 def test_the_check_fails_on_a_new_unregistered_name_and_passes_without_it(tmp_path):
@@ -153,7 +153,7 @@ def test_the_check_fails_on_a_new_unregistered_name_and_passes_without_it(tmp_pa
     module.write_text(f'import os\n\nAPI = os.environ.get("{env.API}")\n')
     assert unregistered_env_names(tmp_path) == []
     module.write_text(module.read_text() + f'FOO = os.environ.get("{new}", "")\n')
-    assert unregistered_env_names(tmp_path) == [f"pkg/mod.py:4: {new} is not in aerie_contracts/env.py"]
+    assert unregistered_env_names(tmp_path) == [f"pkg/mod.py:4: {new} is not in aerie_contracts.env"]
     module.write_text(module.read_text().replace(f'"{new}"', f"'{new}'"))  # either quote
     assert len(unregistered_env_names(tmp_path)) == 1
     assert unregistered_env_names(tmp_path, set(env.BY_NAME) | {new}) == []  # registered: fine

@@ -22,7 +22,7 @@ import yaml
 from tests.helpers.tiny_trainer import trainer_env, write_tiny_config
 from trainer.config import TrainConfig, load_config
 from trainer.metrics import TENSORBOARD_SCALARS
-from trainer.train import build_optimizer, loss_of, lr_at, train_step
+from trainer.train_step import build_optimizer, loss_of, lr_at, train_step
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT_KEYS = {"t", "rank", "step", "loss", "grad_norm", "lr", "tokens", "step_s", "event"}

@@ -1,4 +1,4 @@
-"""Replication is scoped to the attempt (agent/memckpt/replicate.py): a request without a proof
+"""Replication is scoped to the attempt (agent/memckpt/auth.py, replicate.py): a request without a proof
 made with the attempt's key is refused and logged (the key never is), an answer without one is
 not believed, and an in-place switch retires the last attempt's key. Real servers on TCP."""
 
@@ -13,7 +13,7 @@ import zlib
 import pytest
 
 from aerie_contracts import memckpt
-from agent.memckpt import replicate, restore, ring
+from agent.memckpt import replicate, restore, ring, wire
 from agent.memckpt.store import SnapshotStore
 from tests.agent.memckpt.test_replicate import JOB, KEY, KEY_HEX, Server, payload, write
 
@@ -195,7 +195,7 @@ def test_a_replica_tampered_in_flight_with_its_crc_kept_is_refused(tmp_path):
         assert SnapshotStore(JOB, srv.root).newest(0, replica_of="a") is not None
         dest = tmp_path / "c" / memckpt.file_name(5, 0)
         listener, thread = _tampering_proxy(srv.address, memckpt.HEADER_SIZE + offset, answer=True)
-        with pytest.raises(replicate.TamperedSnapshot):
+        with pytest.raises(wire.TamperedSnapshot):
             replicate.fetch_snapshot(listener.getsockname(), dest, job=JOB, node="a", rank=0, step=5, key=KEY)
         thread.join(timeout=10)
         listener.close()

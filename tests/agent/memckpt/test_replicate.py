@@ -169,12 +169,13 @@ def test_torn_local_snapshot_is_never_replicated_or_restored(nodes):
 # A sender that streams half a snapshot, then waits to be killed (kill -9 mid-replication).
 HALF_SENDER = r"""
 import socket, sys, time, zlib
-from agent.memckpt import replicate
+from pathlib import Path
+from agent.memckpt import auth, replicate
 host, port, path, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4])
 data = open(path, "rb").read()
 crc = zlib.crc32(data[4096:])
 sock = socket.create_connection((host, port))
-mac = replicate.verify_and_mac(replicate.Path(path), key)[1]
+mac = auth.verify_and_mac(Path(path), key)[1]
 name = path.rsplit("/", 1)[1]
 line = {"op": "put", "job": "job-mem", "node": "a", "name": name, "size": len(data), "crc32": crc, "mac": mac}
 replicate._request(sock, sock.makefile("rb"), key, line)

@@ -12,7 +12,7 @@ import torch
 
 from aerie_contracts import memckpt
 from tests.helpers.state_worker import run_two_ranks
-from trainer.checkpoint import interval, memory
+from trainer.checkpoint import interval, memory, memory_file, memory_staging
 
 # Run by torchrun on 2 ranks: train, snapshot into the shared-memory area, train on, load the
 # snapshot into a model built from another seed, and compare everything with the state at snapshot.
@@ -21,7 +21,7 @@ import sys
 import torch
 torch.set_num_threads(1)
 from trainer import parallel
-from trainer.checkpoint import memory
+from trainer.checkpoint import memory, memory_file
 from tests.helpers.state_worker import (
     EXTRA, draws, finish, full, make, restored, same, seed_rank, train,
 )
@@ -45,7 +45,7 @@ header = written.header
 model2, opt2, sched2 = make(world, parallelism, 1)
 train(model2, opt2, sched2, 1)
 assert not same(full(model2, opt2)[0], expected[0])
-got_header, got_extra = memory.load_snapshot(snap.path(3), model2, opt2, sched2)
+got_header, got_extra = memory_file.load_snapshot(snap.path(3), model2, opt2, sched2)
 result = restored(model2, opt2, sched2, got_extra, expected, expected_sched, before)
 result["header"] = got_header == header and (header.job, header.attempt, header.step, header.rank) == (
     "job-a", 1, 3, world.rank
@@ -103,7 +103,7 @@ def test_plain_model_round_trip_in_process(shm_root):
     model2 = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8))
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0 / (s + 1))
-    header, extra = memory.load_snapshot(snap.path(3), model2, opt2, sched2)
+    header, extra = memory_file.load_snapshot(snap.path(3), model2, opt2, sched2)
     assert (header.step, extra) == (3, {"step": 3, "consumed_samples": 12})
     assert all(torch.equal(v, model2.state_dict()[k]) for k, v in expected[0].items())
     got = opt2.state_dict()
@@ -122,28 +122,28 @@ def _state() -> dict:
 def test_torn_snapshot_is_refused(tmp_path):
     """A writer that died before the header (the header block is still zeros), or mid-header."""
     path = tmp_path / memckpt.file_name(5, 0)
-    memory.write_snapshot(path, _state(), job="j", attempt=1, step=5, rank=0)
+    memory_file.write_snapshot(path, _state(), job="j", attempt=1, step=5, rank=0)
     data = bytearray(path.read_bytes())
     path.write_bytes(bytes(memckpt.HEADER_SIZE) + data[memckpt.HEADER_SIZE :])
     with pytest.raises(memckpt.TornSnapshot):
-        memory.read_snapshot(path)
+        memory_file.read_snapshot(path)
     path.write_bytes(data[:40] + bytes(memckpt.HEADER_SIZE - 40) + data[memckpt.HEADER_SIZE :])
     with pytest.raises(memckpt.TornSnapshot):
-        memory.read_snapshot(path)
+        memory_file.read_snapshot(path)
     path.write_bytes(data[: len(data) - 10])  # header written, payload cut short (a torn copy)
     with pytest.raises(memckpt.TornSnapshot):
-        memory.read_snapshot(path)
+        memory_file.read_snapshot(path)
 
 
 def test_flipped_byte_is_detected(tmp_path):
     path = tmp_path / memckpt.file_name(5, 0)
-    header = memory.write_snapshot(path, _state(), job="j", attempt=1, step=5, rank=0)
-    assert memory.read_snapshot(path)[0] == header
+    header = memory_file.write_snapshot(path, _state(), job="j", attempt=1, step=5, rank=0)
+    assert memory_file.read_snapshot(path)[0] == header
     data = bytearray(path.read_bytes())
     data[memckpt.HEADER_SIZE + header.size // 2] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(memckpt.CorruptSnapshot):
-        memory.read_snapshot(path)
+        memory_file.read_snapshot(path)
 
 
 def test_a_rank_keeps_its_newest_snapshots_and_the_one_its_agent_protects(tmp_path):
@@ -226,7 +226,7 @@ def test_a_background_write_is_the_same_snapshot_as_a_blocking_one(tmp_path):
         header = snap.snapshot(4, model, opt, None, {"step": 4})
         assert (header is None) == mode
         (written[mode],) = snap.close()
-    (_, background), (_, blocking) = (memory.read_snapshot(written[m].path) for m in (True, False))
+    (_, background), (_, blocking) = (memory_file.read_snapshot(written[m].path) for m in (True, False))
 
     def same(a, b) -> bool:
         if isinstance(a, torch.Tensor):
@@ -240,7 +240,7 @@ def test_a_background_write_is_the_same_snapshot_as_a_blocking_one(tmp_path):
     assert same(background, blocking)
     model_state = background["model"]
     assert model_state["0.weight"].data_ptr() == model_state["2.weight"].data_ptr()  # still tied
-    staging = memory.Staging()
+    staging = memory_staging.Staging()
     staged = staging.copy({"a": embed.weight, "b": head.weight, "groups": [{"lr": 0.1}]})
     assert staged["a"] is staged["b"] and staged["a"].data_ptr() != embed.weight.data_ptr()
     again = staging.copy({"a": embed.weight, "b": head.weight, "groups": [{"lr": 0.1}]})
@@ -268,7 +268,7 @@ def test_the_cached_state_is_the_full_walks_and_follows_a_changed_layout():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    cache = memory.StateCache()
+    cache = memory_staging.StateCache()
 
     def train() -> None:
         model(torch.randn(3, 4)).square().mean().backward()
