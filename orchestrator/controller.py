@@ -156,7 +156,7 @@ class Controller:
             failpoints.hit("controller.before_launch")
             # Outside the transaction: launching can take a while and must not hold locks.
             try:
-                handle = self._backend(job).launch(request)
+                handle = self._backend(job).start(request)
                 failpoints.hit("controller.after_launch")
             except Exception as exc:
                 log.exception("launch of %s failed", attempt_id)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aerie_contracts import FailureKind
+from aerie_contracts.backends import Capabilities, capabilities
 from aerie_contracts.states import ATTEMPT_TERMINAL, AttemptState
 from orchestrator.spec import JobSpec
 
@@ -83,11 +84,37 @@ class PollResult:
 
 
 class Backend(abc.ABC):
+    """The verbs a backend exposes (launch, restart_in_place, poll, stop, fence, chaos, logs) and
+    what it can do (`capabilities`, declared once in `aerie_contracts.backends`). Which verb follows
+    a failure is the recovery package's decision, never a backend's."""
+
     name: str
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """This backend's row of `aerie_contracts.backends.CAPABILITIES`: what the recovery package
+        decides with, far from any backend object (in a Lambda function)."""
+        return capabilities(self.name)
+
+    def start(self, request: LaunchRequest) -> dict[str, Any]:
+        """The controller's one call for a new attempt: in place on the failed attempt's nodes when
+        the request says so (`in_place_of`) and the backend still can, else a launch."""
+        if request.in_place_of is not None and self.capabilities.in_place:
+            handle = self.restart_in_place(request)
+            if handle is not None:
+                return handle
+        return self.launch(request)
 
     @abc.abstractmethod
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        """Start the attempt's nodes; idempotent for one attempt id. Returns the handle."""
+        """Start the attempt's nodes anew; idempotent for one attempt id. Returns the handle."""
+
+    def restart_in_place(self, request: LaunchRequest) -> dict[str, Any] | None:
+        """The attempt on the failed attempt's nodes (`request.in_place_of`), whose agents are still
+        up and restart their worker groups for it, hot spares taking `replace_nodes`' slots; one
+        rendezvous-port rule for all (`orchestrator.backends.in_place`). Idempotent for one attempt
+        id. Returns the handle, or None when the nodes are gone meanwhile (then `start` launches)."""
+        raise NotImplementedError(f"the {self.name} backend does not restart in place")
 
     @abc.abstractmethod
     def poll(self, handle: dict[str, Any]) -> PollResult:

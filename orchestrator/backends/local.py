@@ -76,8 +76,6 @@ class LocalBackend(Backend):
     # --- launch -----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        if request.in_place_of is not None:
-            return self._in_place(request)
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
         # The first free slots of the job's node pool: excluded (blamed) nodes are left out.
@@ -165,7 +163,7 @@ class LocalBackend(Backend):
         channel_cache, wait_s = self.channel_cache, self.in_place_wait_s
         local_spawn.spawn_node(request, root, host, hosts, channel_cache=channel_cache, in_place_wait_s=wait_s, **node)
 
-    def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
+    def restart_in_place(self, request: LaunchRequest) -> dict[str, Any]:
         """A warm attempt: nothing to spawn. The failed attempt's agents are still up; each learns
         of this attempt from the control plane (GET .../next) and restarts its worker group. The
         handle is the old one's, told to read only this attempt's outcomes."""
@@ -190,7 +188,7 @@ class LocalBackend(Backend):
 
     def adopt(self, request: LaunchRequest, handle: dict[str, Any]) -> None:
         """Remember what launched `handle`'s attempt, for `_replace_dead_spares`: `launch` and
-        `_in_place` call it as they return, the controller once for each running attempt a
+        `restart_in_place` call it as they return, the controller once for each running attempt a
         restarted control plane finds (the request rebuilt as its launch built it, with a new
         agent token: the spares it starts authenticate with that). Keyed as `poll` looks it up: an
         in-place handle names its attempt, a fresh launch's does not (its folder is the attempt's).

@@ -125,10 +125,6 @@ class SageMakerBackend(Backend):
     # --- launch -----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        if request.in_place_of is not None:
-            handle = self._in_place(request)
-            if handle is not None:
-                return handle
         # The in-memory checkpoint tier: its interval and this attempt's replication key go in the
         # Environment (the same on every instance); each node derives its area and the ring's
         # endpoints (agent.memckpt.platform).
@@ -156,7 +152,7 @@ class SageMakerBackend(Backend):
             handle["spares"] = spares
         return handle
 
-    def _in_place(self, request: LaunchRequest) -> dict[str, Any] | None:
+    def restart_in_place(self, request: LaunchRequest) -> dict[str, Any] | None:
         """A warm attempt in the failed attempt's training job: no CreateTrainingJob. Its agents
         learn of it from the control plane (GET .../next) and restart their worker groups on a
         rendezvous port of its own. None when that training job has ended meanwhile (an instance

@@ -116,8 +116,6 @@ class SlurmBackend(Backend):
     # --- launch -----------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> dict[str, Any]:
-        if request.in_place_of is not None:
-            return self._in_place(request)
         spec = request.spec
         root = self.jobs_dir / request.job_id / f"attempt-{request.attempt_number}"
         handle: dict[str, Any] = {
@@ -166,7 +164,7 @@ class SlurmBackend(Backend):
         write_json(root / "handle.json", handle)
         return handle
 
-    def _in_place(self, request: LaunchRequest) -> dict[str, Any]:
+    def restart_in_place(self, request: LaunchRequest) -> dict[str, Any]:
         """A warm attempt in the failed attempt's allocation: no `sbatch` but the replenished
         spares' (`_spare_allocation`), where spares took slots. Its agents learn of it
         from the control plane (GET .../next, which hands it only to the handle's hosts) and restart

@@ -29,6 +29,8 @@ class Recorder(Backend):
         self.calls.append(("launch", request.attempt_number, request.in_place_of))
         return {**HANDLE, "attempt_id": request.attempt_id}
 
+    restart_in_place = launch  # recorded alike: what was asked is in `in_place_of`
+
     def poll(self, handle):
         return self.outcome or PollResult("Running", (NodeStatus("algo-1", "Running"),))
 

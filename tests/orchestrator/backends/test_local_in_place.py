@@ -31,9 +31,9 @@ def test_an_in_place_attempt_reuses_the_agents_and_reads_only_its_own_outcome(tm
         previous = {"root": str(root), "hosts": ["algo-1"]}
         assert backend.poll(previous).state == "Failed"  # attempt 1, as before
 
-        handle = backend.launch(_request(previous))
+        handle = backend.start(_request(previous))
         assert handle["root"] == str(root) and handle["attempt_id"] == "warm-1-a2" and handle["in_place"]
-        assert backend.launch(_request(previous)) == handle  # idempotent: the same port
+        assert backend.start(_request(previous)) == handle  # idempotent: the same port
         assert not (root.parent / "attempt-2").exists()  # nothing launched anew
         assert backend.poll(handle).state == "Running"  # attempt 1's outcome is not attempt 2's
 
@@ -53,13 +53,13 @@ def test_an_in_place_attempt_gets_a_replication_key_of_its_own(tmp_path):
     root.mkdir(parents=True)
     backend = LocalBackend(tmp_path / "jobs")
     previous = {"root": str(root), "hosts": ["algo-1"], memckpt.HANDLE_KEY: memckpt.new_key()}
-    handle = backend.launch(_request(previous))
+    handle = backend.start(_request(previous))
     key = handle[memckpt.HANDLE_KEY]
     assert key != previous[memckpt.HANDLE_KEY] and len(memckpt.parse_key(key)) == memckpt.KEY_BYTES
-    assert backend.launch(_request(previous))[memckpt.HANDLE_KEY] == key
+    assert backend.start(_request(previous))[memckpt.HANDLE_KEY] == key
     # No memory tier, no key.
     (tmp_path / "other").mkdir()
-    assert memckpt.HANDLE_KEY not in backend.launch(_request({"root": str(tmp_path / "other"), "hosts": ["algo-1"]}))
+    assert memckpt.HANDLE_KEY not in backend.start(_request({"root": str(tmp_path / "other"), "hosts": ["algo-1"]}))
 
 
 def test_an_in_place_attempt_gives_a_spare_the_replaced_node_s_slot(tmp_path):
@@ -81,11 +81,11 @@ def test_an_in_place_attempt_gives_a_spare_the_replaced_node_s_slot(tmp_path):
     backend._spawn = lambda req, root, host, hosts, *, spare, peers, key=None, master_port, net=None: spawned.append(  # type: ignore[method-assign]
         (host, spare)
     )
-    handle = backend.launch(request)
+    handle = backend.start(request)
     assert handle["hosts"] == ["algo-1", "algo-3"] and handle["replaced_nodes"] == {"algo-2": "algo-3"}
     # The used spare is replaced from the pool (5 slots: 2 nodes, 2 spares, 1 to spare).
     assert handle["spares"] == ["algo-4", "algo-5"] and spawned == [("algo-5", True)]
-    assert backend.launch(request) == handle and len(spawned) == 1  # idempotent: spawned once
+    assert backend.start(request) == handle and len(spawned) == 1  # idempotent: spawned once
     assert handle["master_addr"] == "127.0.0.1"  # rank 0's node (no network namespaces: loopback)
 
 

@@ -85,7 +85,7 @@ def _kill(node: Path) -> None:
 
 
 def test_a_spare_that_dies_while_it_waits_is_replaced_on_the_next_free_slot(backend):
-    handle = backend.launch(_request(1))
+    handle = backend.start(_request(1))
     root = Path(handle["root"])
     assert handle["hosts"] == ["algo-1", "algo-2"] and handle["spares"] == ["algo-3"]
     first = backend.poll(handle)
@@ -105,13 +105,13 @@ def test_a_spare_that_dies_while_it_waits_is_replaced_on_the_next_free_slot(back
 
 
 def test_a_relaunch_keeps_the_spares_still_waiting_and_starts_only_its_own_nodes(backend):
-    first = backend.launch(_request(1))
+    first = backend.start(_request(1))
     backend.stop({**first, "spares": []})  # what the controller does to a failed local attempt
     kept = waiting_spares(backend, first)
     assert kept == {"algo-3": {"root": first["root"], "peer": first["memory_peers"]["algo-3"]}}
     backend.spawned.clear()
 
-    handle = backend.launch(_request(2, exclude_nodes=("algo-2",), reuse_spares=kept))
+    handle = backend.start(_request(2, exclude_nodes=("algo-2",), reuse_spares=kept))
     assert handle["hosts"] == ["algo-1", "algo-4"] and handle["spares"] == ["algo-3"]
     assert handle["node_roots"] == {"algo-3": first["root"]}
     assert handle["memory_peers"]["algo-3"] == first["memory_peers"]["algo-3"]  # where it serves
@@ -121,7 +121,7 @@ def test_a_relaunch_keeps_the_spares_still_waiting_and_starts_only_its_own_nodes
     # Dead by then: not kept; a new spare tree starts in the new attempt's folder instead.
     _kill(Path(first["root"]) / "algo-3")
     backend.spawned.clear()
-    third = backend.launch(_request(3, reuse_spares=waiting_spares(backend, handle)))
+    third = backend.start(_request(3, reuse_spares=waiting_spares(backend, handle)))
     assert third["hosts"] == ["algo-1", "algo-2"] and third["spares"] == ["algo-3"] and "node_roots" not in third
     assert (3, "algo-3", True) in backend.spawned
 
@@ -144,7 +144,7 @@ def test_a_restarted_control_plane_replaces_a_dead_spare_once_the_attempt_is_han
     spare until the controller hands it the attempt's rebuilt request (`adopt`); then it does, with
     that request's new token, on the rendezvous port the launch recorded in the handle."""
     first = _recording(tmp_path, monkeypatch, agents)
-    handle = first.launch(_request(1))
+    handle = first.start(_request(1))
     root = Path(handle["root"])
     assert handle["spares"] == ["algo-3"] and isinstance(handle["master_port"], int)
 
@@ -169,9 +169,9 @@ def test_a_restarted_control_plane_replaces_an_in_place_attempt_s_dead_spare(tmp
     """An in-place attempt's request is looked up by its own attempt id (its handle is the failed
     attempt's folder): the adopted one replaces its replenished spare on its own port."""
     first = _recording(tmp_path, monkeypatch, agents)
-    failed = first.launch(_request(1, slots=5))
+    failed = first.start(_request(1, slots=5))
     request = _request(2, slots=5, in_place_of=failed, replace_nodes={"algo-2": "algo-3"})
-    handle = first.launch(request)
+    handle = first.start(request)
     assert handle["hosts"] == ["algo-1", "algo-3"] and handle["spares"] == ["algo-4"]
     assert handle["master_port"] != failed["master_port"]
 

@@ -56,7 +56,7 @@ def _described(status: str) -> dict:
 def _first(client) -> dict:
     with Stubber(client) as stub:
         stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"})
-        handle = SageMakerBackend(client=client).launch(_request(1))
+        handle = SageMakerBackend(client=client).start(_request(1))
         stub.assert_no_pending_responses()
     return handle
 
@@ -75,9 +75,9 @@ def test_an_in_place_attempt_names_the_running_training_job_and_creates_none():
     backend = SageMakerBackend(client=client)
     with Stubber(client) as stub:  # a DescribeTrainingJob only: no CreateTrainingJob is expected
         stub.add_response("describe_training_job", _described("InProgress"), {"TrainingJobName": f"{JOB}-a1"})
-        second = backend.launch(_request(2, in_place_of=first))
+        second = backend.start(_request(2, in_place_of=first))
         stub.add_response("describe_training_job", _described("InProgress"), {"TrainingJobName": f"{JOB}-a1"})
-        third = backend.launch(_request(3, in_place_of=second))
+        third = backend.start(_request(3, in_place_of=second))
         stub.assert_no_pending_responses()
     assert second["training_job_name"] == third["training_job_name"] == f"{JOB}-a1"
     assert second["hosts"] == ["algo-1", "algo-2"]  # GET .../next hands the attempt to these hosts
@@ -96,7 +96,7 @@ def test_an_in_place_attempt_whose_training_job_ended_is_launched_anew():
     with Stubber(client) as stub:
         stub.add_response("describe_training_job", _described("Failed"), {"TrainingJobName": f"{JOB}-a1"})
         stub.add_response("create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/y"})
-        second = SageMakerBackend(client=client).launch(_request(2, in_place_of=first))
+        second = SageMakerBackend(client=client).start(_request(2, in_place_of=first))
         stub.assert_no_pending_responses()
     assert second["training_job_name"] == f"{JOB}-a2" and "in_place" not in second
 
@@ -155,10 +155,10 @@ def test_hot_spares_are_extra_instances_of_the_training_job_and_take_slots_in_pl
         stub.add_response(
             "create_training_job", {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x"}, body
         )
-        first = backend.launch(request)
+        first = backend.start(request)
         stub.add_response("describe_training_job", _described("InProgress"), {"TrainingJobName": f"{JOB}-a1"})
         swapped = dataclasses.replace(_request(2, in_place_of=first), spec=spec, replace_nodes={"algo-1": "algo-3"})
-        second = backend.launch(swapped)
+        second = backend.start(swapped)
         stub.assert_no_pending_responses()
     assert first["hosts"] == ["algo-1", "algo-2"] and first["spares"] == ["algo-3"]
     # The memory tier's key: the training job's for attempt 1, a new one for the in-place attempt.

@@ -36,7 +36,7 @@ def _allocation(tmp_path: Path, job_id: int = 4242) -> dict:
 def test_an_in_place_attempt_reuses_the_allocation_on_a_port_of_its_own(tmp_path):
     backend = SlurmBackend(tmp_path / "jobs")
     first = _allocation(tmp_path)
-    second = backend.launch(_request(2, in_place_of=first))
+    second = backend.start(_request(2, in_place_of=first))
     assert second["slurm_job_id"] == 4242 and second["root"] == first["root"]
     assert second["hosts"] == ["node1", "node2"]  # GET .../next hands the attempt to these hosts only
     assert second["attempt_id"] == "warm-abc-a2" and second["in_place"] is True
@@ -46,8 +46,8 @@ def test_an_in_place_attempt_reuses_the_allocation_on_a_port_of_its_own(tmp_path
     # Nothing was submitted: no attempt-2 directory, no script.
     assert not (tmp_path / "jobs" / "warm-abc" / "attempt-2").exists()
     # Idempotent (a re-adopted launch keeps its port); a further in-place attempt moves on.
-    assert backend.launch(_request(2, in_place_of=first)) == second
-    third = backend.launch(_request(3, in_place_of=second))
+    assert backend.start(_request(2, in_place_of=first)) == second
+    third = backend.start(_request(3, in_place_of=second))
     assert third["slurm_job_id"] == 4242 and third["master_port"] not in (derived, second["master_port"])
 
 

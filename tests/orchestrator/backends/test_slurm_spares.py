@@ -65,7 +65,7 @@ def test_the_handle_learns_hosts_and_spares_then_a_spare_takes_a_blamed_slot(tmp
     assert slurm_nodes.learned(first, root) is None  # learned once
 
     monkeypatch.setattr(slurm_cli, "run", FakeSlurm(scontrol=scontrol))
-    second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
+    second = SlurmBackend(tmp_path / "jobs").start(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     assert second["slurm_job_id"] == 77 and second["hosts"] == ["node3", "node2"]  # node1's rank slot
     assert second["spares"] == [] and second["replaced_nodes"] == {"node1": "node3"}  # replenished later
     assert second["master_addr"] == "10.1.0.3"  # node3 holds node rank 0 now: the rendezvous moves to it
@@ -130,7 +130,7 @@ def test_a_spare_taking_a_slot_submits_a_spare_allocation_of_as_many_nodes(tmp_p
     first, root = _in_place_from(tmp_path)
     (root / "node7" / "agent").mkdir(parents=True)  # a node that ran under this allocation before
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=("node9",))
-    second = SlurmBackend(tmp_path / "jobs").launch(request)
+    second = SlurmBackend(tmp_path / "jobs").start(request)
 
     assert [c[0] for c in slurm.of("sbatch")] == ["sbatch"]  # the spare allocation alone
     script = slurm.scripts[78]
@@ -163,7 +163,7 @@ def test_a_blamed_node_replaced_by_no_spare_submits_nothing(tmp_path, monkeypatc
     slurm = FakeSlurm()
     monkeypatch.setattr(slurm_cli, "run", slurm)
     first, _ = _in_place_from(tmp_path)
-    second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first))
+    second = SlurmBackend(tmp_path / "jobs").start(_request(2, in_place_of=first))
     assert slurm.of("sbatch") == [] and "spare_allocations" not in second
 
 
@@ -173,11 +173,11 @@ def test_the_spare_allocation_is_submitted_once_per_attempt(tmp_path, monkeypatc
     first, root = _in_place_from(tmp_path)
     backend = SlurmBackend(tmp_path / "jobs")
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"})
-    second = backend.launch(request)
-    assert backend.launch(request) == second  # re-adopted: the recorded handle
+    second = backend.start(request)
+    assert backend.start(request) == second  # re-adopted: the recorded handle
     # A controller that died between sbatch and recording the handle finds the job by its name.
     (root / "handle-2.json").unlink()
-    again = backend.launch(request)
+    again = backend.start(request)
     assert len(slurm.of("sbatch")) == 1 and again["spare_allocations"][0]["slurm_job_id"] == 78
 
 
@@ -189,7 +189,7 @@ def test_unplaceable_spares_do_not_fail_the_attempt(tmp_path, monkeypatch):
 
     monkeypatch.setattr(slurm_cli, "run", refuse)
     first, _ = _in_place_from(tmp_path)
-    second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
+    second = SlurmBackend(tmp_path / "jobs").start(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     assert second["hosts"] == ["node3", "node2"] and "spare_allocations" not in second
 
 
@@ -197,7 +197,7 @@ def test_poll_learns_the_spare_allocation_s_nodes_as_spares_and_memory_peers(tmp
     slurm = FakeSlurm()
     monkeypatch.setattr(slurm_cli, "run", slurm)
     first, root = _in_place_from(tmp_path, memory=True)
-    second = SlurmBackend(tmp_path / "jobs").launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
+    second = SlurmBackend(tmp_path / "jobs").start(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     allocation = second["spare_allocations"][0]
     assert allocation["memory_index"] == 3  # its ring ports follow the main allocation's 2 + 1 nodes
     launch = read_json(root / "spares-2" / "launch.json")
@@ -215,7 +215,7 @@ def test_poll_learns_the_spare_allocation_s_nodes_as_spares_and_memory_peers(tmp
     assert slurm_nodes.learned_spares(learned) is None  # learned once
 
     # The next in-place attempt hands node4 a slot as it would a main-allocation spare, and refills.
-    third = SlurmBackend(tmp_path / "jobs").launch(_request(3, in_place_of=learned, replace_nodes={"node2": "node4"}))
+    third = SlurmBackend(tmp_path / "jobs").start(_request(3, in_place_of=learned, replace_nodes={"node2": "node4"}))
     assert third["hosts"] == ["node3", "node4"] and third["spares"] == []
     assert [a["slurm_job_id"] for a in third["spare_allocations"]] == [78, 79]
     assert third["spare_allocations"][1]["memory_index"] == 4
@@ -228,7 +228,7 @@ def test_stop_and_fence_cancel_the_spare_allocations(tmp_path, monkeypatch, how)
     monkeypatch.setattr(slurm_cli, "run", slurm)
     first, _ = _in_place_from(tmp_path)
     backend = SlurmBackend(tmp_path / "jobs")
-    second = backend.launch(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
+    second = backend.start(_request(2, in_place_of=first, replace_nodes={"node1": "node3"}))
     if how == "stop":
         backend.stop(second)
         assert slurm.of("scancel") == [["scancel", "77"], ["scancel", "78"]]
@@ -275,7 +275,7 @@ def test_a_long_exclude_list_is_compressed_or_costs_the_spare_not_the_attempt(tm
     first, _ = _in_place_from(tmp_path)
     many = tuple(f"node{i}" for i in range(4, 100))  # 96 blamed nodes: over an #SBATCH value's 256
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=many)
-    second = SlurmBackend(tmp_path / "jobs").launch(request)
+    second = SlurmBackend(tmp_path / "jobs").start(request)
     assert "#SBATCH --exclude=node[1-99]\n" in slurm.scripts[78]  # Slurm's own compressed form
     assert len(second["spare_allocations"][0]["exclude"]) == 99  # the handle keeps every name
 
@@ -284,5 +284,5 @@ def test_a_long_exclude_list_is_compressed_or_costs_the_spare_not_the_attempt(tm
     monkeypatch.setattr(slurm_cli, "run", slurm)
     first, _ = _in_place_from(tmp_path / "again")
     request = _request(2, in_place_of=first, replace_nodes={"node1": "node3"}, exclude_nodes=many)
-    second = SlurmBackend(tmp_path / "again" / "jobs").launch(request)
+    second = SlurmBackend(tmp_path / "again" / "jobs").start(request)
     assert slurm.of("sbatch") == [] and "spare_allocations" not in second and second["hosts"] == ["node3", "node2"]
