@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,16 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as E
+from aerie_contracts.channels import FILE, FULLY_REPLICATED, S3_URI_SUFFIX, env_name
 from aerie_contracts.failures import FailureKind
 from agent.devices import visible_gpu_count
 from agent.identity import DEFAULT_GROUP, NodeIdentity, NodeLayout, resource_config
 
 # --- input channels (InputDataConfig), with SageMaker's names ---------------------------------
-FILE, FAST_FILE, PIPE = "File", "FastFile", "Pipe"  # TrainingInputMode
-FULLY_REPLICATED, SHARDED_BY_S3_KEY = "FullyReplicated", "ShardedByS3Key"  # S3DataDistributionType
-# Aerie's addition to SageMaker's SM_CHANNEL_<NAME>: the channel's S3 URI, for every S3 channel
-# (the agent downloads File-mode channels from it; FastFile readers stream from it).
-S3_URI_SUFFIX = "_S3_URI"
+# The channels' modes, distributions and SM_CHANNEL_* names: aerie_contracts.channels.
 # The per-host cache of File-mode downloads (keyed by object ETag; see agent/channel_cache.py).
 CHANNEL_CACHE_ENV = E.CHANNEL_CACHE
 DEFAULT_CHANNEL_CACHE = "/var/tmp/aerie/channel-cache"
@@ -186,11 +182,6 @@ def trainer_env(ident: NodeIdentity, env: Mapping[str, str] | None = None) -> di
     for name in channels:
         out[f"SM_CHANNEL_{env_name(name)}"] = str(root / "input" / "data" / name)
     return out
-
-
-def env_name(channel: str) -> str:
-    """`SM_CHANNEL_<this>`: the channel name upper-cased, anything but letters and digits as _."""
-    return re.sub(r"[^A-Za-z0-9]", "_", channel).upper()
 
 
 def _write_json(path: Path, data: object) -> None:

@@ -142,11 +142,11 @@ ALLOWED = {
         "trainer.faults",
     ),
     # The checkpoint fence commits through the API (trainer.checkpoint.fence -> aerie_client).
-    "trainer": ("aerie_client", "aerie_contracts", "aerie_s3", "agent.contract"),
+    "trainer": ("aerie_client", "aerie_contracts", "aerie_s3"),
     "infra": ("aerie_contracts", "lambdas", "recovery", "infra"),
     # The scaffolding (harness, dev stack, throttling proxy, goodput simulator) drives the product
-    # from outside; the harness reads a local node's fence file (orchestrator.backends.local_fence).
-    "devtools": ("aerie_contracts", "orchestrator.backends.local_fence"),
+    # from outside only: its CLI and API, as a user would (a node loss is `aerie chaos`).
+    "devtools": ("aerie_contracts",),
     # Benches measure the product and drive it through the harness; never through the test tree.
     "bench": tuple(p for p in PROJECT_PACKAGES if p != "tests"),
 }

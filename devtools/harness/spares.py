@@ -6,19 +6,16 @@ in place. Measures the time from the node's death to the first training step aft
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from aerie_contracts import env as aerie_env
 from aerie_contracts.checkpoints import CheckpointTier, memory_uri
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES
 from aerie_contracts.states import JOB_TERMINAL
 from devtools.harness.control_plane import ControlPlane
 from devtools.harness.jobs import FAST_HEALTH, attempt_step_records, s3_spec
 from devtools.harness.wait import wait_for
-from orchestrator.backends.local_fence import kill_node
 
 STEPS, S3_EVERY, MEM_EVERY = 40, 10, 10
 
@@ -35,9 +32,11 @@ def run_spare(cp: ControlPlane, work: Path, name: str = "spare") -> dict[str, An
         return any(r["uri"] == want and r["state"] == "good" and r["tier"] == CheckpointTier.MEMORY for r in rows)
 
     wait_for(good, 180, "the first memory checkpoint")
+    # algo-2 lost as a user would lose it (`aerie chaos --fault node-loss`: the local backend
+    # SIGKILLs the node's whole tree and removes its shared-memory area as the last thing the
+    # call does, so the loss is timed from its answer, not from the CLI's start).
+    cp.cli("chaos", job_id, "--node", "1", "--fault", "node-loss", check=True)
     died_at = time.time()
-    kill_node(root / "algo-2")
-    shutil.rmtree(Path(cp.env[aerie_env.MEMORY_CHECKPOINT_DIR]) / "algo-2", ignore_errors=True)
     # Attempt 2's stream only once rank 0's agent set attempt 1's aside (until then "metrics" is 1's).
     switched = root / "algo-1" / "output" / "metrics.attempt-1"
     first = wait_for(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from aerie_contracts import env as aerie_env
-from agent.contract import FAST_FILE, S3_URI_SUFFIX, env_name
+from aerie_contracts.channels import FAST_FILE, S3_URI_SUFFIX, env_name
 
 
 def _input_config(env: Mapping[str, str]) -> dict:
