@@ -7,7 +7,7 @@ directions of the one field table sit side by side, so a field added to one dire
 missing from the other.
 
 What the SageMaker-compatible endpoint makes of a request on an Aerie backend is
-`orchestrator/sagemaker_admission.py`; what it answers about a job is
+`orchestrator/sagemaker_api/admission.py`; what it answers about a job is
 `orchestrator/sagemaker_answers.py`.
 """
 

@@ -13,6 +13,7 @@ from aerie_contracts import failures
 from aerie_contracts.events import DetailType
 from aerie_contracts.failures import FailureKind
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
+from orchestrator import web
 from orchestrator.api import create_app
 from orchestrator.backends.base import Backend
 from orchestrator.backends.local import LocalBackend
@@ -147,6 +148,7 @@ def build_app(settings: Settings, with_controller: bool = True, chaining: bool =
         lock = leader_lock_for(db.engine, settings.home_dir / "leader.lock")
         controller = Controller(db, settings, backends, chaining=chaining, dispatcher=dispatcher, leader_lock=lock)
     app = create_app(db, backends, controller, sagemaker=endpoint_settings(settings))
+    web.mount(app)  # the dashboard: /ui (pages for browsers, not in the OpenAPI document), above the API
     if settings.metrics_token is not None and settings.metrics_token.get_secret_value():
         app.state.metrics_token = settings.metrics_token.get_secret_value()
     return app

@@ -308,7 +308,7 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _node_slots(self) -> JobSpec:
         if self.backend == "local":  # the local backend's node pool (other backends have their own)
-            from orchestrator.backends.placement import node_slots
+            from orchestrator.placement import node_slots
 
             node_slots(self.backend_options, self.resources.instance_count, self.resources.spare_nodes)
         return self

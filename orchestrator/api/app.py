@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 
-from orchestrator import __version__, web
+from orchestrator import __version__
 from orchestrator.api.deps import TokenCache
 from orchestrator.api.fastpath import HeartbeatFastPath
 from orchestrator.api.limits import BodySizeLimit, TokenBuckets
@@ -87,7 +87,6 @@ def create_app(
     app.include_router(tokens.router)
     app.include_router(ratings_routes.router)
     app.include_router(slack_routes.router)
-    web.mount(app)  # the dashboard: /ui (pages for browsers, not in the OpenAPI document)
 
     @app.exception_handler(OverflowError)
     @app.exception_handler(DataError)

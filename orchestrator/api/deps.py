@@ -8,31 +8,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from orchestrator.principal import WRITERS, Principal
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt, Job
 
 bearer = HTTPBearer(auto_error=False, description="An Aerie API token (admin, service or per-attempt agent token)")
-
-
-# Token kinds: people have a role (admin > member > viewer); handlers use service tokens;
-# each attempt's agents get an agent token that is valid for that attempt only.
-USER_ROLES = ("admin", "member", "viewer")
-WRITERS = {"admin", "member", "service"}
-
-
-@dataclass(frozen=True)
-class Principal:
-    kind: str  # admin | member | viewer | service | agent
-    tenant: str
-    attempt_id: str | None = None
-    token_id: int = 0
 
 
 def get_session(request: Request) -> Iterator[Session]:

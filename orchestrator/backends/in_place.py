@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from aerie_contracts import memckpt
-from orchestrator.backends import placement
+from orchestrator import placement
 from orchestrator.backends.base import LaunchRequest
 
 # The full range of unprivileged ports.

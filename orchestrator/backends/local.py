@@ -29,7 +29,8 @@ from aerie_contracts import memckpt
 from aerie_contracts import memckpt_lease as memory_lease
 from aerie_contracts.states import AttemptState
 from agent.contract import read_json, write_json
-from orchestrator.backends import in_place, local_fence, local_spares, local_spawn, netns, placement
+from orchestrator import placement
+from orchestrator.backends import in_place, local_fence, local_spares, local_spawn, netns
 from orchestrator.backends.base import (
     Backend,
     LaunchRequest,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends import placement
+from orchestrator import placement
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.local_procs import alive, read_pid
 from orchestrator.backends.local_spawn import free_port

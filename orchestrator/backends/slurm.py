@@ -63,9 +63,9 @@ from orchestrator.backends.nodeenv import (
     inherited_env,
     memory_attempt_env,
 )
-from orchestrator.backends.placement import PlacementError
 from orchestrator.backends.slurm_cli import SlurmError
 from orchestrator.backends.slurm_script import SlurmOptions, launch_document, render_script, spare_nodes
+from orchestrator.placement import PlacementError
 from recovery.modes import memory_tier_off
 
 log = logging.getLogger(__name__)

@@ -5,5 +5,5 @@ SDKs read job logs with, spoken over AWS's JSON 1.1 protocol with SigV4, on top 
 `training` (CreateTrainingJob & co.), `logs` (DescribeLogStreams, GetLogEvents), `errors`.
 What the protocol carries is decided beside it, once: the spec <-> request field table in
 `orchestrator/sagemaker_mapping.py`, what a request becomes on a backend in
-`orchestrator/sagemaker_admission.py`, the Describe/List answers in `orchestrator/sagemaker_answers.py`.
+`orchestrator/sagemaker_api/admission.py`, the Describe/List answers in `orchestrator/sagemaker_answers.py`.
 """

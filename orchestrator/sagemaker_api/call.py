@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.api.deps import Principal
+from orchestrator.principal import Principal
 
 
 @dataclass(frozen=True)

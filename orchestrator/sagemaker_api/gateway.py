@@ -22,7 +22,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orchestrator.api.deps import WRITERS, Principal
+from orchestrator.principal import WRITERS, Principal
 from orchestrator.sagemaker_api import logs, sigv4, training
 from orchestrator.sagemaker_api.call import Call, EndpointSettings
 from orchestrator.sagemaker_api.errors import (

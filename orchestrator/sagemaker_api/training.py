@@ -3,7 +3,7 @@
 CreateTrainingJob makes an ordinary Aerie job (the controller, the agents, chaining and the
 dashboard treat it like any other) plus a record of the request as sent; the other operations
 read and change that pair, always within the caller's tenant and region. What a request means
-on a backend comes from `orchestrator/sagemaker_admission.py`, every answer's shape from
+on a backend comes from `orchestrator/sagemaker_api/admission.py`, every answer's shape from
 `orchestrator/sagemaker_answers.py`.
 """
 
@@ -19,9 +19,8 @@ from pydantic import ValidationError
 
 from aerie_contracts import sagemaker_api as contract
 from aerie_contracts.states import JOB_TERMINAL
-from orchestrator import sagemaker_admission as admission
 from orchestrator import sagemaker_answers as answers
-from orchestrator.sagemaker_api import shapes
+from orchestrator.sagemaker_api import admission, shapes
 from orchestrator.sagemaker_api.call import Call, registry
 from orchestrator.sagemaker_api.errors import (
     RESOURCE_IN_USE,

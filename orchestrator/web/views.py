@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from aerie_contracts import DetailType, preflight
 from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.states import JOB_TERMINAL
-from orchestrator.read_model import attempts_out
+from orchestrator.api.read_model import attempts_out
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt, Event, Job
 from orchestrator.web.downsample import minmax

@@ -10,9 +10,9 @@ import pytest
 
 from devtools.harness.control_plane import REPO
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.backends.placement import PlacementError
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.slurm_cli import slurm_job_state
+from orchestrator.placement import PlacementError
 from orchestrator.spec import JobSpec
 from tests.helpers.launch_requests import attempt_request
 

@@ -1,5 +1,5 @@
 """What DescribeTrainingJob and ListTrainingJobs say about an Aerie job (orchestrator.sagemaker_answers,
-and orchestrator.sagemaker_admission's limits of a backend).
+and orchestrator.sagemaker_api.admission's limits of a backend).
 
 Pure functions over a job and its attempts, so every state of a chain is written down here as
 data: submitted, launching, training, restarting after a verdict, uploading, completed, failed,
@@ -16,8 +16,8 @@ import pytest
 
 from aerie_contracts.sagemaker_api import SecondaryStatus, TrainingJobStatus
 from lambdas.sagemaker_events import failure_reason
-from orchestrator import sagemaker_admission as admission
 from orchestrator import sagemaker_answers as m
+from orchestrator.sagemaker_api import admission
 from orchestrator.store.models import Attempt, Node
 
 SECONDARY = set(botocore.session.get_session().get_service_model("sagemaker").shape_for("SecondaryStatus").enum)

@@ -14,11 +14,12 @@ from types import SimpleNamespace
 import pytest
 
 from aerie_contracts.failures import STOP_LIMITS, FailureKind, stop_limit
-from orchestrator import sagemaker_admission, sagemaker_answers
+from orchestrator import sagemaker_answers
 from orchestrator import sagemaker_mapping as mapping
 from orchestrator.backends.base import Backend, NodeStatus, PollResult
 from orchestrator.backends.sagemaker_state import poll_result
 from orchestrator.controller import Controller
+from orchestrator.sagemaker_api import admission as sagemaker_admission
 from orchestrator.settings import Settings
 from orchestrator.spec import JobSpec
 from orchestrator.stopping import exceeded, training_seconds

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from aerie_contracts.states import JOB_TERMINAL, AttemptState, JobState
 from orchestrator.api.deps import SessionDep, UserDep, WriterDep, job_of
+from orchestrator.api.read_model import attempt_out, attempts_out, job_out
 from orchestrator.api.routes.checkpoints import checkpoint_out
 from orchestrator.api.schemas import (
     AUTH_ERRORS,
@@ -27,7 +28,6 @@ from orchestrator.api.schemas import (
     RestartIn,
     VerdictOut,
 )
-from orchestrator.read_model import attempt_out, attempts_out, job_out
 from orchestrator.spec import JobSpec
 from orchestrator.store import repo
 from orchestrator.store.models import Job, columns

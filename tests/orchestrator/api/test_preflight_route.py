@@ -96,7 +96,7 @@ def test_the_reporter_asks_for_the_decision_and_an_older_control_plane_cannot_ho
 def test_a_hot_spare_s_own_result_is_shown_with_the_attempt_but_is_no_node_of_it(api):
     """A spare checks itself alone while it waits: its result is kept for the API (the attempt's
     `spare_preflight`) and emitted, but it makes no node row, no verdict and no part of the decision."""
-    from orchestrator.read_model import attempt_out
+    from orchestrator.api.read_model import attempt_out
 
     client, app, _admin = api
     a1, token = _running_attempt(app)

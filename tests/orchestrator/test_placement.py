@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.backends.placement import PlacementError, node_slots, place
+from orchestrator.placement import PlacementError, node_slots, place
 from orchestrator.spec import JobSpec
 
 
@@ -63,7 +63,7 @@ def test_an_attempt_left_without_enough_slots_fails_as_placement_failed_and_spaw
 
 
 def test_hot_spares_take_the_next_free_slots_and_swap_into_a_failed_node_s_slot():
-    from orchestrator.backends.placement import spares, swap
+    from orchestrator.placement import spares, swap
 
     assert node_slots({}, 2, 1) == 4  # the job, its spare, and one slot to spare
     assert spares(1, 4, ["algo-1", "algo-2"]) == ["algo-3"]
