@@ -26,7 +26,9 @@ from tests.helpers.byo_job import ByoScript, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 
-DDP = ByoScript("byo-ddp", "ddp_train.py", steps=50, save_steps=10, step_sleep=0.25)
+# ~20 s of training left after the first commit: the stop must land mid-training on a loaded host
+# (`aerie chaos` takes a few seconds to reach the rank; see test_byo_hf_trainer.py).
+DDP = ByoScript("byo-ddp", "ddp_train.py", steps=60, save_steps=10, step_sleep=0.4)
 METRIC_DEFINITIONS = [
     {"Name": "step", "Regex": r"^step (\d+)/\d+ \|"},
     {"Name": "train:loss", "Regex": r"\| loss ([0-9.eE+-]+|nan|inf) \|"},

@@ -22,7 +22,10 @@ from tests.helpers.byo_job import ByoScript, hang_restart_resume
 pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")
 
-HF = ByoScript("byo-hf", "hf_train.py", steps=30, save_steps=10, step_sleep=0.3)
+# Long enough that the stop lands mid-training on a loaded host: after the first commit, ~50 steps
+# (~20 s) are left, while `aerie chaos` reaches the rank in a few seconds (CI, both cores busy: 8 s,
+# when 30 steps left only 6 s and the SIGSTOP hit a rank that had finished and was exiting).
+HF = ByoScript("byo-hf", "hf_train.py", steps=60, save_steps=10, step_sleep=0.4)
 
 
 def test_unmodified_hf_trainer_hang_restart_resume(s3_plane, tmp_path):
