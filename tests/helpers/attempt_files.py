@@ -54,6 +54,15 @@ def s3_reads_since(log: Path, mark: int) -> list[str]:
     return [line for line in s3_requests_since(log, mark) if (m := _LINE.match(line)) and m.group(1) in ("GET", "HEAD")]
 
 
+def s3_checkpoint_reads_since(log: Path, mark: int) -> list[str]:
+    """The reads of checkpoint objects after `mark` (`s3_reads_since` without bucket listings and
+    `manifest.json` GETs): what a rank restoring from S3 must ask for. The listings and manifests
+    are the control plane's own check of the durable fallback (`recovery.resume`), which it makes
+    before it creates the next attempt and, on a loaded host, may make again after: a redelivered
+    failure event is decided again (and refused with 409), reading S3 once more."""
+    return [r for r in s3_reads_since(log, mark) if "list-type=2" not in r and "/manifest.json " not in r]
+
+
 def attempt_of(cp: ControlPlane, job: str, n: int) -> dict | None:
     """Attempt number `n` of `job` as the API shows it, or None before it exists."""
     attempts = cp.job(job)["attempt_list"]
