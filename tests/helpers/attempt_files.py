@@ -5,6 +5,7 @@ processes still running."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -54,13 +55,20 @@ def s3_reads_since(log: Path, mark: int) -> list[str]:
     return [line for line in s3_requests_since(log, mark) if (m := _LINE.match(line)) and m.group(1) in ("GET", "HEAD")]
 
 
-def s3_checkpoint_reads_since(log: Path, mark: int) -> list[str]:
-    """The reads of checkpoint objects after `mark` (`s3_reads_since` without bucket listings and
-    `manifest.json` GETs): what a rank restoring from S3 must ask for. The listings and manifests
-    are the control plane's own check of the durable fallback (`recovery.resume`), which it makes
-    before it creates the next attempt and, on a loaded host, may make again after: a redelivered
-    failure event is decided again (and refused with 409), reading S3 once more."""
-    return [r for r in s3_reads_since(log, mark) if "list-type=2" not in r and "/manifest.json " not in r]
+def s3_restore_reads_since(log: Path, mark: int, attempt: int) -> list[str]:
+    """The reads after `mark` that a restore of attempt `attempt` from S3 would make: of the
+    checkpoint objects earlier attempts wrote (`.../attempt_<N>/...`, N < attempt), leaving out
+    their `manifest.json`. Left out too, as no request of a restore: the control plane's own check
+    of the durable fallback (a listing and the manifest; made before it creates the attempt and, on
+    a loaded host, again after it: a redelivered failure event is decided again, refused with 409),
+    and the new attempt's own saves (a DCP write HEADs its `.metadata` first), which may already
+    run by the time the restore is checked."""
+    out = []
+    for r in s3_reads_since(log, mark):
+        written_by = re.search(r"/attempt_(\d+)/", r)
+        if written_by and int(written_by.group(1)) < attempt and "/manifest.json " not in r:
+            out.append(r)
+    return out
 
 
 def attempt_of(cp: ControlPlane, job: str, n: int) -> dict | None:
