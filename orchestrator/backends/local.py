@@ -116,7 +116,7 @@ class LocalBackend(Backend):
             recorded = read_json(root / "handle.json")
             if isinstance(recorded, dict) and recorded.get("hosts") == hosts:
                 handle = recorded
-            self.adopt(request, handle)  # this process's request: its spares can be replaced
+            local_spares.remember(self._launched, request, handle)  # its spares can be replaced
             return handle
         with os.fdopen(fd, "w") as marker:
             marker.write(json.dumps({"t": time.time(), "attempt_id": request.attempt_id}))
@@ -155,7 +155,7 @@ class LocalBackend(Backend):
                 net=net,
             )
         write_json(root / "handle.json", handle)
-        self.adopt(request, handle)
+        local_spares.remember(self._launched, request, handle)
         return handle
 
     def _spawn(self, request: LaunchRequest, root: Path, host: str, hosts: list[str], **node: Any) -> None:
@@ -184,23 +184,16 @@ class LocalBackend(Backend):
         # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
         root = Path(handle["root"])
         self._spawn_spares(request, root, handle, fresh, int(handle["master_port"]))
-        self.adopt(request, handle)
+        local_spares.remember(self._launched, request, handle)
         return handle
 
     def adopt(self, request: LaunchRequest, handle: dict[str, Any]) -> None:
-        """Remember what launched `handle`'s attempt, for `_replace_dead_spares`: `launch` and
-        `restart_in_place` call it as they return, the controller once for each running attempt a
-        restarted control plane finds (the request rebuilt as its launch built it, with a new
-        agent token: the spares it starts authenticate with that). Keyed as `poll` looks it up: an
-        in-place handle names its attempt, a fresh launch's does not (its folder is the attempt's).
-        Spawns nothing, so adopting twice is harmless."""
-        port = handle.get("master_port")
-        if port is None:
-            # A handle launched before fresh launches kept their port: any free one. A spare's tree
-            # uses it for nothing (its pre-flight takes a port of its own); the in-place attempt
-            # that hands it a rank slot names that attempt's port (GET .../next).
-            port = free_port()
-        self._launched[(str(Path(handle["root"])), handle.get("attempt_id"))] = (request, int(port))
+        """Remember what launched `handle`'s attempt, for `_replace_dead_spares`
+        (`local_spares.remember`): `launch` and `restart_in_place` do as they return, the
+        controller calls this once for each running attempt a restarted control plane finds (the
+        request rebuilt as its launch built it, with a new agent token: the spares it starts
+        authenticate with that). Spawns nothing, so adopting twice is harmless."""
+        local_spares.remember(self._launched, request, handle)
 
     def _spawn_spares(
         self, request: LaunchRequest, root: Path, handle: dict[str, Any], hosts: list[str], master_port: int

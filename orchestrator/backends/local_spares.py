@@ -45,3 +45,20 @@ def replenish(request: LaunchRequest, handle: dict[str, Any], count: int | None 
         if handle.get("memory_peers"):
             handle["memory_peers"] = {**handle["memory_peers"], **{h: f"127.0.0.1:{free_port()}" for h in fresh}}
     return fresh
+
+
+Launched = dict[tuple[str, str | None], tuple[LaunchRequest, int]]
+
+
+def remember(launched: Launched, request: LaunchRequest, handle: dict[str, Any]) -> None:
+    """Keep what launched `handle`'s attempt (its request, and the rendezvous port a spare started
+    later uses) where `LocalBackend._replace_dead_spares` finds it: keyed as `poll` looks it up (an
+    in-place handle names its attempt, a fresh launch's does not: its folder is the attempt's).
+    Spawns nothing, so remembering twice is harmless."""
+    port = handle.get("master_port")
+    if port is None:
+        # A handle launched before fresh launches kept their port: any free one. A spare's tree
+        # uses it for nothing (its pre-flight takes a port of its own); the in-place attempt
+        # that hands it a rank slot names that attempt's port (GET .../next).
+        port = free_port()
+    launched[(str(Path(handle["root"])), handle.get("attempt_id"))] = (request, int(port))
