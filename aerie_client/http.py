@@ -59,7 +59,8 @@ class Client:
     ) -> Any:
         """The decoded JSON answer (None when empty); raises `ApiError` once `tries` are spent."""
         headers = {"Authorization": f"Bearer {token or self.token}"}
-        for i in range(max(1, tries)):
+        tries = max(1, tries)
+        for i in range(tries):
             try:
                 return self._once(method, path, json, params, headers)
             except ApiError as exc:
