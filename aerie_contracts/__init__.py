@@ -12,7 +12,8 @@ The names and values on those boundaries are defined here, once, and imported ev
 - `health`: the `health` settings of a job spec, one class for the spec and the agent;
 - `preflight`: the pre-flight checks' names, result shape, decision and injectable faults;
 - `goodput`: the goodput ledger's categories and JSON shape;
-- `env`: the `AERIE_*` environment: each name, its meaning, who sets it and who reads it.
+- `env`: the `AERIE_*` environment: each name, its meaning, who sets it and who reads it;
+- `container`: the SageMaker training-container contract, a node's `/opt/ml` layout and its config files.
 
 Standard library only (it ships in the Lambda bundle and is imported by the torch-free agent).
 """

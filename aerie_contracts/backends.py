@@ -20,6 +20,10 @@ class Capabilities:
     in_place: bool = False
     # Hot spares (`resources.spare_nodes`) wait beside the attempt and take a failed node's slot.
     hot_spares: bool = False
+    # More hot spares can be started beside a running attempt (`Backend.add_spares`: the local
+    # backend on its pool's free slots; Slurm not yet, though a spare allocation could); implies
+    # `hot_spares`. SageMaker's training job has a fixed instance count: its spares come at launch only.
+    add_spares: bool = False
     # The in-memory checkpoint tier: its replication ring needs each node's endpoint (the local
     # backend picks them at launch, Slurm's nodes derive them from the job id, SageMaker's from
     # resourceconfig.json's hosts and the training job's name).
@@ -32,7 +36,9 @@ class Capabilities:
 
 
 CAPABILITIES: dict[str, Capabilities] = {
-    "local": Capabilities(in_place=True, hot_spares=True, memory_tier=True, memory_outlives_relaunch=True, chaos=True),
+    "local": Capabilities(
+        in_place=True, hot_spares=True, add_spares=True, memory_tier=True, memory_outlives_relaunch=True, chaos=True
+    ),
     "slurm": Capabilities(in_place=True, hot_spares=True, memory_tier=True),
     "sagemaker": Capabilities(in_place=True, hot_spares=True, memory_tier=True),
 }

@@ -11,6 +11,8 @@
   JSON under `"tensorboard"`): the node agent tails the trainer's event files (agent/tb_progress.py)
   and turns the scalars of `TB_TAGS` (plus the spec's own tags) into records with `"source":
   "tensorboard"`, the event's step as the step.
+- The in-process probe (agent/inproc, injected into every Python rank): optimizer steps, the loss,
+  collectives and save/eval sections, records with `"source": "probe"` (aerie_contracts.probe).
 
 Standard library only.
 """
@@ -35,6 +37,7 @@ SOURCE_KEY = "source"
 SOURCE_LOG = "log"
 SOURCE_REPORT = "report"  # aerie_report.report()
 SOURCE_TENSORBOARD = "tensorboard"  # the trainer's TensorBoard event files (agent.tb_progress)
+SOURCE_PROBE = "probe"  # the in-process probe inside every rank (agent/inproc, aerie_contracts.probe)
 
 MAX_DEFINITIONS = 40  # SageMaker's limit on MetricDefinitions
 MAX_REGEX_LEN = 500  # SageMaker's limit on one Regex
@@ -186,8 +189,12 @@ MARKER_HF = "hf-trainer"  # checkpoint-N/trainer_state.json (written last by tra
 MARKER_DCP = "dcp"  # step-N/.metadata (torch.distributed.checkpoint's last write; torchtitan's layout)
 MARKER_TORCHTITAN = "torchtitan"  # the same as dcp
 MARKER_MEGATRON = "megatron"  # latest_checkpointed_iteration.txt naming iter_000000N/
-MARKERS = (MARKER_HF, MARKER_DCP, MARKER_TORCHTITAN, MARKER_MEGATRON)
+# Lightning's ModelCheckpoint: flat files, "epoch=E-step=S.ckpt" and "last.ckpt", in one directory
+# anywhere under local_path; each complete file is a checkpoint, restored as "last.ckpt".
+MARKER_LIGHTNING = "lightning"
+MARKERS = (MARKER_HF, MARKER_DCP, MARKER_TORCHTITAN, MARKER_MEGATRON, MARKER_LIGHTNING)
 DEFAULT_LOCAL_PATH = "/opt/ml/checkpoints"  # SageMaker's CheckpointConfig.LocalPath default
 SETTLE_S = 2.0  # a checkpoint's files must keep the same sizes and mtimes this long before upload
 MANIFEST_LOCAL_DIR = "local_dir"  # manifest extra: the directory's name under local_path (restore puts it back)
 MANIFEST_SOURCE = "source"  # manifest extra: "agent" for a third-party trainer's checkpoint
+MANIFEST_LOCAL_FILE = "local_file"  # manifest extra: a flat checkpoint file's path under local_path (Lightning)

@@ -104,6 +104,12 @@ LOG_METRICS = define(
     "backend",
     "agent, agent.rank",
 )
+PROBE = define(
+    "AERIE_PROBE",
+    "the spec's health.probe (`on`/`off`): `off` starts the ranks without the in-process probe (agent.inproc)",
+    "agent",
+    "agent.rank, the probe",
+)
 CHECKPOINT_LOCAL_PATH = define(
     "AERIE_CHECKPOINT_LOCAL_PATH",
     "the spec's checkpoint.local_path (a /opt/ml path lands under the node's ML root)",

@@ -55,6 +55,7 @@ class BlameRule(StrEnum):
     """Why chaining blamed a node (`recovery/blame.py` applies them, in this order for a hang)."""
 
     ONLY_NODE = "only_node"  # the attempt had one node: nobody else could have stopped it
+    WAITED_FOR = "waited_for"  # its rank is the one the others wait for, from the ranks' stacks (recovery/hang_root.py)
     STOPPED_RANK = "stopped_rank"  # a rank of the node was stopped, a zombie or gone when the hang was seen
     STALEST = "stalest"  # the node's ranks stopped first: an earlier last step, or the same one clearly earlier
     NOT_WAITING = "not_waiting"  # a device doing what no waiting rank does (busy on CPU, idle on GPU)

@@ -119,6 +119,11 @@ class HealthSettings:
 
     hang_floor_s: float = _f(30.0, "never call a hang sooner than this", gt=0)
     hang_factor: float = _f(5.0, "... nor sooner than this many p95 step times", gt=0)
+    # A rank the kernel shows stopped (SIGSTOP: alive, never progressing) is no save or eval the
+    # agent cannot see: the hang is certain, and it is called on the learned limit, not the floor.
+    stopped_floor_s: float = _f(
+        10.0, "with a rank stopped (SIGSTOP), a hang is called after this (nor sooner than hang_factor p95s)", gt=0
+    )
     startup_grace_s: float = _f(60.0, "no silent.* verdict this soon after the node started", ge=0)
     first_step_timeout_s: float = _f(300.0, "a job that never completes step 1 hangs after this", gt=0)
     pause_max_s: float = _f(
@@ -178,6 +183,9 @@ class HealthSettings:
         0.5, "with 3 nodes or more: a NIC rate below this fraction of the peers' median is an outlier", gt=0, lt=1
     )
     enabled: bool = _f(True, "run the detectors at all")
+    # The in-process probe (agent/inproc): steps, loss, collectives and sections from inside each
+    # Python rank, with no change to the user's command. `off`: the ranks start without it.
+    probe: Literal["on", "off"] = _f("on", "inject the in-process probe into every Python rank (on) or not (off)")
     preflight: PreflightSettings = field(
         default_factory=PreflightSettings, metadata={"doc": "checks before each attempt's ranks start"}
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
+from aerie_contracts.container import RESOURCE_CONFIG, write_json
 from agent.config import AgentConfig
-from agent.contract import write_json
-from agent.identity import RESOURCE_CONFIG, spare_hosts
+from agent.identity import spare_hosts
 from agent.supervisor import Supervisor
 
 

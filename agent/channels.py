@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts.channels import FAST_FILE, FILE, FULLY_REPLICATED, S3_URI_SUFFIX, SHARDED_BY_S3_KEY, env_name
+from aerie_contracts.container import CHANNEL_CACHE_ENV, DEFAULT_CHANNEL_CACHE, INPUT_UNAVAILABLE, read_json
 from agent.channel_cache import ChannelCache, place
-from agent.contract import CHANNEL_CACHE_ENV, DEFAULT_CHANNEL_CACHE, INPUT_UNAVAILABLE, read_json
 
 log = logging.getLogger("aerie.agent")
 PROGRESS_EVERY_S = 2.0

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from aerie_contracts import FailureKind
-from agent.contract import write_json
+from aerie_contracts.container import write_json
 
 TARGET = "/opt/ml"
 MS_BIND = 4096  # linux/fs.h

@@ -9,7 +9,9 @@ Verdicts are kept disjoint on purpose, so that a fault gets one name:
 
 * ``silent.hang``: no step for too long. Evidence ``state`` is ``"busy"`` when some accelerator
   still works (a collective or a kernel spinning) and ``"idle"`` when all are quiet (a stopped
-  or blocked process).
+  or blocked process). With a rank the kernel shows stopped (SIGSTOP) the limit is the learned
+  one, ``max(stopped_floor_s, hang_factor x p95)``, not ``hang_floor_s`` (sized for saves and
+  evaluations the agent may not see; a stopped process is neither).
 * ``silent.gpu_idle``: one accelerator idle for ``gpu_idle_s`` while its peers work *and steps
   still complete* (a wasted device); once steps stop it is the hang detector's case.
 * ``silent.nic_stall``: a NIC's throughput collapses against its own recent median while steps
@@ -32,7 +34,7 @@ from statistics import median
 
 from aerie_contracts import FailureKind
 from aerie_contracts.health import HealthSettings, Section
-from aerie_contracts.states import STOPPED_PROCESS_STATES
+from aerie_contracts.states import STOPPED_PROCESS_STATES, ProcessState
 from agent.probes.progress import CHECKPOINT, EVAL, UPLOAD_WAIT, WIND_DOWN
 from agent.sections import detect_checkpoint_stalled, section_limit
 from agent.window import (
@@ -88,6 +90,11 @@ def _stopped_processes(w: Window) -> list[dict]:
     return [p for p in w.processes if p.get("state") in STOPPED_PROCESS_STATES]
 
 
+def _sigstopped(w: Window) -> bool:
+    """A rank the kernel shows stopped (SIGSTOP/SIGTSTP; not a debugger's or py-spy's tracing stop)."""
+    return any(p.get("state") == ProcessState.STOPPED for p in w.processes)
+
+
 def _median_util(w: Window, t0: float, t1: float = math.inf) -> dict[str, float]:
     out = {}
     for idx, series in w.accel.items():
@@ -118,6 +125,8 @@ def detect_hang(w: Window, cfg: HealthSettings) -> Verdict | None:
         limit, p95 = section_limit(w, cfg, Section.SETUP)
     else:
         limit, p95 = hang_threshold(w, cfg)
+        if _sigstopped(w):  # certain: the learned limit, not a floor sized for invisible saves
+            limit = min(limit, max(cfg.stopped_floor_s, cfg.hang_factor * p95 if p95 is not None else 0.0))
         since = min(last.values())  # the stalest rank: collectives wait for the slowest
     since = max(since, _last_pause_end(w))  # a checkpoint/eval that just ended restarts the clock
     stalled = w.now - since

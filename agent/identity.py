@@ -34,11 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as E
+from aerie_contracts.container import DEFAULT_GROUP, DEFAULT_ML_ROOT, RESOURCE_CONFIG, NodeLayout, resource_config
 
-DEFAULT_ML_ROOT = Path("/opt/ml")
-RESOURCE_CONFIG = Path("input") / "config" / "resourceconfig.json"
 DEFAULT_HOST = "algo-1"
-DEFAULT_GROUP = "homogeneousCluster"  # SageMaker's group name when the job has no instance groups
 DEFAULT_MASTER_PORT = E.DEFAULT_MASTER_PORT
 # Slurm: the port is derived from the job id (aerie_contracts.env.SLURM_PORT_BASE, _SPAN).
 SLURM_PORT_BASE, SLURM_PORT_SPAN = E.SLURM_PORT_BASE, E.SLURM_PORT_SPAN
@@ -46,20 +44,6 @@ SLURM_PORT_BASE, SLURM_PORT_SPAN = E.SLURM_PORT_BASE, E.SLURM_PORT_SPAN
 
 class IdentityError(ValueError):
     """The platform's description of the node is unusable (said plainly, never guessed around)."""
-
-
-class NodeLayout:
-    """Where a node's files lie under its ML root: the agent's own, and the ranks' metrics streams."""
-
-    ml_root: Path
-
-    @property
-    def node_dir(self) -> Path:
-        return self.ml_root / "agent"
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.ml_root / "output" / "metrics"
 
 
 @dataclass(frozen=True)
@@ -110,28 +94,6 @@ def node_dir(env: Mapping[str, str] | None = None) -> Path:
     from the ML root (never the working directory: pid and exit files must land where the agent reads)."""
     env = os.environ if env is None else env
     return Path(env.get(E.NODE_DIR) or ml_root(env) / "agent")
-
-
-def resource_config(
-    current_host: str,
-    hosts: tuple[str, ...] | list[str],
-    instance_type: str = "local",
-    network_interface: str = "lo",
-    group: str = DEFAULT_GROUP,
-    instance_groups: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
-) -> dict[str, Any]:
-    """SageMaker's resourceconfig.json layout (one homogeneous group unless groups are given)."""
-    groups = list(instance_groups) or [
-        {"instance_group_name": group, "instance_type": instance_type, "hosts": list(hosts)}
-    ]
-    return {
-        "current_host": current_host,
-        "current_instance_type": instance_type,
-        "current_group_name": group,
-        "hosts": list(hosts),
-        "instance_groups": [dict(g) for g in groups],
-        "network_interface_name": network_interface,
-    }
 
 
 def resolve_identity(env: Mapping[str, str] | None = None) -> NodeIdentity:

@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 from aerie_contracts import env as E
+from aerie_contracts.container import write_json
 from aerie_contracts.restarts import LEFT_OUT, NextAction
-from agent.contract import write_json
 from agent.identity import master_address
 from agent.node_state import TERM_GRACE_S, VERDICT_GRACE_S, NodeState
 from agent.progress_sources import make_monitor

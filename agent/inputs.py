@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from aerie_contracts import env as E
+from aerie_contracts.container import PHASE_DATA_DOWNLOAD
 from aerie_contracts.failures import FailureKind
-from agent.contract import PHASE_DATA_DOWNLOAD
 from agent.node_state import NodeState
 
 log = logging.getLogger("aerie.agent")

@@ -18,15 +18,21 @@ import time
 import psutil
 
 from aerie_contracts import env as E
+from aerie_contracts.container import write_json
+from aerie_contracts.failures import FailureKind
 from agent.config import AgentConfig, rank_command
-from agent.contract import trainer_env, write_json
+from agent.diagnose import diagnose
 from agent.node_state import TERM_GRACE_S, VERDICT_GRACE_S, NodeState
 from agent.proctree import become_subreaper, kill_tree, killpg
 from agent.progress_sources import make_tb_progress
+from agent.toolkit_env import trainer_env
 
 log = logging.getLogger("aerie.agent")
 
 STALL_ASK_S = 0.5  # how often a node whose ranks stalled asks whether the attempt is over (NodeLifecycle._stalled)
+# The verdicts whose ranks are asked for their stacks first (agent/diagnose.py): a stall, where the
+# rank the others wait for is the cause.
+DIAGNOSED = frozenset({FailureKind.SILENT_HANG, FailureKind.CHECKPOINT_STALLED})
 WATCH_S = 0.1  # how often the watch loop looks for a dead rank (and how soon it sees the group end: at once)
 
 
@@ -107,6 +113,7 @@ class NodeLifecycle(NodeState):
         # the ranks at the agent's own directory (pid and exit files) and the metrics stream.
         env.update(trainer_env(cfg.node_identity, env))
         env.update({E.NODE_DIR: str(cfg.node_dir), E.METRICS_PATH: str(cfg.metrics_dir)})
+        env[E.PROBE] = cfg.health.probe  # agent.rank injects the in-process probe unless `off`
         if self.checkpoints is not None:
             env[E.CHECKPOINT_DIR] = str(self.checkpoints.root)
         if self.tb_progress is not None:
@@ -176,7 +183,13 @@ class NodeLifecycle(NodeState):
         if not detect or self.verdict is not None or self.stop_requested or not verdicts:
             return
         v = verdicts[0]
-        self.verdict = {"kind": v.kind, "message": v.message, "evidence": v.evidence, "t": now, "host": self.cfg.host}
+        evidence = v.evidence
+        if v.kind in DIAGNOSED:
+            # Each rank's stacks and collective count before they are stopped: the control plane
+            # names the rank the others wait for from every node's (recovery/hang_root.py).
+            ranks = diagnose(self.cfg.node_dir / "ranks")
+            evidence = {**evidence, "ranks": ranks} if ranks else evidence
+        self.verdict = {"kind": v.kind, "message": v.message, "evidence": evidence, "t": now, "host": self.cfg.host}
         log.error("verdict %s on %s: %s", v.kind, self.cfg.host, v.message)
         self.reporter.verdict(self.verdict)
         self._terminate_ranks(VERDICT_GRACE_S)

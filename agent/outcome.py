@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from aerie_contracts import env as E
+from aerie_contracts.container import read_json, write_json
 from aerie_contracts.failures import STOPPED_ON_REQUEST, FailureKind
 from agent.config import write_failure
-from agent.contract import read_json, write_json
 from agent.node_state import NodeState
 
 log = logging.getLogger("aerie.agent")

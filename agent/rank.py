@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from aerie_contracts import env
+from agent import inproc
 from agent.identity import IdentityError, ml_root, node_dir, resolve_identity
 from agent.logparse import LogParser, SegmentSplitter
 
@@ -41,7 +42,13 @@ def main(argv: list[str]) -> int:
         argv = [sys.executable, *argv[1:]]
 
     try:
-        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        child = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=inproc.child_env(os.environ),  # the in-process probe (agent/inproc), unless health.probe is off
+        )
     except OSError as exc:
         print(f"[{host} rank {rank}] cannot start {argv[0]!r}: {exc.strerror}", flush=True)
         _write(ranks_dir / f"rank-{rank}.exit.json", {"rank": rank, "exit_code": 127, "signal": None, "t": time.time()})
@@ -107,10 +114,22 @@ def _log_metrics(rank: int) -> _MetricsSink | None:
 
 def _pump(fd: int, prefix: bytes, sink: _MetricsSink | None) -> None:
     """Copy the child's output to ours, each line prefixed, and hand every chunk to the parser
-    as it arrives (a progress bar redraws with '\\r' and may end its line only when done)."""
+    as it arrives (a progress bar redraws with '\\r' and may end its line only when done).
+
+    A full line goes out at once. A line not ended yet (a bar's '\\r' redraws) goes out as its
+    newest frame, one frame at most every `PARTIAL_EVERY_S`, and when the child goes quiet (a
+    hung rank's last bar is in the node log, not held back until a '\\n' that never comes)."""
+    import select
+
     out = sys.stdout.buffer
     pending = b""
+    partial = _PartialFrames(prefix)
     while True:
+        if pending:
+            ready, _, _ = select.select([fd], [], [], partial.wait_s(pending, time.monotonic()))
+            if not ready:
+                partial.write(out, pending, time.monotonic())
+                continue
         data = os.read(fd, 65536)
         if not data:
             break
@@ -122,11 +141,78 @@ def _pump(fd: int, prefix: bytes, sink: _MetricsSink | None) -> None:
             lines.append(pending)
             pending = b""
         if lines:
-            out.write(b"".join(prefix + line + b"\n" for line in lines))
-            out.flush()
-    if pending:
+            if partial.already_written(lines[0]):
+                lines = lines[1:]  # a quiet line's only frame went out already: not twice
+            if lines:
+                out.write(b"".join(prefix + line + b"\n" for line in lines))
+                out.flush()
+            partial.line_ended()
+        now = time.monotonic()
+        partial.pending_since(pending, now)
+        if pending:
+            partial.write(out, pending, now)
+    if pending and not partial.already_written(pending):
         out.write(prefix + pending + b"\n")
         out.flush()
+
+
+PARTIAL_EVERY_S = 1.0  # at most one partial frame a second per rank goes to the node log
+PARTIAL_AFTER_S = 0.5  # a line not ended this long is a bar (or a hung rank's last words), not a print in pieces
+
+
+class _PartialFrames:
+    """The newest frame of a line not ended yet (after its last '\\r'), written as a line of its
+    own: only once the line has stayed unended `after_s` (a `print` often writes its text and its
+    newline separately: forwarding the text at once wrote every such line twice), then at most
+    one frame every `every_s`, never the same frame twice, and not held back once the child is
+    quiet."""
+
+    def __init__(self, prefix: bytes, every_s: float = PARTIAL_EVERY_S, after_s: float = PARTIAL_AFTER_S):
+        self.prefix, self.every_s, self.after_s = prefix, every_s, after_s
+        self.last_t = float("-inf")
+        self.last: bytes | None = None  # the frame written last
+        self.since: float | None = None  # when the line not ended yet began
+
+    @staticmethod
+    def newest(pending: bytes) -> bytes:
+        for frame in reversed(pending.split(b"\r")):
+            if frame.strip():
+                return frame.rstrip()
+        return b""
+
+    def pending_since(self, pending: bytes, now: float) -> None:
+        if not pending:
+            self.since = None
+        elif self.since is None:
+            self.since = now
+
+    def _due(self) -> float:
+        return max(self.last_t + self.every_s, (self.since if self.since is not None else 0.0) + self.after_s)
+
+    def wait_s(self, pending: bytes, now: float) -> float | None:
+        """How long the pump may block before the newest frame is due (None: nothing new to write)."""
+        frame = self.newest(pending)
+        if not frame or frame == self.last:
+            return None
+        return max(0.0, self._due() - now)
+
+    def write(self, out, pending: bytes, now: float) -> None:
+        if now < self._due():
+            return
+        frame = self.newest(pending)
+        if not frame or frame == self.last:
+            return
+        out.write(self.prefix + frame + b"\n")
+        out.flush()
+        self.last, self.last_t = frame, now
+
+    def already_written(self, line: bytes) -> bool:
+        """Whether `line`, now ended, is one frame that went out already as it stood."""
+        return self.last is not None and b"\r" not in line and line.rstrip() == self.last
+
+    def line_ended(self) -> None:
+        self.last = None  # a new line's frames are new even where they read the same
+        self.since = None
 
 
 def _current_host() -> str:

@@ -11,6 +11,7 @@ filed under its successor (the goodput ledger would read its steps as the succes
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -38,7 +39,13 @@ class Reporter:
         self.memory_good_step: int | None = None
         self._client = Client(api or "http://127.0.0.1:9", token, timeout_s=timeout_s)
         # Every queue holds (target, item): the attempt's node path and token when it was queued.
-        self._beats: queue.Queue[tuple[_Target, dict[str, Any]]] = queue.Queue(maxsize=1)
+        self._beats: queue.Queue[tuple[int, _Target, dict[str, Any]]] = queue.Queue(maxsize=1)
+        # One heartbeat in flight at a time, and never an older one after a newer: the control plane
+        # keeps the last summary it got, and a beat the thread was still sending when a phase beat
+        # went out (`heartbeat_now`) would otherwise land after it and erase the phase.
+        self._beat_lock = threading.Lock()
+        self._beat_numbers = itertools.count(1)
+        self._beat_sent = 0
         self._thread = threading.Thread(target=self._drain, name="heartbeats", daemon=True)
         # Verdicts and checkpoints: in order, retried, and never in the way of stopping a hung node
         # (the API may be unreachable through the very link that failed).
@@ -61,27 +68,36 @@ class Reporter:
         except queue.Empty:
             pass
         try:
-            self._beats.put_nowait((self._target(), summary))
+            self._beats.put_nowait((next(self._beat_numbers), self._target(), summary))
         except queue.Full:
             pass
 
     def heartbeat_now(self, summary: dict[str, Any]) -> bool:
         """A heartbeat that must be there before what the node reports next (a phase change: the
         model upload, before the exit): sent at once, not through the one-slot queue, where a newer
-        beat may replace it and whose thread may not have sent it yet when the agent exits."""
-        try:
-            self._beats.get_nowait()  # an older summary must not follow this one
-        except queue.Empty:
-            pass
-        return bool(self._post(routes.HEARTBEAT, summary, tries=3))
+        beat may replace it and whose thread may not have sent it yet when the agent exits. A beat
+        the thread is sending meanwhile lands first; one it took but had not sent yet, never."""
+        number = next(self._beat_numbers)
+        with self._beat_lock:
+            try:
+                self._beats.get_nowait()  # an older summary must not follow this one
+            except queue.Empty:
+                pass
+            sent = bool(self._post(routes.HEARTBEAT, summary, tries=3))
+            self._beat_sent = max(self._beat_sent, number)
+        return sent
 
     def _target(self) -> _Target:
         return (self.base, self._token)
 
     def _drain(self) -> None:
         while True:
-            target, summary = self._beats.get()
-            answer = self._post(routes.HEARTBEAT, summary, tries=1, answer=True, target=target)
+            number, target, summary = self._beats.get()
+            with self._beat_lock:
+                if number < self._beat_sent:
+                    continue  # a newer beat went out while this one waited
+                answer = self._post(routes.HEARTBEAT, summary, tries=1, answer=True, target=target)
+                self._beat_sent = number
             if not isinstance(answer, dict):
                 continue
             if answer.get("stop") and target[0] == self.base:

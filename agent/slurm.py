@@ -34,7 +34,7 @@ from typing import Any
 
 from aerie_contracts import FailureKind, memckpt
 from aerie_contracts import env as aerie_env
-from agent.contract import NodeContract, write_json
+from aerie_contracts.container import NodeContract, write_json
 from agent.identity import from_slurm
 
 

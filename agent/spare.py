@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from aerie_contracts import env as E
+from aerie_contracts.container import write_json
 from aerie_contracts.restarts import NextAction
-from agent.contract import write_json
 from agent.identity import spare_hosts
 from agent.node_state import NodeState
 

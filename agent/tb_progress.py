@@ -30,7 +30,7 @@ from typing import Any
 
 from aerie_contracts import byo
 from aerie_contracts import metrics as keys
-from agent.contract import node_path
+from aerie_contracts.container import node_path
 
 log = logging.getLogger("aerie.agent")
 

@@ -239,13 +239,32 @@ def _normal_priority() -> None:
         print(f"agent.warm: could not leave idle priority ({exc}); the rank runs on idle CPU time", file=sys.stderr)
 
 
-def run_rank(go: Path, entrypoint: list[str]) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_rank(go: Path, entrypoint: list[str], group_pid: int | None = None) -> None:
     """Warm up (on idle CPU time), wait for the go file, then become the entrypoint at the usual
     priority (runpy, as `python` would run it)."""
+    # Its parent (the rank wrapper) or its group may be killed without a word (SIGKILL, the tree
+    # discarded while this rank was still being started, so not found to be killed with it): the
+    # rank must not wait for a go file for ever, holding a torch interpreter's memory (seen: ranks
+    # left running after their test). The group's pid, as the parent may be gone before we look.
+    parent = os.getppid()
+
+    def wanted() -> bool:
+        return os.getppid() == parent and (group_pid is None or _alive(group_pid))
+
     idle = _idle_priority()
     _preimport(entrypoint)
     go.with_name(f"{go.name}.ready-{os.environ.get('RANK', '0')}").touch()
-    env = wait_go(go)
+    env = wait_go(go, alive=wanted)
     if env is None:
         sys.exit(1)
     if idle:
@@ -273,7 +292,8 @@ def run_group(go: Path, procs: int, node_rank: int, nnodes: int, entrypoint: lis
     for local in range(procs):
         env = dict(os.environ)
         env.update(rank_env(local, procs, node_rank, nnodes))
-        rank_argv = [sys.executable, "-m", "agent.warm", "rank", "--go", str(go), "--", *entrypoint]
+        rank_argv = [sys.executable, "-m", "agent.warm", "rank", "--go", str(go), "--group-pid", str(os.getpid())]
+        rank_argv += ["--", *entrypoint]
         argv = [sys.executable, "-m", "agent.rank", "--go", str(go), "--", *rank_argv]
         children.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL))
 
@@ -315,11 +335,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procs", type=int, default=1)
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument(
+        "--group-pid", type=int, help="rank: the group it belongs to (it stops waiting when that is gone)"
+    )
     args = parser.parse_args(head)
     if not warmable(entrypoint):
         parser.error(f"not a warmable entrypoint: {entrypoint}")
     if args.role == "rank":
-        run_rank(args.go, entrypoint)
+        run_rank(args.go, entrypoint, args.group_pid)
         return 0
     return run_group(args.go, args.procs, args.node_rank, args.nnodes, entrypoint)
 

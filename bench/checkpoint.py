@@ -48,10 +48,11 @@ from aerie_contracts import env as aerie_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aerie_checkpoint import manifest
 from bench.s3stage import S3Stage
 from devtools.devstack import S3Server
 from devtools.s3proxy import ProxyProcess
-from trainer.checkpoint import manifest, s3io
+from trainer.checkpoint import s3io
 
 S3_CAP_MB = 85.0  # what one S3 connection carries on AWS (80-100 MB/s)
 SEED_BYTES = 4e12  # the seed case: 4 TB of checkpoint every 2 hours

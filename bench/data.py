@@ -45,12 +45,12 @@ from aerie_contracts import env as aerie_env
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from aerie_contracts.container import NodeContract  # noqa: E402
 from aerie_s3.clients import boto3_client  # noqa: E402
 from aerie_s3.download import Transfer, download  # noqa: E402
 from aerie_s3.listing import list_prefix  # noqa: E402
 from aerie_s3.settings import S3Settings  # noqa: E402
 from agent.channels import receive  # noqa: E402
-from agent.contract import NodeContract  # noqa: E402
 from bench.s3stage import S3Stage  # noqa: E402
 from devtools.devstack import S3Server  # noqa: E402
 from devtools.s3proxy import ProxyProcess  # noqa: E402

@@ -34,8 +34,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     expired = expire_memory(api, job)
     if not ckpt.get("s3_uri"):
         return {"deleted": [], "expired_memory": expired}
+    from aerie_checkpoint.gc import prune
     from recovery.resume import recorded_checkpoints
-    from trainer.checkpoint.gc import prune
 
     prefix = ckpt["s3_uri"].rstrip("/") + "/" + job["id"]
     protect = [a["resume_from"] for a in job["attempt_list"] if a.get("resume_from")]

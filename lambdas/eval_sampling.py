@@ -44,7 +44,7 @@ def load_prompts(ev: dict[str, Any], spec: dict[str, Any]) -> list[str]:
 
 def checkpoint_meta(uri: str, step: int) -> dict[str, Any]:
     """Tokens seen and loss from the checkpoint's manifest (torch-free)."""
-    from trainer.checkpoint.manifest import read_manifest
+    from aerie_checkpoint.manifest import read_manifest
 
     try:
         manifest = read_manifest(uri) or {}

@@ -42,7 +42,9 @@ def record_poll(db: Database, attempt_id: str, result: PollResult, chaining: boo
                 row.exit = {"exit_code": node.exit_code, "reason": node.reason}
         if not result.terminal:
             return
-        result = first_reported_cause(result, reported)
+        rows = repo.verdicts_of(s, [attempt.id])
+        verdicts = [{"kind": v.kind, "message": v.message, "host": v.host, "t": v.t} for v in rows]
+        result = first_reported_cause(result, reported, verdicts)
         job = attempt.job
         if result.state == AttemptState.STOPPED and not job.stop_requested and stop_limit(result.reason):
             job.reason = dict(result.reason or {})  # SageMaker stopped it for its StoppingCondition

@@ -7,6 +7,8 @@ none); this module says which node:
 
 * **A hang** (`silent.hang`) is seen by every node, because the healthy ones wait in the
   collective for the one that stopped, and the first to notice is as often a healthy peer as not.
+  Where the ranks' in-process probe answered at stop time, their stacks and collective counters
+  name the rank the others wait for (`waited_for`, recovery/hang_root.py), before any rule below.
   Measured here (2 nodes x 2 ranks, gloo, rank 3 spinning): every rank's last step was the same,
   logged within 3 ms of each other, the healthy node's *earlier*; what told the nodes apart was
   rank 3 busy while every other rank sat idle. So the blamed node is the one the evidence
@@ -41,6 +43,7 @@ from typing import Any
 from aerie_contracts.failures import Blame, BlameRule, FailureKind, NodeBlame, policy
 from aerie_contracts.health import HealthSettings
 from aerie_contracts.states import STOPPED_PROCESS_STATES
+from recovery import hang_root
 
 # What a rank blocked in a collective does to its device, per accelerator probe (agent/probes/gpu.py).
 WAITING_STATE = {"cpu": "idle", "nvml": "busy"}
@@ -128,7 +131,13 @@ def _hang(
         f.accelerator = summary.get("accelerator_kind") or (cfg.accelerator if cfg.accelerator != "auto" else None)
         if f.source is None and summary:
             _from_heartbeat(f, summary, node.get("last_heartbeat_at"), stall_start, first_action, cfg)
-    evidence = {"nodes": {h: f.brief() for h, f in facts.items()}}
+    evidence: dict[str, Any] = {"nodes": {h: f.brief() for h, f in facts.items()}}
+    root = hang_root.find_root_cause(hang_root.views_from_verdicts(of_kind))
+    if root is not None and len(root.hosts) < len(hosts):
+        evidence["root_cause"] = root.message
+        return [_blame(h, FailureKind.SILENT_HANG, BlameRule.WAITED_FOR, root.message, evidence) for h in root.hosts], (
+            f"silent.hang: {root.message}"
+        )
     known = [f for f in facts.values() if f.source]
     if not known:
         return [], "silent.hang: no node reported evidence of the stall"

@@ -24,7 +24,7 @@ from aerie_contracts.restarts import (
 from aerie_contracts.states import CheckpointState
 
 if TYPE_CHECKING:  # for annotations only: at run time it is imported where used
-    from trainer.checkpoint.manifest import CheckpointInfo
+    from aerie_checkpoint.manifest import CheckpointInfo
 
 
 class Transport(Protocol):
@@ -42,7 +42,7 @@ def last_good_checkpoint(spec: dict[str, Any], job_id: str, api: Transport | Non
     ckpt = spec.get("checkpoint") or {}
     if not ckpt.get("s3_uri"):
         return None
-    from trainer.checkpoint.manifest import list_checkpoints
+    from aerie_checkpoint.manifest import list_checkpoints
 
     prefix = ckpt["s3_uri"].rstrip("/") + "/" + job_id
     recorded = recorded_checkpoints(api, job_id) if api is not None else None

@@ -1,4 +1,4 @@
-"""The architecture's import rules: orchestrator, agent, lambdas and aerie_s3 never import torch."""
+"""The architecture's import rules: orchestrator, agent, lambdas, aerie_s3 and aerie_checkpoint never import torch."""
 
 from __future__ import annotations
 
@@ -37,13 +37,10 @@ TORCH_FREE = (
     + _modules("aerie_s3")
     + _modules("aerie_client")
     + _modules("aerie_report")
+    + _modules("aerie_checkpoint")
     + _modules("devtools")
     + [
         "trainer",
-        "trainer.checkpoint.storage",
-        "trainer.checkpoint.manifest",
-        "trainer.checkpoint.gc",
-        "trainer.checkpoint.fence",
         "trainer.faults",
         "trainer.data.cli",
         "trainer.data.channels",
@@ -98,6 +95,7 @@ def test_contracts_use_the_standard_library_only():
 # The import rules of docs/architecture.md's package table, between the project's own packages:
 # package -> (the project packages/modules it may import). Anything not listed is a violation.
 PROJECT_PACKAGES = (
+    "aerie_checkpoint",
     "aerie_client",
     "aerie_contracts",
     "aerie_report",
@@ -118,14 +116,17 @@ ALLOWED = {
     "aerie_client": ("aerie_contracts",),
     "aerie_report": ("aerie_contracts",),  # the one-line client: standard library + contracts only
     "aerie_s3": ("aerie_contracts",),
+    # The torch-free checkpoint kernel (storage, manifest, gc, fence): S3 through aerie_s3, the fence's
+    # commit through the API (aerie_client); nothing of the trainer or the agent, who both import it.
+    "aerie_checkpoint": ("aerie_client", "aerie_contracts", "aerie_s3"),
     # A third-party trainer's checkpoints are committed by the agent (agent/byo_checkpoints.py).
-    "agent": ("aerie_client", "aerie_contracts", "aerie_s3", "trainer.checkpoint.manifest", "trainer.checkpoint.fence"),
+    "agent": ("aerie_client", "aerie_contracts", "aerie_s3", "aerie_checkpoint.manifest", "aerie_checkpoint.fence"),
     # The decisions after a failure: the contracts' words, and the torch-free checkpoint listing
-    # the resume point is chosen from (S3's verified checkpoints: trainer.checkpoint.manifest).
-    "recovery": ("aerie_contracts", "trainer.checkpoint.manifest"),
+    # the resume point is chosen from (S3's verified checkpoints: aerie_checkpoint.manifest).
+    "recovery": ("aerie_contracts", "aerie_checkpoint.manifest"),
     # Handlers: event -> the recovery package's decision -> one API call; checkpoint GC's retention
-    # policy (trainer.checkpoint.gc) and the manifest it keeps.
-    "lambdas": ("aerie_client", "aerie_contracts", "recovery", "trainer.checkpoint.manifest", "trainer.checkpoint.gc"),
+    # policy (aerie_checkpoint.gc) and the manifest it keeps.
+    "lambdas": ("aerie_client", "aerie_contracts", "recovery", "aerie_checkpoint.manifest", "aerie_checkpoint.gc"),
     # The CLI hands its `data`, `export` and `--fault` commands to the trainer's torch-free entry points.
     # devtools.devstack: `aerie up` only, imported inside the command when it starts the loopback S3
     # (test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack).
@@ -133,7 +134,6 @@ ALLOWED = {
         "aerie_client",
         "aerie_contracts",
         "aerie_s3",
-        "agent.contract",
         "devtools.devstack",
         "lambdas",
         "recovery",
@@ -141,8 +141,9 @@ ALLOWED = {
         "trainer.export_cli",
         "trainer.faults",
     ),
-    # The checkpoint fence commits through the API (trainer.checkpoint.fence -> aerie_client).
-    "trainer": ("aerie_client", "aerie_contracts", "aerie_s3"),
+    # The torch-free checkpoint kernel (manifest, fenced commit) is aerie_checkpoint's; the fence speaks
+    # to the API there, so the trainer imports no aerie_client of its own.
+    "trainer": ("aerie_checkpoint", "aerie_contracts", "aerie_s3"),
     "infra": ("aerie_contracts", "lambdas", "recovery", "infra"),
     # The scaffolding (harness, dev stack, throttling proxy, goodput simulator) drives the product
     # from outside only: its CLI and API, as a user would (a node loss is `aerie chaos`).
@@ -193,6 +194,7 @@ def test_the_product_imports_devtools_only_where_aerie_up_starts_the_dev_stack()
     import ast
 
     product = (
+        "aerie_checkpoint",
         "aerie_client",
         "aerie_contracts",
         "aerie_report",

@@ -26,7 +26,7 @@ def export(
     transformers' `AutoModelForCausalLM.from_pretrained(OUT)`."""
     if to != "hf":
         raise typer.BadParameter(f"unknown format {to!r}; supported: hf", param_hint="--to")
-    from trainer.checkpoint.manifest import verify
+    from aerie_checkpoint.manifest import verify
     from trainer.config import load_config
     from trainer.eval_sampler import load_weights, tokenizer_path
     from trainer.export import export_hf

@@ -26,7 +26,7 @@ def restore(checkpointer: Checkpointer, uri: str, model, optimizer, scheduler) -
     back to the same checkpoint. Once a fallback restored, the storage evidently works, so the
     ones that failed are the checkpoints' fault: rank 0 marks them bad (a `BAD` marker, and the
     control plane's record), so no later attempt tries them again."""
-    from trainer.checkpoint import manifest
+    from aerie_checkpoint import manifest
 
     if tier_of_uri(uri) == CheckpointTier.MEMORY:
         extra, uri = restore_memory(uri, model, optimizer, scheduler)
@@ -112,7 +112,7 @@ def restore_memory(uri: str, model, optimizer, scheduler) -> tuple[dict | None, 
 
 
 def mark_bad(checkpointer: Checkpointer, failed: list[tuple[str, str]], restored: str) -> None:
-    from trainer.checkpoint import manifest
+    from aerie_checkpoint import manifest
 
     for uri, error in failed:
         reason = f"restore failed: {error[:500]} (resumed from {restored} instead)"
@@ -127,7 +127,7 @@ def mark_bad(checkpointer: Checkpointer, failed: list[tuple[str, str]], restored
 def fencing_of_attempt() -> dict[str, Any]:
     """The attempt this run belongs to, from its node's environment: its number is the epoch in
     the checkpoint keys, and its commits go through the control plane's gate. Nothing outside Aerie."""
-    from trainer.checkpoint.fence import CommitGate
+    from aerie_checkpoint.fence import CommitGate
 
     number = os.environ.get(env.ATTEMPT_NUMBER, "")
     return {

@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=os.environ.get(env.LOG_LEVEL, "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One line per checkpoint fence check and commit is noise in the node log (the agent does the same).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     args = parse_args(argv)
     cfg = load_config(args.config, args.set)
     return train(cfg)

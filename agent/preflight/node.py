@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts.container import write_json
 from aerie_contracts.failures import FailureKind, reason
 from aerie_contracts.health import PreflightSettings
 from aerie_contracts.preflight import PHASE_PREFLIGHT, Decision, PreflightResult, failed_checks, summary_line
 from aerie_contracts.sagemaker_api import PHASE, PHASE_SINCE
-from agent.contract import write_json
 from agent.preflight import Node, run_checks
 
 log = logging.getLogger("aerie.agent")

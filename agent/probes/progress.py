@@ -19,6 +19,19 @@ whose step is not beyond the rank's last step is no new step when either of the 
 TensorBoard (a step is counted once, from whichever source gave it first); a same-step TensorBoard
 record after a TensorBoard step only fills in a loss that step lacked. Log lines, `aerie_report`
 and Aerie's own trainer are taken as they come, as before.
+
+Several sources, one rank (issue #33: the in-process probe, `"source": "probe"`, beside a log
+preset or a trainer that writes the stream itself): each source's last step is kept per (rank,
+source), and the rule is simple:
+
+- the rank's step never goes backwards: a record whose step is below the rank's last one (a
+  source that numbers steps its own way, a progress bar whose total changed) is kept at the rank's
+  last step; the step shown is the highest any source gave;
+- a probe record is a new step (liveness) whenever it changes its own source's count, whatever
+  the other sources said: it is one record per optimizer step; the same probe step again is not;
+- once a rank has probe records, another source's record is a new step only beyond the rank's last
+  step; at or below it, it only fills in a loss the last step lacked (the probe already counted
+  the step; counting it twice would halve the step time the hang limit is learned from).
 """
 
 from __future__ import annotations
@@ -42,6 +55,10 @@ _RANK_FILE = re.compile(r"rank-(\d+)\.jsonl$")
 # loop blocked on an in-flight upload (`checkpoint_wait`, bounded by the upload's own limit).
 CHECKPOINT, EVAL, UPLOAD_WAIT, WIND_DOWN = "checkpoint", "eval", "upload_wait", "wind_down"
 _PAUSE_SECTION = {CHECKPOINT: Section.CHECKPOINT_STALL, EVAL: Section.EVAL, WIND_DOWN: Section.WIND_DOWN}
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _non_finite(x: object) -> bool:
@@ -92,6 +109,7 @@ class ProgressProbe:
         self.first_nan: dict[int, dict] = {}  # rank -> its first step with a non-finite loss
         self.last_source: dict[int, str | None] = {}  # rank -> the source of its last step
         self.repeated = 0  # TensorBoard/other-source records for a step already counted
+        self.source_step: dict[tuple[int, str | None], object] = {}  # (rank, source) -> its last step
 
     def _discover(self) -> None:
         try:
@@ -142,13 +160,16 @@ class ProgressProbe:
                 self.repeated += not seen
                 return seen
             self.last_source[rank] = rec.get(byo.SOURCE_KEY)
+            step = rec[keys.STEP]
             # A later step after `train_end` (a bar's total was not the run's): no wind-down after all.
             # (The last step again is not: HF's logs dict of the last step may follow its bar.)
             last = self.steps.get(rank)
-            if last and isinstance(rec[keys.STEP], (int, float)) and rec[keys.STEP] > last[-1][1]:
-                self.open.get(rank, {}).pop(WIND_DOWN, None)
+            if last and _number(step) and _number(last[-1][1]):
+                if step > last[-1][1]:
+                    self.open.get(rank, {}).pop(WIND_DOWN, None)
+                step = max(step, last[-1][1])  # a source going backwards is not the rank going backwards
             step_s = rec.get(keys.STEP_S)
-            self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, rec[keys.STEP], loss, step_s])
+            self.steps.setdefault(rank, deque(maxlen=self.maxlen)).append([t, step, loss, step_s])
             if self.first_step_t is None or t < self.first_step_t:
                 self.first_step_t = t
             if rank not in self.first_nan and _non_finite(loss):
@@ -161,12 +182,28 @@ class ProgressProbe:
         return True
 
     def _seen_step(self, rank: int, rec: dict, loss: object) -> bool | None:
-        """None: a new step. Else the rank already has it, from TensorBoard or followed by it (the
-        module's docstring): True when the record filled in the step's loss, False when it adds nothing."""
+        """None: a new step. Else the rank already has it (from TensorBoard or followed by it, from
+        the probe, or the probe's same step again: the module's docstring): True when the record
+        filled in the step's loss, False when it adds nothing."""
+        source, step = rec.get(byo.SOURCE_KEY), rec[keys.STEP]
+        before = self.source_step.get((rank, source))
+        self.source_step[(rank, source)] = step
         series = self.steps.get(rank)
         if not series:
             return None
-        source, last = rec.get(byo.SOURCE_KEY), self.last_source.get(rank)
+        if source == byo.SOURCE_PROBE:
+            return False if before is not None and step == before else None
+        if (rank, byo.SOURCE_PROBE) in self.source_step:
+            last_step = series[-1][1]
+            if not (_number(step) and _number(last_step)) or step > last_step:
+                return None
+            if series[-1][2] is None and loss is not None:
+                series[-1][2] = loss  # the probe's step had no loss (a device's not yet read): the log's
+                if rank not in self.first_nan and _non_finite(loss):
+                    self.first_nan[rank] = {keys.STEP: last_step, keys.LOSS: loss}
+                return True
+            return False
+        last = self.last_source.get(rank)
         if byo.SOURCE_TENSORBOARD not in (source, last):
             return None
         step, last_step = rec[keys.STEP], series[-1][1]

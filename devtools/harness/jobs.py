@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from aerie_contracts import byo
 from aerie_contracts import env as aerie_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,10 +103,12 @@ def event_records(attempt_dir: Path, event: str, nodes: str = "algo-*") -> list[
 
 
 def _steps_in(
-    root: Path, metrics: str, rank: int | None, event: str | None = None, nodes: str = "algo-*"
+    root: Path, metrics: str, rank: int | None, event: str | None = None, nodes: str = "algo-*", probe: bool = False
 ) -> list[dict]:
     """The training-step lines (or, with `event`, that event's lines) of the `metrics` streams
-    under `root`'s `nodes` (a torn line skipped)."""
+    under `root`'s `nodes` (a torn line skipped): the trainer's own and a log parser's, not the
+    in-process probe's (it writes the same streams; its loss is the rank's own, its saves the
+    trainer's saves seen again from inside `torch.save`/DCP), unless `probe`."""
     pattern = "rank-*.jsonl" if rank is None else f"rank-{rank:05d}.jsonl"
     recs = []
     for f in root.glob(f"{nodes}/output/{metrics}/{pattern}"):
@@ -113,6 +116,8 @@ def _steps_in(
             try:
                 rec = json.loads(line)
             except ValueError:
+                continue
+            if rec.get(byo.SOURCE_KEY) == byo.SOURCE_PROBE and not probe:
                 continue
             if rec.get("event") == event and (event is not None or rec.get("step") is not None):
                 recs.append(rec)
@@ -126,16 +131,19 @@ def served_by(root: Path) -> list[int]:
     return sorted({own} | {int(h.stem.split("-")[1]) for h in root.glob("handle-*.json")})
 
 
-def attempt_step_records(job_dir: Path, number: int, rank: int | None = 0, event: str | None = None) -> list[dict]:
+def attempt_step_records(
+    job_dir: Path, number: int, rank: int | None = 0, event: str | None = None, probe: bool = False
+) -> list[dict]:
     """`step_records` (or `event`'s lines) of attempt `number`, relaunched or restarted in place:
     an in-place attempt runs under the directory of the attempt that launched its agents, where
-    each agent set the stream of the group before aside as `output/metrics.attempt-<n>`."""
+    each agent set the stream of the group before aside as `output/metrics.attempt-<n>`. With
+    `probe`, the in-process probe's records too."""
     roots = [d for d in job_dir.glob("attempt-*") if number in served_by(d)]
     if not roots:
         return []
     served = served_by(roots[0])
     metrics = "metrics" if number == served[-1] else f"metrics.attempt-{number}"
-    return _steps_in(roots[0], metrics, rank, event)
+    return _steps_in(roots[0], metrics, rank, event, probe=probe)
 
 
 def rank_losses(jobs_dir: Path, job_id: str, rank: int = 0) -> dict[int, dict[int, float]]:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -84,9 +85,9 @@ class PollResult:
 
 
 class Backend(abc.ABC):
-    """The verbs a backend exposes (launch, restart_in_place, poll, stop, fence, chaos, logs) and
-    what it can do (`capabilities`, declared once in `aerie_contracts.backends`). Which verb follows
-    a failure is the recovery package's decision, never a backend's."""
+    """The verbs a backend exposes (launch, restart_in_place, add_spares, poll, stop, fence, chaos,
+    logs) and what it can do (`capabilities`, declared once in `aerie_contracts.backends`). Which
+    verb follows a failure is the recovery package's decision, never a backend's."""
 
     name: str
 
@@ -115,6 +116,19 @@ class Backend(abc.ABC):
         rendezvous-port rule for all (`orchestrator.backends.in_place`). Idempotent for one attempt
         id. Returns the handle, or None when the nodes are gone meanwhile (then `start` launches)."""
         raise NotImplementedError(f"the {self.name} backend does not restart in place")
+
+    def add_spares(self, request: LaunchRequest, handle: dict[str, Any], count: int) -> dict[str, Any]:
+        """Start `count` more hot spares beside the running attempt `handle` (launched by `request`,
+        whose token the spares speak with) and return the handle with them (`spares`, and their
+        endpoints in `memory_peers`), for the controller to store in place of the old one. Only
+        where `capabilities.add_spares` (which implies `hot_spares`). Idempotent per handle: a
+        second call with the same handle (the first's result not stored) returns the first's
+        result and starts nothing; a call with the returned handle adds `count` more. `count` 0:
+        the handle unchanged. Raises ValueError for a negative count or one the backend cannot
+        place (more than the free slots), NotImplementedError where the backend cannot add any."""
+        if not self.capabilities.hot_spares:
+            raise NotImplementedError(f"the {self.name} backend has no hot spares (resources.spare_nodes)")
+        raise NotImplementedError(f"the {self.name} backend cannot add hot spares to a running attempt")
 
     @abc.abstractmethod
     def poll(self, handle: dict[str, Any]) -> PollResult:
@@ -233,22 +247,46 @@ def _first_key(reason: dict[str, Any] | None, ended_at: float | None) -> float:
     return (reason or {}).get("at") or ended_at or float("inf")
 
 
-def first_reported_cause(result: PollResult, reported: dict[str, dict[str, Any]]) -> PollResult:
-    """A failed attempt's cause from its agents' own exit reports (`POST .../exit`), when the backend
-    knows only that a node's program failed (`exit.nonzero`): SageMaker's FailureReason quotes one
-    instance, not necessarily the first to fail, and a peer's collateral failure (its collective
-    broke because the real culprit died) must not take the blame. Same rule as `summarize_nodes`."""
+# Verdicts that do not end an attempt by themselves: a straggler in `report` mode (in `restart`
+# mode its reason is already the attempt's), and a NaN replay's finding, recorded after the fact.
+_NOT_A_CAUSE = frozenset({FailureKind.NODE_STRAGGLER, FailureKind.SDC_SUSPECT})
+
+
+def first_reported_cause(
+    result: PollResult, reported: dict[str, dict[str, Any]], verdicts: Sequence[dict[str, Any]] = ()
+) -> PollResult:
+    """A failed attempt's cause from its agents' own exit reports (`POST .../exit`) and verdicts
+    (`POST .../verdicts`), when the backend knows only that a node's program failed
+    (`exit.nonzero`): SageMaker's FailureReason quotes one instance, not necessarily the first to
+    fail, and a peer's collateral failure (its collective broke because the real culprit was
+    stopped) must not take the blame. A node's agent posts its verdict before it stops its ranks,
+    so the verdict is there while that node's own exit may still be on its way: a backend that
+    saw the collateral exit first would otherwise name it. The earliest of them all is the cause,
+    the backend's own reason included when it says when it happened (same rule as `summarize_nodes`)."""
     if result.state != AttemptState.FAILED or (result.reason or {}).get("kind") not in (None, FailureKind.EXIT_NONZERO):
         return result
     failed = [
-        e
+        (e["reason"], e["exit_code"], _first_key(e["reason"], e.get("t")))
         for e in reported.values()
         if e.get("exit_code") and (e.get("reason") or {}).get("kind") not in (None, FailureKind.USER_STOP)
     ]
+    failed += [
+        (_verdict_reason(v), 1, float(v["t"]))
+        for v in verdicts
+        if v.get("kind") not in _NOT_A_CAUSE and v.get("t") is not None
+    ]
     if not failed:
         return result
-    first = min(failed, key=lambda e: _first_key(e["reason"], e.get("t")))
-    return PollResult(AttemptState.FAILED, result.nodes, first["reason"], first["exit_code"])
+    own = _first_key(result.reason, next((n.ended_at for n in result.nodes if n.reason == result.reason), None))
+    first = min(failed, key=lambda c: c[2])
+    if result.reason and own <= first[2]:
+        return result
+    return PollResult(AttemptState.FAILED, result.nodes, first[0], first[1])
+
+
+def _verdict_reason(v: dict[str, Any]) -> dict[str, Any]:
+    """A verdict as the failure reason its agent writes when it stops for it (agent/outcome.py)."""
+    return {"kind": v["kind"], "message": v.get("message", ""), "host": v.get("host"), "at": float(v["t"])}
 
 
 def summarize_nodes(nodes: list[NodeStatus]) -> PollResult:

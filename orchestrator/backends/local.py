@@ -7,10 +7,10 @@ ended: the handle is only the attempt's directory. Replacing a hot spare that di
 also takes the attempt's launch request (its agents' environment), which is never written to disk
 (it holds the agent token): a restarted control plane hands it back, rebuilt (`adopt`).
 
-This module holds the backend's verbs (launch, in-place launch, adopt, poll, stop, fence, chaos,
-logs); the helpers live apart: starting a node's tree (local_spawn.py), reading and signalling it
-(local_procs.py), fencing it (local_fence.py), the attempt folder's layout (local_layout.py) and
-the hot-spare pool's planning (local_spares.py).
+This module holds the backend's verbs (launch, in-place launch, add_spares, adopt, poll, stop,
+fence, chaos, logs); the helpers live apart: starting a node's tree (local_spawn.py), reading and
+signalling it (local_procs.py), fencing it (local_fence.py), the attempt folder's layout
+(local_layout.py) and the hot-spare pool's planning (local_spares.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 from aerie_contracts import memckpt
 from aerie_contracts import memckpt_lease as memory_lease
+from aerie_contracts.container import read_json, write_json
 from aerie_contracts.states import AttemptState
-from agent.contract import read_json, write_json
 from orchestrator import placement
 from orchestrator.backends import in_place, local_fence, local_spares, local_spawn, netns
 from orchestrator.backends.base import (
@@ -176,14 +176,10 @@ class LocalBackend(Backend):
             return existing  # idempotent: a re-adopted launch keeps its port
         # Every local node shares this host's ports: a free one, not the rule's next (in_place.py).
         handle = in_place.next_handle(request.in_place_of, request, master_port=free_port())
-        fresh: list[str] = []
         if request.replace_nodes:
             handle["master_addr"] = master_addr(handle)  # a spare may hold rank 0's slot now
-            fresh = local_spares.replenish(request, handle)
-        write_json(path, handle)
-        # After the handle is written: a re-adopted launch never spawns twice (at worst a spare too few).
-        root = Path(handle["root"])
-        self._spawn_spares(request, root, handle, fresh, int(handle["master_port"]))
+        # The pool refilled: as many new spares as took slots, after the handle is written.
+        self._grow(request, handle, len(request.replace_nodes), int(handle["master_port"]), record=path)
         local_spares.remember(self._launched, request, handle)
         return handle
 
@@ -195,14 +191,53 @@ class LocalBackend(Backend):
         authenticate with that). Spawns nothing, so adopting twice is harmless."""
         local_spares.remember(self._launched, request, handle)
 
-    def _spawn_spares(
-        self, request: LaunchRequest, root: Path, handle: dict[str, Any], hosts: list[str], master_port: int
-    ) -> None:
-        """Start new hot spares' trees (replenished or replacing dead ones) for `handle`'s attempt."""
-        for host in hosts:
+    def add_spares(self, request: LaunchRequest, handle: dict[str, Any], count: int) -> dict[str, Any]:
+        """`count` more hot spares on the node pool's next free slots (`Backend.add_spares`), as
+        a replenished pool's start. Each call's handle counts it (`spares_added`) and is written
+        (`spares-added-<attempt>-<n>.json` in the attempt's folder) before the trees start: a call
+        repeated with the same handle returns it and spawns nothing (a crash in between costs the
+        spares, never a second set)."""
+        if count < 0:
+            raise ValueError(f"cannot add {count} hot spares: the count must be 0 or more")
+        if count == 0:
+            return handle
+        if handle.get("netns") or not in_place_on(request.spec):
+            # As at launch: a spare is handed its slot in place, and starts outside any namespace.
+            raise ValueError(
+                f"cannot add hot spares to {request.attempt_id}: they need in-place restarts "
+                "(retry.max_restarts and retry.in_place_restarts) and no backend_options.netns"
+            )
+        root = Path(handle["root"])
+        number = int(handle.get("spares_added") or 0) + 1
+        record = root / f"spares-added-{handle.get('attempt_id') or request.attempt_id}-{number}.json"
+        recorded = read_json(record)
+        if isinstance(recorded, dict):
+            return recorded  # this call was made before: its spares are started
+        free = local_spares.free_slots(request, handle)
+        if count > len(free):
+            raise ValueError(
+                f"cannot add {count} hot spare(s) to {request.attempt_id}: the node pool "
+                f"(backend_options.node_slots) has {len(free)} free slot(s) left"
+            )
+        new = {**handle, "spares_added": number}
+        local_spares.remember(self._launched, request, new)  # its spares can be replaced too
+        self._grow(request, new, count, self._launched[(str(root), new.get("attempt_id"))][1], record=record)
+        return new
+
+    def _grow(
+        self, request: LaunchRequest, handle: dict[str, Any], count: int, master_port: int, record: Path | None = None
+    ) -> list[str]:
+        """Up to `count` new hot spares of `handle`'s attempt (fewer when the pool runs out), added
+        to the handle (`local_spares.replenish`), their trees started after the handle is written
+        to `record` where given (a retry never spawns twice). The one way every spare after launch
+        starts: replenished (`restart_in_place`), replacing a dead one (`poll`), added (`add_spares`)."""
+        fresh = local_spares.replenish(request, handle, count)
+        if record is not None:
+            write_json(record, handle)
+        for host in fresh:
             self._spawn(
                 request,
-                root,
+                Path(handle["root"]),
                 host,
                 handle["hosts"],
                 spare=True,
@@ -210,6 +245,7 @@ class LocalBackend(Backend):
                 key=handle.get(memckpt.HANDLE_KEY),
                 master_port=master_port,
             )
+        return fresh
 
     # --- poll -------------------------------------------------------------------------------
 
@@ -248,8 +284,7 @@ class LocalBackend(Backend):
             return result
         request, master_port = launched
         new = {**handle, "spares": [h for h in handle["spares"] if h not in dead]}
-        fresh = local_spares.replenish(request, new, len(dead))
-        self._spawn_spares(request, root, new, fresh, master_port)
+        fresh = self._grow(request, new, len(dead), master_port)
         replaced = {h: fresh[i] if i < len(fresh) else "" for i, h in enumerate(dead)}
         return dataclasses.replace(result, spares_replaced=replaced, handle=new)
 

@@ -1,7 +1,7 @@
 """The local backend's hot-spare pool: which waiting spares a relaunch keeps, and where new ones go.
 
 Pure planning over the handle and the node pool's slots (`placement`); the backend starts the trees
-(`LocalBackend._spawn_spares`). A new spare never takes a name a node of the attempt's tree had:
+(`LocalBackend._grow`). A new spare never takes a name a node of the attempt's tree had:
 that name's folder is the old node's.
 """
 
@@ -32,19 +32,25 @@ def replenish(request: LaunchRequest, handle: dict[str, Any], count: int | None 
     next free slots (never a name a node of this tree had: its folder is the old node's), added
     to the handle and to its memory ring's endpoints. Fewer when the pool runs out. `count`:
     that many instead (spares that died while they waited)."""
-    spec = request.spec
     used = len(request.replace_nodes) if count is None else count
-    slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
-    root = Path(handle["root"])
-    had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-    kept = handle.get("node_roots") or {}  # spares kept from an earlier attempt, dead ones too
-    taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had, *kept]
-    fresh = placement.spares(used, slots, taken, request.exclude_nodes)
+    fresh = free_slots(request, handle)[:used]
     if fresh:
         handle["spares"] = [*handle.get("spares", []), *fresh]
         if handle.get("memory_peers"):
             handle["memory_peers"] = {**handle["memory_peers"], **{h: f"127.0.0.1:{free_port()}" for h in fresh}}
     return fresh
+
+
+def free_slots(request: LaunchRequest, handle: dict[str, Any]) -> list[str]:
+    """The node pool's slots a new spare of `handle`'s attempt may take, in slot order: not a node
+    or spare of it, not a replaced or excluded node, not a name its tree has a folder of."""
+    spec = request.spec
+    slots = placement.node_slots(spec.backend_options, spec.resources.instance_count, spec.resources.spare_nodes)
+    root = Path(handle["root"])
+    had = [p.name for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    kept = handle.get("node_roots") or {}  # spares kept from an earlier attempt, dead ones too
+    taken = [*handle["hosts"], *handle.get("spares", []), *request.replace_nodes, *had, *kept]
+    return placement.spares(slots, slots, taken, request.exclude_nodes)
 
 
 Launched = dict[tuple[str, str | None], tuple[LaunchRequest, int]]

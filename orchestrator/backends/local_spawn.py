@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psutil
 
 from aerie_contracts import env as aerie_env
-from agent.contract import CHANNEL_CACHE_ENV, NodeContract
+from aerie_contracts.container import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends import netns
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.nodeenv import channels, in_place_env, memory_env, node_env

@@ -2,7 +2,7 @@
 
 One place, so that `local`, `slurm` and `sagemaker` nodes see the same variables. No SM_*: the
 node's identity comes from its `resourceconfig.json`, as on SageMaker, and the agent sets the SM_*
-variables for the ranks itself (`agent.contract.trainer_env`). The layers, in order (a later one
+variables for the ranks itself (`agent.toolkit_env.trainer_env`). The layers, in order (a later one
 wins): the launcher's own environment minus any AERIE_*/SM_* of its own, the spec's `env`, the
 node's contract (`NodeContract.env()`: where its /opt/ml is), the request's `extra_env`, the
 attempt's AERIE_* variables, and the rendezvous address. Slurm builds the node half on the node
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.container import CHANNEL_CACHE_ENV, NodeContract
 from aerie_contracts.restarts import CAUSE_MEMORY_NODES, CAUSE_RESUME_FALLBACK
-from agent.contract import CHANNEL_CACHE_ENV, NodeContract
 from orchestrator.backends.base import LaunchRequest
 from recovery import modes
 
@@ -43,7 +43,7 @@ def sagemaker_sync_uri(spec: Any, job_id: str) -> str:
 
 
 def channels(spec: Any) -> dict[str, dict[str, str]]:
-    """The spec's input channels as the node contract takes them (agent.contract.channel_config)."""
+    """The spec's input channels as the node contract takes them (aerie_contracts.container.channel_config)."""
     return {c.channel: {"s3_uri": c.s3_uri, "mode": c.mode, "distribution": c.distribution} for c in spec.inputs}
 
 

@@ -55,8 +55,8 @@ from typing import Any
 
 from aerie_contracts import env as aerie_env
 from aerie_contracts import memckpt
+from aerie_contracts.container import read_json, write_json
 from aerie_contracts.states import AttemptState
-from agent.contract import read_json, write_json
 from orchestrator.backends import base, in_place, slurm_cli, slurm_nodes
 from orchestrator.backends.base import Backend, LaunchRequest, NodeStatus, PollResult
 from orchestrator.backends.nodeenv import (

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from aerie_contracts import FailureKind
+from aerie_contracts.container import read_json
 from aerie_contracts.states import AttemptState
-from agent.contract import read_json
 from orchestrator.backends import base
 from orchestrator.backends.base import NodeStatus
 

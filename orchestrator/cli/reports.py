@@ -14,6 +14,7 @@ from orchestrator import goodput_view
 from orchestrator.cli.api import _call, _client
 from orchestrator.cli.output import _age, _bytes, _state, console
 from orchestrator.client import ApiError
+from orchestrator.stacks_view import stop_time_lines
 
 
 def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
@@ -65,6 +66,8 @@ def describe(job: str = typer.Argument(..., help="Job id or name.")) -> None:
             status = f"cleared ({b['cleared_by']})" if b.get("cleared_at") else "counts"
             bt.add_row(b["host"], b["attempt_id"], b["kind"], f"{b['rule']}: {b['why']}", status)
         console.print(bt)
+    for line in stop_time_lines(d["verdicts"]):
+        console.print(line, markup=False, highlight=False)
     led = _goodput_or_none(d["id"])
     if led is not None:
         console.print(goodput_view.summary(led))

@@ -15,6 +15,7 @@ from aerie_contracts import DetailType, preflight
 from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.states import JOB_TERMINAL
 from orchestrator.api.read_model import attempts_out
+from orchestrator.stacks_view import stop_time_lines
 from orchestrator.store import repo
 from orchestrator.store.models import Attempt, Event, Job
 from orchestrator.web.downsample import minmax
@@ -64,10 +65,14 @@ def job_panels(s: Session, job: Job, backend: Any, goodput_cache: dict | None = 
     """Everything on the job page except the curves: attempts, verdicts, nodes, events, logs."""
     attempts = attempts_out(job)
     numbers = {a.id: a.number for a in job.attempts}
+    rows = repo.verdicts_of(s, list(numbers))
     verdicts = [
-        dict(t=v.t, attempt=numbers.get(v.attempt_id), host=v.host, kind=v.kind, message=v.message)
-        for v in repo.verdicts_of(s, list(numbers))
+        dict(t=v.t, attempt=numbers.get(v.attempt_id), host=v.host, kind=v.kind, message=v.message) for v in rows
     ]
+    # What each rank was doing when a hang was called, the rank the others waited for first.
+    stacks = stop_time_lines(
+        [dict(attempt_id=v.attempt_id, host=v.host, kind=v.kind, t=v.t, evidence=v.evidence or {}) for v in rows]
+    )
     events = [
         dict(seq=e.seq, t=e.time, kind=e.detail_type.replace("Aerie ", ""), text=_event_text(e))
         for e in repo.list_events(s, job)
@@ -79,6 +84,7 @@ def job_panels(s: Session, job: Job, backend: Any, goodput_cache: dict | None = 
         job=job,
         attempts=attempts,
         verdicts=verdicts,
+        stacks=stacks,
         events=list(reversed(events)),
         nodes=list(attempts[-1].nodes) if attempts else [],
         latest=latest,

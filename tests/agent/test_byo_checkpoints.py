@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from aerie_checkpoint import manifest
+from aerie_checkpoint.fence import Superseded
 from aerie_contracts import byo
-from agent.byo_checkpoints import CheckpointSync, finished_candidates, local_dir
-from trainer.checkpoint import manifest
-from trainer.checkpoint.fence import Superseded
+from agent.byo_checkpoints import CheckpointSync, finished_candidates, lightning_step, local_dir
 
 
 def hf_checkpoint(root: Path, step: int, marker: bool = True, size: int = 3000) -> Path:
@@ -123,7 +123,7 @@ class _Gate:
 
 
 def test_a_superseded_attempt_cannot_commit(tmp_path, s3_prefix):
-    """The gate is the fenced commit's (trainer/checkpoint/fence.py); here it answers as the control
+    """The gate is the fenced commit's (aerie_checkpoint/fence.py); here it answers as the control
     plane does for a superseded attempt (tests/e2e/test_fencing.py runs the real one)."""
     root = tmp_path / "ck"
     sync = CheckpointSync(root=root, marker=byo.MARKER_HF, prefix=s3_prefix, attempt=1, gate=_Gate())
@@ -131,3 +131,139 @@ def test_a_superseded_attempt_cannot_commit(tmp_path, s3_prefix):
     settle(sync)
     assert "Superseded" in repr(sync.failed) or "no longer" in sync.failed["checkpoint-9"]
     assert manifest.last_good(s3_prefix) is None
+
+
+# --- Lightning: flat files from the real script (examples/byo/lightning_train.py) -----------------
+
+
+def run_lightning(*args: str) -> str:
+    """The stock Lightning script in a subprocess, output a pipe (as agent/rank.py runs a rank)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("lightning")
+    script = Path(__file__).resolve().parents[2] / "examples" / "byo" / "lightning_train.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=300
+    )
+    out = proc.stdout.decode(errors="replace")
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def test_lightning_default_layout_is_recognised(tmp_path, s3_prefix):
+    """No dirpath: the default ModelCheckpoint's epoch-end file under lightning_logs/version_0/checkpoints/."""
+    root = tmp_path / "out"
+    run_lightning("--root-dir", str(root), "--max-steps", "30")
+    found = finished_candidates(root, byo.MARKER_LIGHTNING)
+    assert {k: v[0] for k, v in found.items()} == {"lightning_logs/version_0/checkpoints/epoch=2-step=30.ckpt": 30}
+    sync = CheckpointSync(root=root, marker=byo.MARKER_LIGHTNING, prefix=s3_prefix, attempt=1)
+    settle(sync)
+    uri = sync.done["lightning_logs/version_0/checkpoints/epoch=2-step=30.ckpt"]
+    info = manifest.read_manifest(uri)
+    assert info["step"] == 30 and info["extra"][byo.MANIFEST_LOCAL_FILE].endswith("epoch=2-step=30.ckpt")
+    where = CheckpointSync(root=tmp_path / "node2", marker=byo.MARKER_LIGHTNING, prefix=s3_prefix).restore(uri)
+    assert where == tmp_path / "node2" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert lightning_step(where) == 30
+
+
+def test_lightning_checkpoints_commit_only_complete_files_and_restore_resumes(tmp_path, s3_prefix):
+    """ModelCheckpoint(dirpath=..., every_n_train_steps=5, save_last=True): the file of step 15 is
+    committed (last.ckpt, the same save, not twice); a half-written file never is; restored on a
+    fresh node as last.ckpt, `trainer.fit(ckpt_path="last")` resumes at 15 and goes on to 30."""
+    ck = tmp_path / "ck"
+    out = run_lightning(
+        "--root-dir", str(tmp_path / "run1"), "--checkpoint-dir", str(ck), "--save-steps", "5", "--max-steps", "17"
+    )
+    assert "global_step=17" in out
+    assert sorted(p.name for p in ck.iterdir()) == ["epoch=1-step=15.ckpt", "last.ckpt"]  # save_top_k=1 rotated 5, 10
+    assert lightning_step(ck / "last.ckpt") == 15
+    assert {k: v[0] for k, v in finished_candidates(ck, byo.MARKER_LIGHTNING).items()} == {"epoch=1-step=15.ckpt": 15}
+
+    # A save still being written (or cut short: a copy across filesystems writes the final name):
+    # its zip directory is not there yet, so it is no checkpoint, however long its size stays put.
+    whole = (ck / "epoch=1-step=15.ckpt").read_bytes()
+    (ck / "epoch=3-step=40.ckpt").write_bytes(whole[: len(whole) // 2])
+    sync = CheckpointSync(root=ck, marker=byo.MARKER_LIGHTNING, prefix=s3_prefix, attempt=1)
+    for t in (1000.0, 1003.0, 1006.0, 1009.0):
+        sync.tick(t)
+        sync.wait(60)
+    assert list(sync.done) == ["epoch=1-step=15.ckpt"] and not sync.failed
+    assert [c.step for c in manifest.list_checkpoints(s3_prefix)] == [15]
+    (ck / "epoch=3-step=40.ckpt").unlink()
+
+    # A complete file that is still changing (size or mtime) is not uploaded until it settles.
+    (ck / "epoch=2-step=20.ckpt").write_bytes(whole)
+    sync.tick(2000.0)
+    (ck / "epoch=2-step=20.ckpt").write_bytes(whole + b"")  # rewritten: a new mtime
+    os.utime(ck / "epoch=2-step=20.ckpt", ns=(1, 1))
+    sync.tick(2000.0 + sync.settle_s + 0.1)
+    assert not sync.busy() and "epoch=2-step=20.ckpt" not in sync.done
+    (ck / "epoch=2-step=20.ckpt").unlink()
+
+    uri = sync.done["epoch=1-step=15.ckpt"]
+    assert manifest.last_good(s3_prefix) == uri and manifest.verify(uri, deep=True)
+    assert not (ck / ".aerie-upload").exists() or not any((ck / ".aerie-upload").iterdir())  # staging cleaned
+
+    # Another node (an empty directory), the next attempt: the committed file as last.ckpt.
+    node2 = tmp_path / "node2" / "ck"
+    restorer = CheckpointSync(root=node2, marker=byo.MARKER_LIGHTNING, prefix=s3_prefix, attempt=2)
+    where = restorer.restore(uri)
+    assert where == node2 / "last.ckpt" and where.read_bytes() == whole
+    restorer.tick(5000.0)
+    restorer.tick(5010.0)
+    assert not restorer.busy() and not restorer.committed  # restored: not uploaded again
+
+    out = run_lightning(
+        "--root-dir", str(tmp_path / "run2"), "--checkpoint-dir", str(node2), "--save-steps", "5", "--max-steps", "30"
+    )
+    assert f"Restoring states from the checkpoint path at {node2 / 'last.ckpt'}" in out
+    assert "global_step=30" in out
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from agent.tb_progress import event_files
+
+    steps = sorted(
+        ev.step + 1
+        for path in event_files(tmp_path / "run2")
+        for ev in EventFileLoader(str(path)).Load()
+        if any(v.tag == "train_loss" for v in ev.summary.value)
+    )
+    assert steps == list(range(16, 31))  # it went on from the committed step 15, not from 0
+
+
+def test_lightning_file_rotated_away_mid_upload_is_still_committed(tmp_path, s3_prefix, monkeypatch):
+    """save_top_k removes the previous file at the next save; the upload reads a hard link of it."""
+    import aerie_s3.upload as upload
+
+    src = tmp_path / "src"
+    run_dir = src / "ck"
+    run_dir.mkdir(parents=True)
+    real = tmp_path / "real.ckpt"
+    _make_fake_lightning_ckpt(real, step=25)
+    (run_dir / "epoch=2-step=25.ckpt").write_bytes(real.read_bytes())
+
+    original = upload.upload_files
+
+    def rotating(pairs, **kw):
+        (run_dir / "epoch=2-step=25.ckpt").unlink()  # the trainer's next save rotated it away
+        return original(pairs, **kw)
+
+    monkeypatch.setattr(upload, "upload_files", rotating)
+    sync = CheckpointSync(root=run_dir, marker=byo.MARKER_LIGHTNING, prefix=s3_prefix, attempt=1)
+    settle(sync)
+    assert not sync.failed, sync.failed
+    uri = sync.done["epoch=2-step=25.ckpt"]
+    where = CheckpointSync(root=tmp_path / "n2", marker=byo.MARKER_LIGHTNING, prefix=s3_prefix).restore(uri)
+    assert where.read_bytes() == real.read_bytes() and lightning_step(where) == 25
+
+
+def _make_fake_lightning_ckpt(path: Path, step: int) -> None:
+    """A zip laid out as torch.save writes one, holding Lightning's leading keys (no torch needed)."""
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"epoch": 2, "global_step": step, "state_dict": {}}, protocol=2))
+        z.writestr("archive/version", "3\n")

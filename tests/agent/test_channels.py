@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts.container import NodeContract
 from aerie_s3.clients import boto3_client
 from agent.channels import InputUnavailable, receive, relative_path, share
-from agent.contract import NodeContract, trainer_env
 from agent.identity import resolve_identity
+from agent.toolkit_env import trainer_env
 
 REPO = Path(__file__).resolve().parents[2]
 

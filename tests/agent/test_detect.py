@@ -363,3 +363,18 @@ def test_loss_nan_names_the_ranks_that_produced_it_and_the_samples():
     assert v.evidence["step"] == 150 and v.evidence["origin_ranks"] == ["1"]
     assert v.evidence["consumed_samples"] == 2400
     json.dumps(v.evidence, allow_nan=False)
+
+
+def test_a_stopped_rank_is_a_hang_on_the_learned_limit_not_the_floor():
+    """SIGSTOP (the kernel's `stopped`, not a tracing stop) is certain: max(stopped_floor_s 10 s,
+    5 x p95) instead of hang_floor_s' 30 s; a tracing stop (py-spy, a debugger) keeps the floor."""
+    stopped = [{"rank": 0, "pid": 1, "state": "sleeping", "cpu": 0.0}, {"rank": 1, "pid": 2, "state": "stopped"}]
+    quiet = lambda i, t: 0.0  # noqa: E731
+    assert detect_hang(make_window(209.0, steps_until=200.0, util=quiet, processes=stopped), CFG) is None
+    v = detect_hang(make_window(211.0, steps_until=200.0, util=quiet, processes=stopped), CFG)
+    assert v is not None and v.evidence["limit_s"] == 10 and v.evidence["stopped"][0]["rank"] == 1
+    slow = make_window(330.0, step_s=4.0, steps_until=300.0, util=quiet, processes=stopped)  # 5 x 4 s = 20 s
+    assert detect_hang(slow, CFG) is not None and detect_hang(slow, CFG).evidence["limit_s"] == pytest.approx(20.0)
+    assert detect_hang(make_window(318.0, step_s=4.0, steps_until=300.0, util=quiet, processes=stopped), CFG) is None
+    traced = [{"rank": 1, "pid": 2, "state": "tracing-stop", "cpu": 0.0}]
+    assert detect_hang(make_window(211.0, steps_until=200.0, util=quiet, processes=traced), CFG) is None

@@ -10,18 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts.container import DEFAULT_GROUP, NodeContract, resource_config
 from agent.config import AgentConfig
-from agent.contract import NodeContract, trainer_env
 from agent.identity import (
-    DEFAULT_GROUP,
     DEFAULT_MASTER_PORT,
     IdentityError,
     expand_hostlist,
     from_slurm,
     node_dir,
     resolve_identity,
-    resource_config,
 )
+from agent.toolkit_env import trainer_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,21 +124,6 @@ def test_toolkit_variables_then_defaults(tmp_path):
     alone = resolve_identity({"AERIE_ML_ROOT": str(root)})
     assert (alone.source, alone.hosts, alone.master_addr) == ("default", ("algo-1",), "127.0.0.1")
     assert resolve_identity({}).ml_root == Path("/opt/ml")
-
-
-def test_the_local_contract_writes_sagemakers_full_layout(tmp_path):
-    NodeContract(tmp_path / "algo-2", ("algo-2", "algo-1"), "algo-2", network_interface="lo").write()
-    rc = json.loads((tmp_path / "algo-2" / "input" / "config" / "resourceconfig.json").read_text())
-    assert rc == {
-        "current_host": "algo-2",
-        "current_instance_type": "local",
-        "current_group_name": "homogeneousCluster",
-        "hosts": ["algo-1", "algo-2"],
-        "instance_groups": [
-            {"instance_group_name": "homogeneousCluster", "instance_type": "local", "hosts": ["algo-1", "algo-2"]}
-        ],
-        "network_interface_name": "lo",
-    }
 
 
 def test_a_rank_without_aerie_node_dir_writes_where_the_agent_reads(tmp_path):

@@ -103,3 +103,47 @@ def test_a_phase_heartbeat_has_arrived_when_it_returns():
         assert [(p.rsplit("/", 1)[-1], b) for p, _, b in _Recorder.seen] == [("heartbeat", beat)]
     finally:
         server.shutdown()
+
+
+class _SlowFirstBeat(BaseHTTPRequestHandler):
+    """Records each heartbeat when its answer is sent; the first one is slow (a loaded API)."""
+
+    stored: list[dict] = []
+    first = True
+    arrived = threading.Event()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if type(self).first:
+            type(self).first = False
+            type(self).arrived.set()
+            time.sleep(0.5)
+        type(self).stored.append(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_beat_in_flight_never_lands_after_the_phase_beat():
+    """The control plane keeps the last summary it got: a periodic beat the thread was still
+    sending when the upload's phase beat went out must land before it, not after (it erased the
+    Uploading transition of a SageMaker job on a loaded CI host)."""
+    _SlowFirstBeat.stored, _SlowFirstBeat.first = [], True
+    _SlowFirstBeat.arrived.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowFirstBeat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rep = Reporter(f"http://127.0.0.1:{server.server_port}", "tok-1", "job-a1", "algo-1")
+        rep.heartbeat({"t": 1.0})
+        assert _SlowFirstBeat.arrived.wait(10)  # the thread is sending it
+        phase = {"t": 2.0, contract.PHASE: contract.PHASE_UPLOADING}
+        assert rep.heartbeat_now(phase)
+        rep.heartbeat({"t": 3.0, contract.PHASE: contract.PHASE_UPLOADING})
+        wait_for(what="three beats", check=lambda: len(_SlowFirstBeat.stored) >= 3, timeout_s=10, every_s=0.01)
+    finally:
+        server.shutdown()
+    assert [b["t"] for b in _SlowFirstBeat.stored] == [1.0, 2.0, 3.0]

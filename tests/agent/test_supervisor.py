@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from aerie_contracts.container import NodeContract
 from agent.config import rank_command
-from agent.contract import NodeContract
 from tests.helpers.supervisor_parts import agent_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -273,7 +273,7 @@ time.sleep(60)  # trains on past its NaN: the agent must stop it
 def test_the_agent_stops_a_tensorboard_only_trainer_on_its_nan(tmp_path):
     """A node whose trainer reports progress only through TensorBoard: the agent tails its event
     files, the loss.nan detector fires on the NaN step, and the node ends with that verdict."""
-    from agent.contract import NodeContract
+    from aerie_contracts.container import NodeContract
 
     contract = NodeContract(ml_root=tmp_path / "algo-1", hosts=("algo-1",), current_host="algo-1")
     contract.write()
@@ -282,7 +282,7 @@ def test_the_agent_stops_a_tensorboard_only_trainer_on_its_nan(tmp_path):
     env.update(
         {
             "AERIE_ENTRYPOINT": json.dumps([sys.executable, "-c", TRAINER]),
-            "AERIE_HEALTH": json.dumps({"sample_s": 0.2, "accelerator": "cpu"}),
+            "AERIE_HEALTH": json.dumps({"sample_s": 0.2, "accelerator": "cpu", "probe": "on"}),
             "AERIE_WORKDIR": str(REPO),
             "AERIE_LOG_METRICS": json.dumps({"preset": None, "definitions": [], "tensorboard": {}}),
         }
@@ -305,7 +305,7 @@ def test_a_real_hf_trainer_reporting_to_tensorboard_is_the_nodes_progress(tmp_pa
     TENSORBOARD_LOGGING_DIR, HF writes its event files there, and its steps and losses reach the
     node's metrics stream and heartbeat-side progress from those files alone."""
     pytest.importorskip("transformers")
-    from agent.contract import NodeContract
+    from aerie_contracts.container import NodeContract
 
     contract = NodeContract(ml_root=tmp_path / "algo-1", hosts=("algo-1",), current_host="algo-1")
     contract.write()
@@ -317,7 +317,7 @@ def test_a_real_hf_trainer_reporting_to_tensorboard_is_the_nodes_progress(tmp_pa
             "AERIE_ENTRYPOINT": json.dumps(
                 [*command, "--output-dir", str(tmp_path / "out"), "--report-to", "tensorboard"]
             ),
-            "AERIE_HEALTH": json.dumps({"sample_s": 0.2, "accelerator": "cpu"}),
+            "AERIE_HEALTH": json.dumps({"sample_s": 0.2, "accelerator": "cpu", "probe": "on"}),
             "AERIE_WORKDIR": str(REPO),
             "AERIE_LOG_METRICS": json.dumps({"preset": None, "definitions": [], "tensorboard": {"flush_s": 0}}),
         }
@@ -326,7 +326,8 @@ def test_a_real_hf_trainer_reporting_to_tensorboard_is_the_nodes_progress(tmp_pa
         [sys.executable, "-m", "agent.entrypoint"], env=env, cwd=REPO, capture_output=True, text=True, timeout=180
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    stream = _stream(contract.metrics_dir)
+    # With `health.probe: on`, the in-process probe (agent/inproc) writes the same stream too.
+    stream = [r for r in _stream(contract.metrics_dir) if r["source"] != "probe"]
     assert _steps(stream) == [1, 2, 3, 4]
     assert all(r["source"] == "tensorboard" and math.isfinite(r["loss"]) and "lr" in r for r in stream)
     assert event_files(contract.ml_root / "output" / "tensorboard")

@@ -151,3 +151,60 @@ def test_a_go_file_s_group_places_a_rank_warmed_before_its_slot_was_known(tmp_pa
     env = regrouped(go, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
     assert env == rank_env(1, 2, 1, 2)
     assert (env["RANK"], env["WORLD_SIZE"], env["GROUP_RANK"], env["LOCAL_RANK"]) == ("3", "4", "1", "1")
+
+
+def test_a_waiting_rank_whose_parent_is_killed_exits_on_its_own(tmp_path):
+    """The rank wrapper above a waiting rank SIGKILLed (nothing forwards a signal): the rank,
+    reparented, stops waiting for its go file instead of holding a warm interpreter for ever."""
+    import signal
+    import subprocess
+
+    import psutil
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    go = tmp_path / "warm-go.json"
+    rank = [sys.executable, "-m", "agent.warm", "rank", "--go", str(go), "--", "python", str(script)]
+    # A stand-in parent that starts the rank and then only sleeps, as the rank wrapper waits on it.
+    parent_code = f"import subprocess, sys, time; subprocess.Popen({rank!r}); time.sleep(600)"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0"}
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], env=env, start_new_session=True)
+    child: list[int] = []
+    try:
+        wait_for(what="the rank warm", check=lambda: (tmp_path / "warm-go.json.ready-0").exists(), timeout_s=60)
+        child = _children(parent.pid)
+        assert len(child) == 1, child
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        wait_for(what="the orphaned rank gone", check=lambda: not _alive(child[0]), timeout_s=20)
+        assert not go.exists()  # it left on its own: no go file ever came
+    finally:
+        for pid in child:  # the parent is gone by now: its children are not found through it
+            if _alive(pid):
+                psutil.Process(pid).kill()
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_a_waiting_rank_whose_group_is_gone_exits_on_its_own(tmp_path):
+    """The group discarded while this rank was still starting (so its kill did not find the rank,
+    and the rank's own parent may be gone before it looks): the rank stops waiting once its group's
+    pid (`--group-pid`) is gone."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    go = tmp_path / "warm-go.json"
+    group = subprocess.Popen(["sleep", "600"])  # stands in for the group's pid
+    argv = [sys.executable, "-m", "agent.warm", "rank", "--go", str(go), "--group-pid", str(group.pid)]
+    rank = subprocess.Popen([*argv, "--", "python", str(script)], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        wait_for(what="the rank warm", check=lambda: (tmp_path / "warm-go.json.ready-0").exists(), timeout_s=60)
+        assert rank.poll() is None  # its group lives: it waits
+        group.kill()
+        group.wait(timeout=10)
+        assert rank.wait(timeout=20) == 1 and not go.exists()
+    finally:
+        for proc in (rank, group):
+            if proc.poll() is None:
+                proc.kill()

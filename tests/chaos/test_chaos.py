@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from aerie_checkpoint.manifest import verify
 from aerie_contracts.checkpoints import MEMORY_GONE_ATTEMPT_ENDED, CheckpointTier, tier_of_uri
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode
 from devtools.harness.chaos import EXPECTED_REASONS, TRAINER_FAULTS, run_chaos
 from tests.helpers.goodput_checks import check_chaos_ledger
 from tests.helpers.planes import running_control_plane
-from trainer.checkpoint.manifest import verify
 
 pytestmark = pytest.mark.slow
 

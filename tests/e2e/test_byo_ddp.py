@@ -26,9 +26,13 @@ from tests.helpers.byo_job import ByoScript, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 
-# ~20 s of training left after the first commit: the stop must land mid-training on a loaded host
-# (`aerie chaos` takes a few seconds to reach the rank; see test_byo_hf_trainer.py).
-DDP = ByoScript("byo-ddp", "ddp_train.py", steps=60, save_steps=10, step_sleep=0.4)
+# The stop must land mid-training on a loaded host (`aerie chaos` takes a few seconds to reach the
+# rank; see test_byo_hf_trainer.py) and before the next save: the loss at the step after the resume
+# point is compared across attempts, so attempt 1 must have logged it. With a save every 10 steps
+# (4 s) the stop once landed just after the step-20 commit, before rank 0 logged step 21 (CI, both
+# cores busy). A save every 30 steps leaves 12 s between the first commit and the next, and 24 s of
+# training after it.
+DDP = ByoScript("byo-ddp", "ddp_train.py", steps=90, save_steps=30, step_sleep=0.4)
 METRIC_DEFINITIONS = [
     {"Name": "step", "Regex": r"^step (\d+)/\d+ \|"},
     {"Name": "train:loss", "Regex": r"\| loss ([0-9.eE+-]+|nan|inf) \|"},

@@ -117,8 +117,8 @@ def test_a_stopped_node_is_fenced_and_its_stale_rank_never_commits(cp, tmp_path,
         "AWS_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(key, value)
-    from trainer.checkpoint import gc as ckpt_gc
-    from trainer.checkpoint import manifest
+    from aerie_checkpoint import gc as ckpt_gc
+    from aerie_checkpoint import manifest
 
     proxy = ThrottlingProxy("127.0.0.1", s3["port"], rate=FAST).start()
     offnode = OffNode(tmp_path / "offnode-rank.log", proxy.endpoint_url)

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
+from aerie_checkpoint import manifest
 from aerie_contracts import memckpt
 from aerie_contracts.checkpoints import memory_uri
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_RESUME_FALLBACK, RestartMode
 from devtools.harness.jobs import attempt_step_records, s3_spec
 from tests.helpers.attempt_files import attempt_of, good_memory, pids, restored_events, running_pids, s3_requests_since
 from tests.helpers.wait import wait_for
-from trainer.checkpoint import manifest
 
 pytestmark = pytest.mark.slow
 

@@ -73,7 +73,8 @@ def test_a_recurring_nan_is_a_user_error_and_a_one_off_nan_blames_its_node(s3_pl
 
     job = cp.wait_state("nan-sdc", TERMINAL, timeout_s=240)
     print(f"nan-sdc {job['state']} after {time.time() - started:.1f}s")
-    assert job["state"] == "Completed", job
+    story = [(a["number"], a["state"], a.get("reason"), a.get("resume_from")) for a in job["attempt_list"]]
+    assert job["state"] == "Completed", f"{story!s:.2000} | verdicts {job.get('verdicts')!s:.1500}"
     first, second = job["attempt_list"]
     assert first["reason"]["kind"] == FailureKind.LOSS_NAN and second["resume_from"], job["attempt_list"]
     (suspect,) = [v for v in job["verdicts"] if v["kind"] == FailureKind.SDC_SUSPECT]

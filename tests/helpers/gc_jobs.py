@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import boto3
 
+from aerie_checkpoint.manifest import commit
 from orchestrator.store import repo
 from orchestrator.store.models import Job
-from trainer.checkpoint.manifest import commit
 
 
 def gc_job(s, name: str, base: str, keep_last: int) -> Job:

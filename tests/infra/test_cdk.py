@@ -149,7 +149,7 @@ def test_each_handler_is_a_python_lambda_with_its_module_handler(template, resou
         assert "LoggingConfig" in props
 
 
-def test_handler_bundle_holds_the_handlers_and_only_the_torch_free_trainer_files(synthesized, resources):
+def test_handler_bundle_holds_the_handlers_and_the_checkpoint_kernel_but_no_trainer(synthesized, resources):
     _stack, _template, _json, outdir = synthesized
     functions = [
         f
@@ -161,16 +161,11 @@ def test_handler_bundle_holds_the_handlers_and_only_the_torch_free_trainer_files
     asset_hash = next(iter(asset_keys)).split(".")[0]
     bundle = Path(outdir) / f"asset.{asset_hash}"
     assert bundle.is_dir()
-    trainer_files = sorted(str(p.relative_to(bundle)) for p in (bundle / "trainer").rglob("*.py"))
-    assert set(trainer_files) <= {
-        "trainer/__init__.py",
-        "trainer/checkpoint/__init__.py",
-        "trainer/checkpoint/storage.py",
-        "trainer/checkpoint/manifest.py",
-        "trainer/checkpoint/gc.py",
-    }
+    assert not (bundle / "trainer").exists(), "the trainer needs torch; the handlers import none of it"
+    kernel = {p.name for p in (bundle / "aerie_checkpoint").glob("*.py")}
+    assert {"__init__.py", "storage.py", "manifest.py", "gc.py", "fence.py"} <= kernel
     assert (bundle / "slack_sdk").is_dir() and (bundle / "httpx").is_dir()
-    assert (bundle / "aerie_s3" / "settings.py").is_file()  # what trainer/checkpoint/storage.py builds on
+    assert (bundle / "aerie_s3" / "settings.py").is_file()  # what aerie_checkpoint/storage.py builds on
     assert not any(bundle.rglob("*.so")), "the bundle must be pure Python"
     assert not (bundle / "torch").exists() and not (bundle / "boto3").exists()
     for module in HANDLERS:
@@ -206,7 +201,7 @@ def test_handler_bundle_imports_without_torch_or_the_repo(synthesized, resources
         if f["Properties"].get("Handler", "").startswith("lambdas.")
     }
     bundle = Path(outdir) / f"asset.{code.split('.')[0]}"
-    modules = ["trainer.checkpoint.manifest", "slack_sdk", "httpx"]
+    modules = ["aerie_checkpoint.manifest", "slack_sdk", "httpx"]
     modules += [f"lambdas.{m}" for m in HANDLERS if (REPO / "lambdas" / f"{m}.py").exists()]
     result = subprocess.run(
         [sys.executable, "-I", "-c", IMPORT_FROM_BUNDLE, str(bundle), *modules],

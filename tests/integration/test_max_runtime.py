@@ -15,9 +15,9 @@ import time
 
 import pytest
 
+from aerie_checkpoint.manifest import verify
 from devtools.harness.control_plane import ControlPlane
 from tests.helpers.sagemaker import aws_keys, client, request
-from trainer.checkpoint.manifest import verify
 
 MAX_RUNTIME_S = 30
 # From the limit running out to the job's end: a reconcile pass, the stop's SIGTERM grace and the

@@ -79,13 +79,15 @@ def test_fault_fails_the_attempt_with_its_cause(cp, tmp_path, case):
                 assert ev["state"] == "busy" and ev["busy"] == ["3"], ev
             else:
                 assert ev["state"] == "idle" and ev["busy"] == [], ev
-        # Blamed: algo-2 alone. Attempt 2 leaves it out and runs on the spare slot.
-        assert blamed == [(attempt["id"], "algo-2", "not_waiting")], job["blames"]
+        # Blamed: algo-2 alone, from the ranks' stacks at stop time (the in-process probe's: rank 3
+        # outside any collective, in its own loop). Attempt 2 leaves it out and runs on the spare slot.
+        assert blamed == [(attempt["id"], "algo-2", "waited_for")], job["blames"]
         second = job["attempt_list"][1]
         assert second["exclude_nodes"] == ["algo-2"]
         assert sorted(n["host"] for n in second["nodes"]) == ["algo-1", "algo-3"], second
         described = cp.cli("describe", name, check=True).stdout
-        assert "BLAMED NODE" in described and "not_waiting: cpu device(s) ['3'] busy" in described, described
+        assert "BLAMED NODE" in described and "root cause: rank 3 on algo-2" in described, described
+        assert "_spin_forever()  <- root cause" in described, described  # the stuck rank's frame
     if case == "sigstop":
         # A stopped rank stops using its device and its peers wait idle: an idle hang everywhere,
         # and the stopped rank is in the evidence of its own node.
@@ -93,7 +95,9 @@ def test_fault_fails_the_attempt_with_its_cause(cp, tmp_path, case):
         for v in verdicts:
             stopped = [(p["rank"], p["state"]) for p in v["evidence"]["stopped"]]
             assert stopped == ([(1, "stopped")] if v["host"] == "algo-1" else []), v["evidence"]
-        assert blamed == [(attempt["id"], "algo-1", "stopped_rank")], job["blames"]
+        assert blamed == [(attempt["id"], "algo-1", "waited_for")], job["blames"]  # the stopped rank's node
+        described = cp.cli("describe", name, check=True).stdout
+        assert "root cause: rank 1 on algo-1" in described and "algo-1 rank 1: stopped" in described, described
     if case == "nan":
         assert blamed == []  # a NaN is nobody's hardware
         second = job["attempt_list"][1]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from aerie_checkpoint.manifest import checkpoint_uri, list_checkpoints
 from lambdas import checkpoint_gc
 from orchestrator.store import repo
 from tests.helpers.gc_jobs import gc_job, s3_checkpoint
-from trainer.checkpoint.manifest import checkpoint_uri, list_checkpoints
 
 FIXTURE = Path(__file__).parent.parent / "data" / "events" / "checkpoint_committed.json"
 

@@ -3,7 +3,7 @@ its manifest), `bad` once verification failed, `deleted` once GC removed it — 
 dashboard's checkpoints page.
 
 Real parts: the API over HTTP (uvicorn in this process, SQLite store), the loopback S3 server, the
-trainer's fenced commit (`trainer.checkpoint.fence`, what rank 0 runs), the `chain_restart` and
+trainer's fenced commit (`aerie_checkpoint.fence`, what rank 0 runs), the `chain_restart` and
 `checkpoint_gc` handlers as Lambda would call them, and the CLI itself.
 """
 
@@ -17,12 +17,12 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from aerie_checkpoint import fence, manifest
 from lambdas import chain_restart, checkpoint_gc
 from orchestrator.cli import app
 from orchestrator.events import LambdaContext
 from orchestrator.store import repo
 from recovery import resume
-from trainer.checkpoint import fence, manifest
 
 DATA = Path(__file__).parents[1] / "data" / "events"
 

@@ -17,12 +17,12 @@ import time
 
 import pytest
 
+from aerie_checkpoint.manifest import checkpoint_uri, list_checkpoints, verify
 from devtools.harness.control_plane import FIRST_ATTEMPT_STORY, REPO, ControlPlane, event_story, write_spec
 from orchestrator.settings import Settings
 from orchestrator.store import repo
 from tests.helpers.gc_jobs import gc_job, s3_checkpoint
 from tests.helpers.live_api import start_live_api
-from trainer.checkpoint.manifest import checkpoint_uri, list_checkpoints, verify
 
 # Not timing-sensitive: `make test` runs it with the unit tests, on two workers (tests/conftest.py):
 # contract-check jobs and failpoints; it asserts what ran and what was delivered, no timing.

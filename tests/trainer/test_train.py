@@ -185,7 +185,7 @@ def test_example_configs_load():
 @pytest.mark.parametrize("parallelism,storage", [("ddp", "file"), ("fsdp2", "file"), ("ddp", "s3")])
 def test_resume_parity_world_size_2(tmp_path, data_cache, parallelism, storage, request):
     """40 steps with checkpoints every 20; resumed from step 20, steps 21-40 are bitwise the same."""
-    from trainer.checkpoint import manifest
+    from aerie_checkpoint import manifest
 
     config = write_config(tmp_path, data_cache, parallelism=parallelism)
     base = request.getfixturevalue("s3_prefix") if storage == "s3" else f"file://{tmp_path}/ckpt"
@@ -211,10 +211,10 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path, data_c
     process): the newest checkpoint is truncated; resuming from it restores the previous good one
     instead, the run still matches the uninterrupted one bitwise, and the bad one is marked bad in
     storage (its BAD marker) and in the control plane's record."""
+    from aerie_checkpoint import manifest
     from orchestrator.settings import Settings
     from orchestrator.store import repo
     from tests.helpers.live_api import start_live_api
-    from trainer.checkpoint import manifest
 
     api = start_live_api(Settings())
     try:

@@ -1,1 +1,4 @@
-"""Checkpoint plane: DCP save/load (torch), S3 I/O, and the torch-free manifest."""
+"""Checkpoint plane, the torch side: DCP save/load, S3 readers/writers, the memory tier.
+
+The torch-free manifest, retention and fence are `aerie_checkpoint`'s.
+"""

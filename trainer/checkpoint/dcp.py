@@ -20,7 +20,7 @@ when the synchronous copy is done and training resumes, `checkpoint_end` (with `
 result at rank 0 before its future completes, so rank 0's completion means every rank finished writing. A failed save
 commits nothing (the manifest is the commit point); training goes on and the next interval tries
 again. Under Aerie each save goes to its attempt's own directory (`step_N/attempt_E/`) and the
-commit is fenced (`trainer.checkpoint.fence`): a superseded attempt's commit never counts, and
+commit is fenced (`aerie_checkpoint.fence`): a superseded attempt's commit never counts, and
 the `Checkpointer` then says so (`superseded`), which stops the training loop.
 """
 
@@ -46,11 +46,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from aerie_checkpoint import manifest
+from aerie_checkpoint.storage import is_s3, local_path
 from aerie_contracts import env
 from aerie_contracts import metrics as keys
 from aerie_contracts.metrics import MetricEvent
-from trainer.checkpoint import manifest, s3io
-from trainer.checkpoint.storage import is_s3, local_path
+from trainer.checkpoint import s3io
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +344,7 @@ class Checkpointer:
             pending.done.set()
 
     def _commit(self, pending: _Pending) -> None:
-        from trainer.checkpoint import fence
+        from aerie_checkpoint import fence
 
         try:
             written = fence.commit(

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import os
 
+from aerie_checkpoint.storage import local_path
+
 # Re-exported for the checkpoint tests and operators' scripts that know them by these names;
 # new code imports them from `aerie_s3` (their home).
 from aerie_s3.clients import boto3_client
 from aerie_s3.ranged import coalesce, parallel_get
 from aerie_s3.settings import MiB, S3Settings, is_s3, parse_uri
-from trainer.checkpoint.storage import local_path
 
 __all__ = [
     "MiB",

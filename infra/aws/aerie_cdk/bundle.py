@@ -2,9 +2,9 @@
 
 The asset is a directory holding:
 - `lambdas/` from the repo (the handlers) and `aerie_contracts/` (the contracts they speak),
-- a skeleton `trainer/` with only `__init__.py` and `checkpoint/{__init__,storage,manifest,gc}.py`,
-  the torch-free part the handlers may import (`storage` uses `aerie_s3`'s boto3 client); the
-  rest of `trainer/` needs torch and must not ship,
+- `aerie_checkpoint/`, the torch-free checkpoint kernel the handlers import (`manifest` for the
+  resume point, `gc` for retention; `storage` uses `aerie_s3`'s boto3 client); nothing of
+  `trainer/` ships (it needs torch),
 - `aerie_s3/`, the torch-free S3 package `storage` builds on (pure Python; the CRT client it can
   use is imported only for data transfers, which the handlers never make),
 - the pure-Python third-party distributions the handlers use (`slack_sdk`, `httpx` and their
@@ -36,17 +36,11 @@ RUNTIME_PROVIDED = frozenset(
 )
 
 # Copied whole: the handlers, the recovery package they decide with, the standard-library
-# contracts module they import, and the API client they speak through (httpx, bundled below).
-HANDLER_PACKAGES = ("lambdas", "recovery", "aerie_contracts", "aerie_client")
+# contracts module they import, the API client they speak through (httpx, bundled below) and
+# the torch-free checkpoint kernel (manifest, retention).
+HANDLER_PACKAGES = ("lambdas", "recovery", "aerie_contracts", "aerie_client", "aerie_checkpoint")
 
-TRAINER_FILES = (
-    "trainer/__init__.py",
-    "trainer/checkpoint/__init__.py",
-    "trainer/checkpoint/storage.py",
-    "trainer/checkpoint/manifest.py",
-    "trainer/checkpoint/gc.py",
-)
-# Whole first-party packages the files above import (pure Python, torch-free).
+# Whole first-party packages the packages above import (pure Python, torch-free).
 SHARED_PACKAGES = ("aerie_s3",)
 
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
@@ -115,15 +109,6 @@ def stage_handler_bundle(dest: Path, python_version: str = "3.12", repo_root: Pa
             dest / package,
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "tests", "fixtures"),
         )
-    for rel in TRAINER_FILES:
-        source = repo_root / rel
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_file():
-            shutil.copy2(source, target)
-        elif rel.endswith("__init__.py"):
-            target.write_text("")
-        # A missing manifest.py is left missing: the handlers that import it fail their own tests.
     for package in SHARED_PACKAGES:
         shutil.copytree(repo_root / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in requirement_closure(HANDLER_DISTRIBUTIONS, python_version):

@@ -1,7 +1,7 @@
 """Checkpoint records that tell the truth: fenced commits, and `bad` / `deleted` as they happen.
 
 Attempt-scoped routes (agent token of that attempt; the trainer's rank 0 calls them through
-`trainer.checkpoint.fence`): whether the attempt is still its job's current one, the job's
+`aerie_checkpoint.fence`): whether the attempt is still its job's current one, the job's
 record, recording a commit — refused with 409 once the attempt was superseded, checked in the
 transaction that inserts the row — and marking a checkpoint bad after a failed restore. The
 job-scoped route is for handlers and people: `chain_restart` reports checkpoints whose

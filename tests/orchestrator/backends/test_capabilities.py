@@ -23,6 +23,8 @@ def test_declared_capabilities_match_the_verbs(cls):
     caps = CAPABILITIES[cls.name]
     assert caps.in_place == _overrides(cls, "restart_in_place")
     assert caps.chaos == _overrides(cls, "chaos")
+    assert caps.add_spares == _overrides(cls, "add_spares")
+    assert caps.hot_spares or not caps.add_spares  # adding spares implies having them
 
 
 def test_every_declared_backend_exists_and_an_unknown_one_can_do_nothing_more():

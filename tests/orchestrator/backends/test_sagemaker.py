@@ -341,7 +341,7 @@ def test_stop_calls_stop_training_job_and_tolerates_an_ended_job():
 
 def test_fencing_a_lost_instance_stops_its_training_job():
     """SageMaker owns the instances: fencing one is StopTrainingJob of the attempt's job (its late
-    writes are fenced by the store, tests/trainer/checkpoint/test_fence.py)."""
+    writes are fenced by the store, tests/aerie_checkpoint/test_fence.py)."""
     client = _client("sagemaker")
     handle = {"training_job_name": f"{JOB_ID}-a1", "hosts": ["algo-1", "algo-2"]}
     with Stubber(client) as stub:

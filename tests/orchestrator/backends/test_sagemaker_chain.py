@@ -53,7 +53,7 @@ def _sagemaker_event(job_id: str) -> dict:
 
 
 def test_sagemaker_failure_event_chains_to_a_resumed_create_training_job(api, s3_bucket):
-    from trainer.checkpoint.manifest import commit
+    from aerie_checkpoint.manifest import commit
 
     checkpoints = f"s3://{s3_bucket}/checkpoints"
     job_id = _job_with_failed_first_attempt(api, checkpoints)

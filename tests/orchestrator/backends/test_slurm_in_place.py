@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.container import write_json
 from aerie_contracts.env import SLURM_PORT_BASE, SLURM_PORT_SPAN
 from aerie_contracts.states import AttemptState
-from agent.contract import write_json
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import SlurmBackend, in_place_port
 from orchestrator.backends.slurm_nodes import node_status

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.contract import NodeContract
+from aerie_contracts.container import NodeContract
 from agent.slurm import compose_env
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.nodeenv import node_env

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.container import read_json, write_json
 from aerie_contracts.env import SLURM_PORT_BASE, SLURM_PORT_SPAN
-from agent.contract import read_json, write_json
 from agent.slurm import memory_env as node_memory_env
 from agent.slurm import memory_port, split_hosts
 from orchestrator.backends import slurm_cli, slurm_nodes

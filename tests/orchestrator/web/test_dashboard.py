@@ -265,3 +265,32 @@ def test_the_job_page_shows_every_node_s_preflight_result_and_why_one_failed(api
     assert "compute 41.5 / 0.5 GFLOP/s" in section and "shm 0 / 256 MiB ✗" in section
     assert "shm: free 0 MiB &lt; 256" in section  # the reason, escaped
     assert "pre-flight on algo-2 (attempt 1): FAILED" in page  # the event timeline
+
+
+def test_the_job_page_shows_the_stacks_at_stop_time_and_the_root_cause(api):
+    """A hang's `ranks` evidence (agent/diagnose.py) on the job page, as `aerie describe` prints it."""
+    _client, app, admin = api
+    job_id, a1 = _job(app, "default", "hung")
+    wait = '  File "/v/torch/distributed/distributed_c10d.py", line 2800 in all_reduce\n'
+    user = '  File "/job/train.py", line 40 in main\n'
+    loader = '  File "/job/data/loader.py", line 88 in __next__\n'
+    head = "Current thread 0x2 (most recent call first):\n"
+
+    def rank(stack: str, **kw) -> dict:
+        return {"answered": True, "process_state": "sleeping", "stack": head + stack, "collectives": 12, **kw}
+
+    with app.state.db.session() as s:
+        attempt = repo.get_attempt(s, a1)
+        waiting = {"ranks": {"0": rank(wait + user, in_collective="all_reduce")}}
+        repo.record_verdict(s, attempt, "algo-1", "silent.hang", "no step for 31s", waiting)
+        stuck = {"ranks": {"1": rank(loader + user)}}
+        repo.record_verdict(s, attempt, "algo-2", "silent.hang", "no step for 30s", stuck)
+    page = _browser(app, admin).get(f"/ui/jobs/{job_id}").text
+    section = page[page.index('id="stacks"') :]
+    section = section[: section.index("</pre>")]
+    assert "root cause: rank 1 on algo-2 in data/loader.py:88" in section, section
+    assert "algo-1 rank 0: waiting in all_reduce, 12 collectives" in section
+    assert "algo-2 rank 1: not waiting, 12 collectives; at data/loader.py:88 __next__()  &lt;- root cause" in section
+    assert "/job/data/loader.py:88 __next__()" in section
+    quiet_id, _ = _job(app, "default", "quiet")
+    assert 'id="stacks"' not in _browser(app, admin).get(f"/ui/jobs/{quiet_id}").text  # no hang, no panel

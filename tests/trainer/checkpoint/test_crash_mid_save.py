@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from aerie_checkpoint import gc as ckpt_gc
+from aerie_checkpoint import manifest
 from tests.helpers.tiny_trainer import trainer_env, write_tiny_config
-from trainer.checkpoint import gc as ckpt_gc
-from trainer.checkpoint import manifest
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS, EVERY = 30, 10

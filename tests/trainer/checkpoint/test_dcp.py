@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from aerie_checkpoint import manifest
 from tests.helpers.state_worker import run_two_ranks
 from trainer.checkpoint import dcp as ck
-from trainer.checkpoint import manifest
 from trainer.metrics import MetricsWriter
 
 # Run by torchrun on 2 ranks: train, save asynchronously while training on, load into a model

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import gc as ckpt_gc
-from trainer.checkpoint import manifest, s3io
+from aerie_checkpoint import gc as ckpt_gc
+from aerie_checkpoint import manifest
+from trainer.checkpoint import s3io
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -51,7 +52,8 @@ def test_boto3_half_and_manifest_import_without_torch(s3_env, s3_bucket):
                 if name.split('.')[0] in ('torch', 's3torchconnector'):
                     raise ImportError('not here')
         sys.meta_path.insert(0, NoTorch())
-        from trainer.checkpoint import s3io, manifest
+        from trainer.checkpoint import s3io
+        from aerie_checkpoint import manifest
         c = s3io.boto3_client()
         c.put_object(Bucket='{s3_bucket}', Key='x/step_00000001/a', Body=b'abc')
         manifest.commit('s3://{s3_bucket}/x/step_00000001', step=1)
@@ -186,7 +188,8 @@ def test_parallel_get_reads_the_whole_object_with_ranged_gets(s3_env, s3_bucket,
 
 SAVE_IN_TMPFS = """
 import os, sys, tempfile, torch, torch.distributed.checkpoint as dcp
-from trainer.checkpoint import s3io, manifest
+from trainer.checkpoint import s3io
+from aerie_checkpoint import manifest
 torch.set_num_threads(1)
 assert tempfile.gettempdir() == os.environ["TMPDIR"], tempfile.gettempdir()
 # Control: a whole-file staging of this state would not fit in the temp dir.

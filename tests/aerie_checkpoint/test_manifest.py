@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import gc as ckpt_gc
-from trainer.checkpoint import manifest, s3io
+from aerie_checkpoint import gc as ckpt_gc
+from aerie_checkpoint import manifest
+from aerie_s3.clients import boto3_client
+from aerie_s3.settings import is_s3, parse_uri
 
 
 @pytest.fixture(params=["s3", "file"])
@@ -19,9 +21,9 @@ def prefix(request, tmp_path):
 
 
 def put(uri: str, data: bytes) -> None:
-    if s3io.is_s3(uri):
-        bucket, key = s3io.parse_uri(uri)
-        s3io.boto3_client().put_object(Bucket=bucket, Key=key, Body=data)
+    if is_s3(uri):
+        bucket, key = parse_uri(uri)
+        boto3_client().put_object(Bucket=bucket, Key=key, Body=data)
     else:
         path = Path(uri.removeprefix("file://"))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,9 +31,9 @@ def put(uri: str, data: bytes) -> None:
 
 
 def delete(uri: str) -> None:
-    if s3io.is_s3(uri):
-        bucket, key = s3io.parse_uri(uri)
-        s3io.boto3_client().delete_object(Bucket=bucket, Key=key)
+    if is_s3(uri):
+        bucket, key = parse_uri(uri)
+        boto3_client().delete_object(Bucket=bucket, Key=key)
     else:
         Path(uri.removeprefix("file://")).unlink()
 
@@ -63,7 +65,7 @@ def test_commit_records_every_object_and_verifies(prefix):
     assert m["config_hash"] == "cfg" and m["code_version"] == "abc123" and m["metrics"] == {"loss": 1.5}
     assert [o["key"] for o in m["objects"]] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert [o["size"] for o in m["objects"]] == [4, 1000, 2500]
-    assert all(("etag" in o) if s3io.is_s3(prefix) else ("sha256" in o) for o in m["objects"])
+    assert all(("etag" in o) if is_s3(prefix) else ("sha256" in o) for o in m["objects"])
     assert m["total_bytes"] == 3504
     assert manifest.verify(uri).good
     assert manifest.verify(uri, deep=True).good
@@ -100,8 +102,8 @@ def test_deep_verify_catches_same_size_corruption(prefix):
 def test_deep_verify_of_a_multipart_object(s3_prefix):
     """S3 ETags of multipart uploads are MD5s of part MD5s; deep verify recomputes them."""
     uri = manifest.checkpoint_uri(s3_prefix, 1)
-    bucket, key = s3io.parse_uri(f"{uri}/__0_0.distcp")
-    client = s3io.boto3_client()
+    bucket, key = parse_uri(f"{uri}/__0_0.distcp")
+    client = boto3_client()
     up = client.create_multipart_upload(Bucket=bucket, Key=key)
     parts = []
     for n, chunk in enumerate([b"a" * (5 << 20), b"b" * (5 << 20), b"c" * 1234], start=1):
@@ -182,8 +184,8 @@ def test_commit_of_an_empty_checkpoint_fails(prefix):
 
 
 def test_incomplete_multipart_uploads_are_listed_and_aborted(s3_prefix):
-    client = s3io.boto3_client()
-    bucket, key = s3io.parse_uri(f"{s3_prefix}/step_00000001/__0_0.distcp")
+    client = boto3_client()
+    bucket, key = parse_uri(f"{s3_prefix}/step_00000001/__0_0.distcp")
     up = client.create_multipart_upload(Bucket=bucket, Key=key)
     client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=1, Body=b"x" * 100)
     client.create_multipart_upload(Bucket=bucket, Key="elsewhere/obj")  # not under the prefix
@@ -207,12 +209,12 @@ def test_plain_paths_work(tmp_path):
 
 
 def test_gc_collect_dry_run_then_real(s3_prefix):
-    from trainer.checkpoint import gc as ckpt_gc
+    from aerie_checkpoint import gc as ckpt_gc
 
     for step in (1, 2, 3):
         save(s3_prefix, step)
-    bucket, key = s3io.parse_uri(f"{s3_prefix}/step_00000004/__0_0.distcp")
-    s3io.boto3_client().create_multipart_upload(Bucket=bucket, Key=key)  # a save that died
+    bucket, key = parse_uri(f"{s3_prefix}/step_00000004/__0_0.distcp")
+    boto3_client().create_multipart_upload(Bucket=bucket, Key=key)  # a save that died
     dry = ckpt_gc.collect(s3_prefix, keep_last=1, abort_uploads_older_than_s=0, dry_run=True)
     assert len(dry["deleted"]) == 2 and dry["aborted_uploads"] == [key]
     assert len(manifest.list_checkpoints(s3_prefix)) == 3

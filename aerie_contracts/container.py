@@ -1,10 +1,10 @@
-"""The SageMaker training-container contract, built for one node.
+"""The SageMaker training-container contract: a node's `/opt/ml` layout and the files in it.
 
 The same layout under `/opt/ml` (a container) or any directory (`AERIE_ML_ROOT`, the local and
 Slurm backends), so a container built for SageMaker runs unchanged on every backend. Backends that
 lay out nodes themselves write it (`NodeContract`); the agent reads the node's identity from it
 (`agent.identity`) and gives the ranks the `SM_*` variables the SageMaker training toolkit would
-(`trainer_env`), since SageMaker itself sets none of them.
+(`agent.toolkit_env`), since SageMaker itself sets none of them. Standard library only.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,10 @@ from typing import Any
 from aerie_contracts import env as E
 from aerie_contracts.channels import FILE, FULLY_REPLICATED, S3_URI_SUFFIX, env_name
 from aerie_contracts.failures import FailureKind
-from agent.devices import visible_gpu_count
-from agent.identity import DEFAULT_GROUP, NodeIdentity, NodeLayout, resource_config
+
+DEFAULT_ML_ROOT = Path("/opt/ml")
+RESOURCE_CONFIG = Path("input") / "config" / "resourceconfig.json"
+DEFAULT_GROUP = "homogeneousCluster"  # SageMaker's group name when the job has no instance groups
 
 # --- input channels (InputDataConfig), with SageMaker's names ---------------------------------
 # The channels' modes, distributions and SM_CHANNEL_* names: aerie_contracts.channels.
@@ -34,6 +35,42 @@ INPUT_UNAVAILABLE = FailureKind.INPUT_UNAVAILABLE.value
 # The heartbeat phase (aerie_contracts.sagemaker_api.PHASE) of a node while its channels download;
 # the download's totals are in agent/data_download.json (agent.channels.write_record).
 PHASE_DATA_DOWNLOAD = "data_download"
+
+
+class NodeLayout:
+    """Where a node's files lie under its ML root: the agent's own, and the ranks' metrics streams."""
+
+    ml_root: Path
+
+    @property
+    def node_dir(self) -> Path:
+        return self.ml_root / "agent"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.ml_root / "output" / "metrics"
+
+
+def resource_config(
+    current_host: str,
+    hosts: tuple[str, ...] | list[str],
+    instance_type: str = "local",
+    network_interface: str = "lo",
+    group: str = DEFAULT_GROUP,
+    instance_groups: tuple[dict[str, Any], ...] | list[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """SageMaker's resourceconfig.json layout (one homogeneous group unless groups are given)."""
+    groups = list(instance_groups) or [
+        {"instance_group_name": group, "instance_type": instance_type, "hosts": list(hosts)}
+    ]
+    return {
+        "current_host": current_host,
+        "current_instance_type": instance_type,
+        "current_group_name": group,
+        "hosts": list(hosts),
+        "instance_groups": [dict(g) for g in groups],
+        "network_interface_name": network_interface,
+    }
 
 
 def node_path(path: str, ml_root: Path) -> Path:
@@ -96,12 +133,12 @@ class NodeContract(NodeLayout):
             d.mkdir(parents=True, exist_ok=True)
         for name, value in self.channels.items():
             self._channel_dir(name, channel_config(value)["s3_uri"])
-        _write_json(config / "hyperparameters.json", self.hyperparameters)
+        write_json(config / "hyperparameters.json", self.hyperparameters)
         rc = resource_config(
             self.current_host, sorted(self.hosts), self.instance_type, self.network_interface, self.group
         )
-        _write_json(config / "resourceconfig.json", rc)
-        _write_json(
+        write_json(config / "resourceconfig.json", rc)
+        write_json(
             config / "inputdataconfig.json",
             {
                 name: {
@@ -136,7 +173,7 @@ class NodeContract(NodeLayout):
     def env(self) -> dict[str, str]:
         """What a backend gives the node besides the files: where its /opt/ml is. Everything else
         (identity, SM_*, the agent's directory) the agent derives, as it must on SageMaker."""
-        env = {E.ML_ROOT: str(self.ml_root)}
+        env: dict[str, str] = {E.ML_ROOT: str(self.ml_root)}
         # Aerie's addition: an S3 channel's URI, which SageMaker's files do not carry (SageMaker
         # downloads channels itself; on other backends the agent does, from this URI).
         for name, value in self.channels.items():
@@ -146,45 +183,7 @@ class NodeContract(NodeLayout):
         return env
 
 
-def trainer_env(ident: NodeIdentity, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables the agent gives its ranks: the SageMaker training toolkit's `SM_*` (from the
-    node's identity and config files) and Aerie's paths, all derived from the ML root."""
-    env = os.environ if env is None else env
-    root = ident.ml_root
-    config = root / "input" / "config"
-    hps = read_json(config / "hyperparameters.json", {}) or {}
-    channels = sorted(read_json(config / "inputdataconfig.json", {}) or {})
-    groups = {g.get("instance_group_name"): g for g in ident.instance_groups}
-    out = {
-        E.ML_ROOT: str(root),
-        E.NODE_DIR: str(ident.node_dir),
-        E.METRICS_PATH: env.get(E.METRICS_PATH) or str(ident.metrics_dir),
-        "SM_HOSTS": json.dumps(list(ident.hosts)),
-        "SM_CURRENT_HOST": ident.current_host,
-        "SM_CURRENT_INSTANCE_TYPE": ident.instance_type,
-        "SM_CURRENT_INSTANCE_GROUP": ident.group,
-        "SM_CURRENT_INSTANCE_GROUP_HOSTS": json.dumps(ident.group_hosts),
-        "SM_INSTANCE_GROUPS": json.dumps(list(groups) or [ident.group]),
-        "SM_INSTANCE_GROUPS_DICT": json.dumps(groups),
-        "SM_IS_HETERO": json.dumps(len(groups) > 1),
-        "SM_NETWORK_INTERFACE_NAME": ident.network_interface,
-        "SM_RESOURCE_CONFIG": json.dumps(ident.resource_config()),
-        "SM_NUM_GPUS": str(visible_gpu_count(env)),
-        "SM_NUM_CPUS": str(os.cpu_count() or 1),
-        "SM_HPS": json.dumps(hps),
-        "SM_MODEL_DIR": str(root / "model"),
-        "SM_OUTPUT_DIR": str(root / "output"),
-        "SM_OUTPUT_DATA_DIR": str(root / "output"),
-        "SM_INPUT_DIR": str(root / "input"),
-        "SM_INPUT_CONFIG_DIR": str(config),
-        "SM_CHANNELS": json.dumps(channels),
-    }
-    for name in channels:
-        out[f"SM_CHANNEL_{env_name(name)}"] = str(root / "input" / "data" / name)
-    return out
-
-
-def _write_json(path: Path, data: object) -> None:
+def write_json(path: Path, data: object) -> None:
     """Atomically: readers see the old file or the new one. The temporary name is the writer's own
     (pid, thread): several processes may write one file at once (every node of a Slurm allocation
     records `hosts.json`), and with one shared name a writer's rename took another's file away
@@ -199,6 +198,3 @@ def read_json(path: Path, default: Any = None) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return default
-
-
-write_json = _write_json

@@ -10,10 +10,10 @@ import boto3
 import httpx
 import pytest
 
+from aerie_checkpoint import fence, manifest
 from orchestrator.settings import Settings
 from orchestrator.store import repo
 from tests.helpers.live_api import start_live_api
-from trainer.checkpoint import fence, manifest
 
 
 @pytest.fixture

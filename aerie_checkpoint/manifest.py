@@ -28,9 +28,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from aerie_checkpoint.storage import ObjectStat, join_uri, open_store
 from aerie_contracts import checkpoints as layout
 from aerie_contracts.states import CheckpointState
-from trainer.checkpoint.storage import ObjectStat, join_uri, open_store
 
 MANIFEST = layout.MANIFEST
 BAD_MARKER = layout.BAD_MARKER

@@ -5,7 +5,7 @@ newest good checkpoint, never anything newer), manifest first so a half-deleted 
 looks good. `abort_incomplete_uploads()` aborts multipart uploads left behind by saves that died,
 sparing recent ones that may belong to a save in progress. `collect()` does both, for operators:
 
-    python -m trainer.checkpoint.gc s3://bucket/ckpt/JOB --keep-last 3 --keep-every 1000 [--dry-run]
+    python -m aerie_checkpoint.gc s3://bucket/ckpt/JOB --keep-last 3 --keep-every 1000 [--dry-run]
 
 Torch-free, like `manifest`: the `checkpoint_gc` Lambda handler calls `prune` with the control
 plane's record (`recorded`, see `manifest`).
@@ -20,11 +20,11 @@ import sys
 import time
 from collections.abc import Iterable
 
+from aerie_checkpoint import manifest
+from aerie_checkpoint.storage import open_store
 from aerie_contracts import env
 from aerie_s3.clients import boto3_client
 from aerie_s3.settings import is_s3, parse_uri
-from trainer.checkpoint import manifest
-from trainer.checkpoint.storage import open_store
 
 
 def prune(
@@ -139,7 +139,7 @@ def collect(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.checkpoint.gc", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m aerie_checkpoint.gc", description=__doc__.split("\n")[0])
     p.add_argument("prefix", help="s3://bucket/prefix or a local path holding step_XXXXXXXX/ directories")
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--keep-every", type=int, default=0)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from aerie_checkpoint import manifest
 from aerie_client import ApiError, Client, backoff_s
 from aerie_contracts import env, routes
-from trainer.checkpoint import manifest
 
 log = logging.getLogger(__name__)
 

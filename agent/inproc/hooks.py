@@ -1,0 +1,365 @@
+"""torch's side of the probe: the global hooks, installed once the user's script imported torch.
+
+- optimizer steps: `torch.optim.optimizer.register_optimizer_step_pre_hook`/`_post_hook` (every
+  optimizer, whatever creates it: a Lightning or HF loop, a plain script);
+- the loss: `torch.autograd.backward` is wrapped (`Tensor.backward` calls it), and a scalar it is
+  called on is kept, detached, for the step's record (runtime.py says how it is read);
+- collectives: `torch.distributed`'s Python functions (`COLLECTIVES`), in both namespaces, counted
+  and timed per rank, the outermost call only. DDP's gradient all-reduce is issued by its C++
+  reducer and never passes through Python: it is not counted (its time is in `backward_s`); NCCL
+  and `async_op=True` calls are timed to their enqueue, not their completion;
+- input wait: `DataLoader`'s iterator `__next__`;
+- saves: `torch.save`, `torch.distributed.checkpoint.save`/`async_save` and `safetensors.torch.save_file`
+  (how HF's `save_pretrained` writes the model) once the script imports them, open a checkpoint
+  section (`async_save` is staged when it returns and ends with its future);
+- state priming: `torch.distributed.checkpoint.state_dict` fills an empty optimizer's state with
+  one `step()` on zero gradients before it loads a checkpoint into it (`_init_optim_state`); that
+  step is not a training step (counted, it made a resumed attempt's first step 1, not its resume
+  step + 1), so the probe leaves it out;
+- forward passes: a global forward pre-hook notes the first forward since the last backward (how
+  an evaluation is noticed; the module it fires on, the model, keeps a hook of its own, so an
+  evaluation's later forwards are seen, and a backward's beginning is noted: runtime.py says why
+  a hang never passes for an eval), then removes itself until the next backward or step (`_FirstForward`):
+  any global module hook takes every module call off `Module.__call__`'s fast path, which cost
+  Aerie's tiny trainer 80 % of its step (bench/probe.py, 2026-12-03) while it stayed registered.
+  Under `torch.compile` the hook is traced like any module hook.
+
+Every wrapper calls the original first-class (its exceptions propagate untouched) and runs its own
+bookkeeping under `_guard`: the first error turns the probe off (runtime.Probe.fail).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import time
+import weakref
+from typing import Any
+
+from .runtime import Probe
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+)
+SCAN_PARAMS = 64  # how many params the step count is looked for in (frozen ones have no state)
+
+PROBE: Probe | None = None
+
+
+def _guard(fn, *args: Any) -> Any:
+    probe = PROBE
+    if probe is None or not probe.on:
+        return None
+    try:
+        return fn(*args)
+    except Exception as exc:
+        probe.fail(exc)
+        return None
+
+
+def install(torch: Any, when_imported=None) -> Probe:
+    """Install every hook (once per process); `when_imported(name, fn)` defers the hooks of a
+    module the script has not imported yet (the sitecustomize's import watch)."""
+    global PROBE
+    if PROBE is not None:
+        return PROBE
+    dist = torch.distributed if torch.distributed.is_available() else None
+
+    def rank_of() -> int:
+        if dist is not None and dist.is_initialized():
+            return int(dist.get_rank())
+        import os
+
+        return int(os.environ.get("RANK", "0"))
+
+    PROBE = probe = Probe(rank_of)
+    first_forward = _FirstForward(torch, probe)
+    _optimizer_hooks(torch, probe, first_forward)
+    _backward_hook(torch, probe, first_forward)
+    _save_hooks(torch)
+    _data_hook(torch)
+    first_forward.arm()
+    if dist is not None:
+        _collective_hooks(torch, dist, probe)
+        if when_imported is not None:
+            when_imported("torch.distributed.checkpoint", _dcp_hooks)
+            when_imported("torch.distributed.checkpoint.state_dict", _priming_hooks)
+    if when_imported is not None:
+        when_imported("safetensors.torch", _safetensors_hooks)
+    return probe
+
+
+class _FirstForward:
+    """A global forward pre-hook registered only while the first forward since the last backward
+    or step is awaited: it fires once, tells the probe, and removes itself (`Module.__call__`
+    copies the global hooks before calling them, so a hook may remove itself). The module it
+    fired on (the outermost one called: the model) gets a forward pre-hook of its own, one module's
+    call off the fast path, so every later forward of the model is seen too (an evaluation's go on;
+    a hang inside one forward does not)."""
+
+    ROOTS = 8  # modules watched at most (a model, its loss module, a separately called embedding, ...)
+
+    def __init__(self, torch: Any, probe: Probe) -> None:
+        self._register = torch.nn.modules.module.register_module_forward_pre_hook
+        self._probe = probe
+        self._handle: Any = None
+        self._roots: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def arm(self) -> None:
+        if self._handle is None and self._probe.on:
+            self._handle = self._register(self._fired)
+
+    def _fired(self, module: Any, _args: Any) -> None:
+        handle, self._handle = self._handle, None
+        try:
+            if handle is not None:
+                handle.remove()
+        except Exception:  # never into the trainer; the hook is off the path either way
+            pass
+        _guard(self._watch, module)
+        _guard(self._probe.on_forward)
+
+    def _watch(self, module: Any) -> None:
+        if module not in self._roots and len(self._roots) < self.ROOTS:
+            self._roots.add(module)
+            probe = self._probe
+            module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward))
+
+
+def own_step(optimizer: Any) -> int | None:
+    """The optimizer's own step count (Adam's `state[p]["step"]`), where it is on the CPU."""
+    state, seen = optimizer.state, 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            seen += 1
+            entry = state.get(p)
+            if entry:
+                step = entry.get("step")
+                if step is None:
+                    return None
+                if hasattr(step, "device"):
+                    return int(step.item()) if step.device.type == "cpu" else None
+                return int(step)
+            if seen >= SCAN_PARAMS:
+                return None
+    return None
+
+
+def _optimizer_hooks(torch: Any, probe: Probe, first_forward: _FirstForward) -> None:
+    optim = importlib.import_module("torch.optim.optimizer")
+    started: dict[int, float] = {}
+
+    def pre(optimizer, _args, _kwargs):
+        started[id(optimizer)] = time.perf_counter()
+
+    def post(optimizer, _args, _kwargs):
+        seconds = time.perf_counter() - started.pop(id(optimizer), time.perf_counter())
+        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+        lr = float(lr) if isinstance(lr, (int, float)) else None  # a tensor lr may live on a device
+        rec = probe.on_step(optimizer, seconds, lambda: own_step(optimizer), lr)
+        first_forward.arm()
+        if rec is not None:
+            _loss_into(torch, probe, rec)
+
+    optim.register_optimizer_step_pre_hook(lambda o, a, k: _guard(pre, o, a, k))
+    optim.register_optimizer_step_post_hook(lambda o, a, k: _guard(post, o, a, k))
+
+
+def _loss_into(torch: Any, probe: Probe, rec: dict) -> None:
+    """Fill the step's loss: at once from the CPU, a step later from a CUDA device, else none."""
+    losses, probe.losses = probe.losses, []
+    if not losses:
+        probe.emit_step(rec, None)
+        return
+    device = losses[0].device.type
+    if device == "cpu":
+        probe.emit_step(rec, sum(float(x.item()) for x in losses) / len(losses))
+    elif device == "cuda":
+        mean = torch.stack([x.float() for x in losses]).mean() if len(losses) > 1 else losses[0].float()
+        host = mean.to("cpu", non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        probe.defer_step(rec, host, done)
+    else:
+        probe.emit_step(rec, None)
+
+
+def _backward_hook(torch: Any, probe: Probe, first_forward: _FirstForward) -> None:
+    autograd = torch.autograd
+    original = autograd.backward
+
+    def seen(tensors, seconds):
+        loss = tensors.detach() if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 else None
+        probe.on_backward(loss, seconds)
+        first_forward.arm()
+
+    @functools.wraps(original)
+    def backward(tensors, *args, **kwargs):
+        _guard(probe.on_backward_begin)
+        t0 = time.perf_counter()
+        out = original(tensors, *args, **kwargs)
+        _guard(seen, tensors, time.perf_counter() - t0)
+        return out
+
+    autograd.backward = backward
+
+
+def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    depth = [0]
+
+    def wrap(name: str, original):
+        @functools.wraps(original)
+        def collective(*args, **kwargs):
+            outer = depth[0] == 0
+            depth[0] += 1
+            if outer:
+                _guard(probe.on_collective, name)
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if outer:
+                    _guard(probe.on_collective, None, time.perf_counter() - t0)
+
+        collective.__aerie_probe__ = True  # type: ignore[attr-defined]
+        return collective
+
+    for name in COLLECTIVES:
+        original = getattr(c10d, name, None)
+        if original is None or getattr(original, "__aerie_probe__", False):
+            continue
+        wrapped = wrap(name, original)
+        for module in (c10d, dist):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapped)
+
+    init = c10d.init_process_group
+
+    @functools.wraps(init)
+    def init_process_group(*args, **kwargs):
+        out = init(*args, **kwargs)
+        _guard(lambda: probe.claim(int(dist.get_rank())))  # the rank is known now
+        return out
+
+    for module in (c10d, dist):
+        if getattr(module, "init_process_group", None) is init:
+            module.init_process_group = init_process_group
+
+
+def _sectioned(original, staged: bool = False):
+    """`original` (a save) inside a checkpoint section."""
+
+    @functools.wraps(original)
+    def save(*args, **kwargs):
+        probe = PROBE
+        opened = bool(_guard(probe.save_begin)) if probe is not None else False
+        if not opened:
+            return original(*args, **kwargs)
+        target = args[1] if len(args) > 1 else kwargs.get("f", kwargs.get("checkpoint_id", kwargs.get("filename")))
+        uri = str(target) if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__") else None
+        t0, ok = time.perf_counter(), False
+        try:
+            out = original(*args, **kwargs)
+            ok = True
+        finally:
+            _guard(probe.save_end, time.perf_counter() - t0, ok, uri, staged and ok)
+        if staged and ok and hasattr(out, "add_done_callback"):
+            out.add_done_callback(lambda fut: _guard(_async_done, probe, fut, t0, uri))
+        return out
+
+    save.__aerie_probe__ = True  # type: ignore[attr-defined]
+    return save
+
+
+def _async_done(probe: Probe, future: Any, t0: float, uri: str | None) -> None:
+    from aerie_contracts import metrics as keys
+    from aerie_contracts.metrics import MetricEvent
+
+    total = time.perf_counter() - t0
+    ok = future.exception() is None
+    probe.event(MetricEvent.CHECKPOINT_END, **{keys.OK: ok, keys.URI: uri, keys.SAVE_S: round(total, 4)})
+
+
+def _save_hooks(torch: Any) -> None:
+    if not getattr(torch.save, "__aerie_probe__", False):
+        torch.save = _sectioned(torch.save)
+        serialization = importlib.import_module("torch.serialization")
+        serialization.save = torch.save
+
+
+def _dcp_hooks(dcp: Any) -> None:
+    def patch():
+        for name, staged in (("save", False), ("async_save", True)):
+            original = getattr(dcp, name, None)
+            if original is not None and not getattr(original, "__aerie_probe__", False):
+                setattr(dcp, name, _sectioned(original, staged))
+
+    _guard(patch)
+
+
+def _safetensors_hooks(st: Any) -> None:
+    """`safetensors.torch.save_file` (HF's model files): a save like `torch.save`."""
+
+    def patch():
+        original = getattr(st, "save_file", None)
+        if original is not None and not getattr(original, "__aerie_probe__", False):
+            st.save_file = _sectioned(original)
+
+    _guard(patch)
+
+
+def _priming_hooks(state_dict: Any) -> None:
+    """Steps inside DCP's optimizer-state priming are not training steps (see the docstring)."""
+
+    def patch():
+        original = getattr(state_dict, "_init_optim_state", None)
+        if original is None or getattr(original, "__aerie_probe__", False):
+            return
+
+        @functools.wraps(original)
+        def _init_optim_state(*args, **kwargs):
+            probe = PROBE
+            if probe is None:
+                return original(*args, **kwargs)
+            probe.priming += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                probe.priming -= 1
+
+        _init_optim_state.__aerie_probe__ = True  # type: ignore[attr-defined]
+        state_dict._init_optim_state = _init_optim_state
+
+    _guard(patch)
+
+
+def _data_hook(torch: Any) -> None:
+    loader = importlib.import_module("torch.utils.data.dataloader")
+    cls = loader._BaseDataLoaderIter
+    original = cls.__next__
+    probe = PROBE
+
+    @functools.wraps(original)
+    def __next__(self):
+        t0 = time.perf_counter()
+        out = original(self)
+        if probe is not None:
+            _guard(probe.on_data, time.perf_counter() - t0)
+        return out
+
+    cls.__next__ = __next__

@@ -1,0 +1,262 @@
+"""The in-process probe in real processes: a plain loop's steps, losses, saves and resume; a user's
+own sitecustomize; a hook's error; `health.probe: off`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from aerie_contracts import probe as contract
+from agent import inproc
+
+from .conftest import TRAIN
+
+
+def test_a_plain_loop_reports_its_steps_and_losses(run):
+    proc = run.python([str(run.script(TRAIN))])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and "aerie probe" not in proc.stderr
+    steps = run.steps()
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    assert all(math.isfinite(r["loss"]) and r["loss"] == r["local_loss"] for r in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]  # it trains
+    assert steps[0]["step_s"] is None  # the first step's time is the script's setup too
+    assert all(r["step_s"] >= r["backward_s"] >= 0 and r["rank"] == 0 for r in steps[1:])
+    state = json.loads((run.ranks / contract.STATE_FILE.format(rank=0)).read_text())
+    assert state[contract.STATE_STEP] == 5 and state[contract.STATE_COLLECTIVES] == 0
+    assert (run.ranks / contract.STACKS_FILE.format(rank=0)).exists()
+
+
+def test_a_resumed_loop_continues_its_numbering_and_its_save_is_a_section(run):
+    script = str(run.script(TRAIN))
+    env = run.env(CKPT=str(run.tmp / "ckpt.pt"), STEPS="3")
+    assert run.python([script], env).returncode == 0
+    proc = run.python([script], env)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5, 6]  # Adam's restored step count
+    events = [r for r in run.records() if r["event"] is not None]
+    assert [r["event"] for r in events] == ["checkpoint_begin", "checkpoint_end"] * 2
+    assert all(r["ok"] and r["uri"].endswith("ckpt.pt") and r["save_s"] >= 0 for r in events[1::2])
+    assert all(r["source"] == "probe" for r in events)
+
+
+# A loop resumed as torchtitan and Aerie's own trainer resume: DCP's `set_state_dict` primes the new
+# optimizer's empty state with one zero-gradient `step()` before it loads the checkpoint into it.
+DCP_TRAIN = """
+import os, torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+ckpt = os.environ["CKPT"]
+if os.path.exists(ckpt):
+    saved = torch.load(ckpt)
+    set_state_dict(model, opt, model_state_dict=saved["model"], optim_state_dict=saved["opt"])
+x = torch.randn(64, 8)
+for _ in range(3):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+model_sd, opt_sd = get_state_dict(model, opt)
+torch.save({"model": model_sd, "opt": opt_sd}, ckpt)
+"""
+
+
+def test_dcps_state_priming_step_is_not_a_training_step(run):
+    script = str(run.script(DCP_TRAIN))
+    env = run.env(CKPT=str(run.tmp / "ckpt.pt"))
+    for _ in range(2):
+        proc = run.python([script], env)
+        assert proc.returncode == 0, proc.stderr
+        assert "aerie probe" not in proc.stderr
+    assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5, 6]  # not 1, 2, 3, 1, 4, 5, 6
+
+
+def test_a_users_own_sitecustomize_still_runs(run):
+    own = run.tmp / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nopen(os.environ['MARK'], 'w').write('ran')\nUSER_NAME = 1\n")
+    mark = run.tmp / "mark"
+    env = run.env(PYTHONPATH=str(own), MARK=str(mark))
+    check = "import sys, sitecustomize; assert sitecustomize.USER_NAME == 1; print('torch' in sys.modules)"
+    proc = run.python(["-c", check], env)
+    assert proc.returncode == 0, proc.stderr
+    assert mark.read_text() == "ran" and proc.stdout.strip() == "False"  # dormant: torch never imported
+    mark.unlink()
+    proc = run.python([str(run.script(TRAIN))], env)
+    assert proc.returncode == 0, proc.stderr
+    assert mark.read_text() == "ran" and len(run.steps()) == 5
+
+
+BROKEN = """
+import torch
+class Odd(torch.optim.SGD):  # keeps a step count the probe cannot read
+    def step(self, closure=None):
+        out = super().step(closure)
+        for p in self.param_groups[0]["params"]:
+            self.state[p]["step"] = "not a number"
+        return out
+model = torch.nn.Linear(4, 1)
+opt = Odd(model.parameters(), lr=0.1)
+for _ in range(3):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+torch.save(model.state_dict(), "w.pt")
+print("done")
+"""
+
+
+def test_a_hook_error_turns_the_probe_off_not_the_trainer(run):
+    proc = run.python([str(run.script(BROKEN))])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "done" and (run.tmp / "w.pt").exists()
+    assert proc.stderr.count("aerie probe: off") == 1, proc.stderr
+    assert run.steps() == [] and not any(r["event"] for r in run.records())  # nothing after the error
+
+
+def test_health_probe_off_injects_nothing(run):
+    site = str(inproc.SITE_DIR)
+    assert inproc.child_env({"PYTHONPATH": "/x"})["PYTHONPATH"] == f"{site}:/x"  # on unless turned off
+    assert inproc.child_env({"AERIE_PROBE": "on", "PYTHONPATH": "/x"})["PYTHONPATH"] == f"{site}:/x"
+    from_spec_on = inproc.child_env({"AERIE_HEALTH": json.dumps({"probe": "on"})})
+    assert from_spec_on["PYTHONPATH"] == site and from_spec_on["AERIE_PROBE"] == "on"
+    off = inproc.child_env({"AERIE_PROBE": "off", "PYTHONPATH": f"{site}:/x"})
+    assert off["PYTHONPATH"] == "/x" and off["AERIE_PROBE"] == "off"
+    from_spec = inproc.child_env({"AERIE_HEALTH": json.dumps({"probe": "off"})})
+    assert "PYTHONPATH" not in from_spec and from_spec["AERIE_PROBE"] == "off"
+    proc = run.python([str(run.script(TRAIN))], inproc.child_env(run.env(AERIE_PROBE="off")), inject=False)
+    assert proc.returncode == 0, proc.stderr
+    assert run.records() == [] and not run.ranks.exists()
+
+
+def test_health_probe_is_a_setting_on_by_default():
+    from aerie_contracts.health import HealthSettings
+
+    assert HealthSettings().probe == "on"
+    assert HealthSettings.from_dict({"probe": "off"}).probe == "off"
+
+
+# A loop with an evaluation as users write one: forward passes under no_grad, no backward, for
+# longer than the probe's eval threshold (`runtime.EVAL_AFTER_S`), then training again.
+EVAL_TRAIN = """
+import time, torch
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+x = torch.randn(64, 8)
+def train(n):
+    for _ in range(n):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+train(3)
+with torch.no_grad():
+    end = time.time() + 3.5
+    while time.time() < end:
+        model(x)
+        time.sleep(0.01)
+train(2)
+"""
+
+
+def test_forward_passes_without_backward_are_an_evaluation(run):
+    proc = run.python([str(run.script(EVAL_TRAIN))])
+    assert proc.returncode == 0, proc.stderr
+    records = run.records()
+    events = [(r["event"], r["step"]) for r in records if r["event"] is not None]
+    assert [e for e, _ in events] == ["eval_begin", "eval_end"], events
+    assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5]
+    begin = next(r for r in records if r["event"] == "eval_begin")
+    third = next(r for r in run.steps() if r["step"] == 3)
+    assert begin["t"] >= third["t"] - 0.5  # it began at the evaluation's first forward, after step 3
+
+
+SAFETENSORS_TRAIN = """
+import os, torch
+from safetensors.torch import save_file
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+for _ in range(2):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(os.getcwd(), "model.safetensors"))
+"""
+
+
+def test_a_safetensors_save_is_a_checkpoint_section(run):
+    """How HF's `save_pretrained` writes a model (`safetensors.torch.save_file`): a section, like
+    `torch.save`, so a long model save is never read as a hang."""
+    proc = run.python([str(run.script(SAFETENSORS_TRAIN))])
+    assert proc.returncode == 0, proc.stderr
+    events = [r for r in run.records() if r["event"] is not None]
+    assert [r["event"] for r in events] == ["checkpoint_begin", "checkpoint_end"], events
+    assert events[1]["ok"] and events[1]["uri"].endswith("model.safetensors")
+    assert (run.tmp / "model.safetensors").stat().st_size > 0
+
+
+def test_an_optimizer_without_a_step_count_numbers_on_from_the_resumed_checkpoint(run):
+    """SGD keeps no step count: a resumed attempt numbers its steps on from the step of the
+    checkpoint Aerie restored for it (`AERIE_RESUME_FROM`), not from 1 (its curve would go back)."""
+    sgd = TRAIN.replace("torch.optim.AdamW(", "torch.optim.SGD(")
+    assert sgd != TRAIN
+    script = str(run.script(sgd))
+    resumed = run.env(AERIE_RESUME_FROM="s3://aerie/ckpt/job-1/step_00000050/attempt_0001")
+    assert run.python([script], resumed).returncode == 0
+    assert [r["step"] for r in run.steps()] == [51, 52, 53, 54, 55]
+
+
+# Two hangs that must not pass for an evaluation (an eval section suspends the hang detection):
+# a rank blocked inside backward() (as in DDP's gradient all-reduce) and one blocked inside its
+# first forward (as in FSDP's all-gather), each longer than the eval threshold.
+BLOCKED_TRAIN = """
+import time, torch
+
+class Blocks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(4.0)
+        return grad
+
+class SlowOnce(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.slow = torch.nn.Linear(8, 1), False
+    def forward(self, x):
+        if self.slow:
+            self.slow = False
+            time.sleep(4.0)
+        return self.inner(x)
+
+model = SlowOnce()
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+x = torch.randn(16, 8)
+def step(block=False):
+    out = model(x)
+    if block:
+        out = Blocks.apply(out)
+    loss = out.pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+for _ in range(3):
+    step()
+step(block=True)
+model.slow = True
+step()
+"""
+
+
+def test_a_rank_blocked_in_backward_or_in_one_forward_is_no_evaluation(run):
+    proc = run.python([str(run.script(BLOCKED_TRAIN))])
+    assert proc.returncode == 0, proc.stderr
+    assert [r["event"] for r in run.records() if r["event"] is not None] == []
+    assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5]
