@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ from aerie_contracts import probe as contract
 from aerie_contracts.states import STOPPED_PROCESS_STATES, ProcessState
 
 ANSWER_WAIT_S = 1.5  # how long the ranks have to write their stacks (the verdict waits on it)
+SPY_WAIT_S = 5.0  # py-spy reads a stopped rank's memory in ~0.2 s; all ranks at once, bounded
+SPY_MAX_FRAMES = 50  # innermost first: the frames that say where it is (faulthandler's cap is 100)
 MAX_STACK_CHARS = 6000  # per rank, the dump's end (the main thread is last): evidence stays small
 _STABLE_S = 0.1
 
@@ -41,6 +46,7 @@ def diagnose(ranks_dir: Path, answer_wait_s: float = ANSWER_WAIT_S) -> dict[str,
     signum = contract.stack_signal()
     found: dict[str, dict[str, Any]] = {}
     asked: dict[str, tuple[Path, int]] = {}
+    spied: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
     for pid_file in sorted(ranks_dir.glob("rank-*.pid")):
         rank = pid_file.name[len("rank-") : -len(".pid")]
         pid = _read_int(pid_file)
@@ -55,7 +61,12 @@ def diagnose(ranks_dir: Path, answer_wait_s: float = ANSWER_WAIT_S) -> dict[str,
         stacks = ranks_dir / contract.STACKS_FILE.format(rank=rank)
         registered = stacks.exists() and state.get(contract.STATE_PID) == pid
         stopped = seen["process_state"] == ProcessState.STOPPED
-        if signum is None or not registered or stopped or seen["process_state"] in STOPPED_PROCESS_STATES:
+        if stopped or (seen["process_state"] not in STOPPED_PROCESS_STATES and (signum is None or not registered)):
+            spy = _start_spy(pid)  # read from its memory: never resumed, never signalled
+            if spy is not None:
+                spied[rank] = (pid, spy)
+            continue
+        if seen["process_state"] in STOPPED_PROCESS_STATES:
             continue
         size = stacks.stat().st_size
         try:
@@ -74,7 +85,71 @@ def diagnose(ranks_dir: Path, answer_wait_s: float = ANSWER_WAIT_S) -> dict[str,
         text = _read_from(path, size)
         if "Current thread" in text:
             found[rank].update(answered=True, stack=text[-MAX_STACK_CHARS:])
+    spy_deadline = time.monotonic() + SPY_WAIT_S
+    for rank, (pid, spy) in spied.items():
+        text = _spy_result(spy, pid, max(0.0, spy_deadline - time.monotonic()))
+        if text:
+            # `answered` stays False: a rank that did not answer its signal is still the finding.
+            found[rank].update(stack=text[-MAX_STACK_CHARS:], stack_by=SPY)
     return found
+
+
+SPY = "py-spy"
+
+
+def spy_command() -> str | None:
+    """py-spy beside this interpreter (the agent's environment), else on PATH; None without it."""
+    beside = Path(sys.executable).with_name(SPY)
+    return str(beside) if beside.is_file() else shutil.which(SPY)
+
+
+def _start_spy(pid: int) -> subprocess.Popen[bytes] | None:
+    command = spy_command()
+    if command is None:
+        return None
+    try:
+        return subprocess.Popen(
+            [command, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+
+
+def _spy_result(spy: subprocess.Popen[bytes], pid: int, wait_s: float) -> str:
+    """The main thread's stack from `py-spy dump --json`, written as `faulthandler` writes it (what
+    recovery/hang_root.py reads); "" when py-spy could not read the process."""
+    try:
+        out, _ = spy.communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.communicate()
+        return ""
+    return faulthandler_text(out, pid)
+
+
+def faulthandler_text(spy_json: bytes | str, pid: int) -> str:
+    """py-spy's JSON dump (a list of threads) as a `faulthandler` dump of the main thread (the
+    thread whose OS id is the pid), innermost frame first; "" if it holds none."""
+    try:
+        threads = json.loads(spy_json or "[]")
+    except ValueError:
+        return ""
+    if not isinstance(threads, list):
+        return ""
+    main = next((t for t in threads if isinstance(t, dict) and t.get("os_thread_id") == pid), None)
+    if main is None:
+        main = next((t for t in threads if isinstance(t, dict) and t.get("thread_name") == "MainThread"), None)
+    if main is None:
+        return ""
+    lines = [f"Current thread {int(main.get('thread_id') or 0):#018x} (most recent call first):"]
+    for f in (main.get("frames") or [])[:SPY_MAX_FRAMES]:
+        if isinstance(f, dict):
+            name = str(f.get("name") or "?").rsplit(".", 1)[-1]  # faulthandler writes the bare name
+            lines.append(f'  File "{f.get("filename")}", line {f.get("line")} in {name}')
+    return "\n".join(lines) + "\n"
 
 
 def _grown_and_still(path: Path, size: int) -> bool:
