@@ -15,6 +15,14 @@ On a restart with `AERIE_RESUME_FROM`, every node restores that checkpoint into 
 its original directory name before any rank starts: ranged parallel GETs (`aerie_s3.download`,
 each object verified against S3's checksum), then every object of the manifest checked present
 with its size. A script that resumes from the newest checkpoint in its directory resumes unchanged.
+
+On an in-place restart (the same nodes, a new worker group: `hand_over`) the directory still holds
+the last group's files. Everything in it is moved aside (`.aerie-aside/attempt-N/` inside it, the
+same filesystem: a rename, never a copy; only the newest aside is kept) so that no checkpoint the
+control plane did not choose is ever resumed from: a newer one the failed attempt wrote but never
+committed, a save it left half-written. The one exception is the resume point itself where this
+node committed it and its files are unchanged since: it stays where the trainer left it, and
+nothing is downloaded. Every other node restores the resume point as on a relaunch.
 """
 
 from __future__ import annotations
@@ -75,6 +83,10 @@ _LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 _LIGHTNING_LAST = re.compile(r"^last(?:-v\d+)?\.ckpt$")
 LIGHTNING_LAST = "last.ckpt"  # what `trainer.fit(ckpt_path="last")` looks for in the checkpoint directory
 LIGHTNING_STAGE = ".aerie-upload"  # hard links of files being uploaded (the trainer may rotate them away)
+ASIDE = ".aerie-aside"  # the last worker group's files, set aside on an in-place restart (`hand_over`)
+# An in-place restart waits this long for the last group's upload to end (it is superseded: its
+# commit is refused by the fence) before its files are moved; it never blocks the restart longer.
+HANDOVER_UPLOAD_WAIT_S = 10.0
 
 
 def lightning_step(path: Path) -> int | None:
@@ -183,6 +195,7 @@ class CheckpointSync:
     _seen: dict[str, tuple[float, tuple]] = field(default_factory=dict)
     _thread: threading.Thread | None = None
     committed: list[dict[str, Any]] = field(default_factory=list)
+    uploaded: dict[str, tuple] = field(default_factory=dict)  # directory name -> the files committed (signature)
     _floor: int = -1  # flat files (Lightning): the restored step; files of older steps are not uploaded again
 
     @classmethod
@@ -273,6 +286,7 @@ class CheckpointSync:
             if staged is not None and staged != d:
                 staged.unlink(missing_ok=True)
         self.done[name] = uri
+        self.uploaded[name] = sig
         self.committed.append({"step": step, "uri": uri, "size_bytes": size, "save_s": time.monotonic() - t0})
         log.info("committed %s (step %d, %d bytes) as %s", d, step, size, uri)
 
@@ -360,3 +374,60 @@ class CheckpointSync:
         self.done[f"{target.relative_to(self.root)}@{step}"] = ""  # restored, not ours to upload again
         self._floor = max(self._floor, step)
         return target
+
+
+# --- in-place hand-over ------------------------------------------------------------------------
+
+
+def hand_over(previous: CheckpointSync, fresh: CheckpointSync, resume: str | None, tag: str) -> str | None:
+    """Between two worker groups on the same node (an in-place restart): wait briefly for the last
+    group's upload, then set the directory's entries aside (module docstring) except the resume
+    point where `previous` committed it from this node with its files unchanged. Returns that
+    directory's name when it was kept (nothing to restore), else None."""
+    previous.wait(HANDOVER_UPLOAD_WAIT_S)
+    kept = _committed_here(previous, resume)
+    set_aside(fresh.root, tag, keep=kept)
+    if kept is None:
+        return None
+    fresh.done[kept] = ""  # restored, in effect: not ours to upload again
+    m = _LAST_INT.search(kept)
+    if fresh.marker == byo.MARKER_MEGATRON and m:  # its pointer file was set aside with the rest
+        (fresh.root / "latest_checkpointed_iteration.txt").write_text(str(int(m.group(1))))
+    return kept
+
+
+def _committed_here(previous: CheckpointSync, resume: str | None) -> str | None:
+    """The top-level checkpoint directory `previous` committed as `resume`, if its files are still
+    the ones uploaded (a flat file, Lightning's, is restored instead: it becomes last.ckpt)."""
+    if not resume:
+        return None
+    for name, uri in previous.done.items():
+        if not uri or uri.rstrip("/") != resume.rstrip("/") or "/" in name or name.startswith(".aerie"):
+            continue
+        d = previous.root / name
+        if d.is_dir() and previous.uploaded.get(name) and signature(d) == previous.uploaded[name]:
+            return name
+    return None
+
+
+def set_aside(root: Path, tag: str, keep: str | None = None) -> Path | None:
+    """Move every entry of `root` (but `keep` and the asides) into `root/.aerie-aside/<tag>/`,
+    removing older asides first (one is kept: the disk holds the last group's files once). Returns
+    the aside directory, or None when there was nothing to move."""
+    import shutil
+
+    if not root.is_dir():
+        return None
+    entries = [e for e in root.iterdir() if e.name != ASIDE and e.name != keep]
+    if not entries:
+        return None
+    base = root / ASIDE
+    if base.is_dir():
+        for old in base.iterdir():
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() and not old.is_symlink() else old.unlink()
+    target = base / tag
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        entry.rename(target / entry.name)
+    log.info("set aside %d entr%s of %s in %s", len(entries), "y" if len(entries) == 1 else "ies", root, target)
+    return target

@@ -85,30 +85,42 @@ class NodeInputs(NodeState):
     def _restore_checkpoint(self) -> bool:
         """A third-party trainer's checkpoints (`checkpoint.marker`): watch its directory (uploads
         from rank 0's node), and on a resume put the checkpoint back there, verified, before any
-        rank starts. False: the node ends now (`checkpoint.failed`)."""
-        from agent.byo_checkpoints import CheckpointSync
+        rank starts. On an in-place restart the last group's files are set aside first, and the
+        resume point stays where it is if this node committed it (`byo_checkpoints.hand_over`).
+        False: the node ends now (`checkpoint.failed`)."""
+        from agent.byo_checkpoints import CheckpointSync, hand_over
 
         cfg = self.cfg
+        previous = self.checkpoints
         self.checkpoints = CheckpointSync.from_env(dict(os.environ), cfg.ml_root, uploads=cfg.node_rank == 0)
         if self.checkpoints is None:
             return True
         self.checkpoints.root.mkdir(parents=True, exist_ok=True)
         resume = E.RESUME_FROM.get()
+        t0 = time.time()
+        if previous is not None:  # in place: the same node, the last worker group's files still here
+            tag = f"attempt-{previous.attempt if previous.attempt is not None else 'prev'}"
+            try:
+                kept = hand_over(previous, self.checkpoints, resume, tag)
+            except OSError as exc:
+                return self._checkpoint_failed(resume or str(self.checkpoints.root), f"cannot set aside: {exc}")
+            if kept is not None:
+                self.restore_s = time.time() - t0
+                log.info("resuming from %s, kept in place in %s", resume, self.checkpoints.root / kept)
+                return True
         if not resume:
             return True
-        t0 = time.time()
         try:
             where = self.checkpoints.restore(resume)
         except Exception as exc:
-            log.error("cannot restore %s into %s: %s", resume, self.checkpoints.root, exc)
             if self.checkpoints.gate is not None and cfg.node_rank == 0:
                 self.checkpoints.gate.mark_bad(resume, f"restore failed: {exc}")
-            self.restore_failure = {
-                "kind": FailureKind.CHECKPOINT_FAILED,
-                "message": f"restore of {resume} failed: {exc}",
-                "host": cfg.host,
-            }
-            return False
+            return self._checkpoint_failed(resume, f"restore of {resume} failed: {exc}")
         self.restore_s = time.time() - t0
         log.info("restored %s into %s in %.1fs", resume, where, self.restore_s)
         return True
+
+    def _checkpoint_failed(self, what: str, message: str) -> bool:
+        log.error("%s (%s)", message, what)
+        self.restore_failure = {"kind": FailureKind.CHECKPOINT_FAILED, "message": message, "host": self.cfg.host}
+        return False

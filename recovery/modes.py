@@ -107,10 +107,6 @@ def not_in_place(spec: dict[str, Any]) -> str | None:
     """Why a job's spec rules in-place restarts out (None: it does not)."""
     if (spec.get("backend_options") or {}).get("netns"):
         return "network namespaces (backend_options.netns) are made per attempt"
-    if (spec.get("checkpoint") or {}).get("marker"):
-        # Not yet: a third-party trainer's node-local checkpoint directory would need clearing and
-        # its sync restarting between worker groups (agent/byo_checkpoints.py).
-        return "a third-party trainer's checkpoint directory (checkpoint.marker) is per attempt"
     return None
 
 
@@ -145,6 +141,10 @@ def memory_tier_off(spec: dict[str, Any], backend: str) -> str | None:
         return "retry.in_place_restarts is 0"
     if int((spec.get("resources") or {}).get("instance_count", 1)) < 2:
         return "one node: no peer to hold a replica"
+    if (spec.get("checkpoint") or {}).get("marker"):
+        # Aerie snapshots only the state its own trainer hands it; a third-party trainer's
+        # checkpoints are its own files (in place, it finds them where it left them).
+        return "a third-party trainer's checkpoints (checkpoint.marker) are its own files"
     return not_in_place(spec)
 
 

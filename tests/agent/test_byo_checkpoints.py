@@ -13,7 +13,7 @@ import pytest
 from aerie_checkpoint import manifest
 from aerie_checkpoint.fence import Superseded
 from aerie_contracts import byo
-from agent.byo_checkpoints import CheckpointSync, finished_candidates, lightning_step, local_dir
+from agent.byo_checkpoints import ASIDE, CheckpointSync, finished_candidates, hand_over, lightning_step, local_dir
 
 
 def hf_checkpoint(root: Path, step: int, marker: bool = True, size: int = 3000) -> Path:
@@ -267,3 +267,48 @@ def _make_fake_lightning_ckpt(path: Path, step: int) -> None:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         z.writestr("archive/data.pkl", pickle.dumps({"epoch": 2, "global_step": step, "state_dict": {}}, protocol=2))
         z.writestr("archive/version", "3\n")
+
+
+def test_in_place_the_committed_resume_point_stays_and_everything_newer_is_set_aside(tmp_path, s3_prefix):
+    """An in-place restart on rank 0's node: checkpoint-20 was committed from here and is the
+    resume point; checkpoint-30 (written, never committed) and a half-written save are moved aside,
+    so the unchanged script's `get_last_checkpoint` finds checkpoint-20; nothing is downloaded."""
+    root = tmp_path / "ck"
+    first = CheckpointSync(root=root, marker=byo.MARKER_HF, prefix=s3_prefix, attempt=1)
+    hf_checkpoint(root, 20)
+    settle(first)
+    uri = first.done["checkpoint-20"]
+    hf_checkpoint(root, 30)  # the failed attempt's newer save: never committed
+    hf_checkpoint(root, 40, marker=False)  # a save cut short
+    (root / "runs").mkdir()  # the trainer's other files in its output directory
+
+    second = CheckpointSync(root=root, marker=byo.MARKER_HF, prefix=s3_prefix, attempt=2)
+    assert hand_over(first, second, uri, "attempt-1") == "checkpoint-20"
+    assert sorted(p.name for p in root.iterdir()) == [ASIDE, "checkpoint-20"]
+    aside = root / ASIDE / "attempt-1"
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint-30", "checkpoint-40", "runs"]
+    assert list(finished_candidates(root, byo.MARKER_HF)) == ["checkpoint-20"]
+    settle(second)
+    assert second.done == {"checkpoint-20": ""}  # kept, not uploaded again
+
+    # The next hand-over keeps one aside (the newest), and a resume point whose files changed
+    # since they were committed is set aside too: the caller restores it from S3.
+    hf_checkpoint(root, 50)
+    (root / "checkpoint-20" / "optimizer.pt").write_bytes(b"changed")
+    third = CheckpointSync(root=root, marker=byo.MARKER_HF, prefix=s3_prefix, attempt=3)
+    assert hand_over(first, third, uri, "attempt-2") is None
+    assert [p.name for p in (root / ASIDE).iterdir()] == ["attempt-2"]
+    assert sorted(p.name for p in (root / ASIDE / "attempt-2").iterdir()) == ["checkpoint-20", "checkpoint-50"]
+    where = third.restore(uri)
+    assert where == root / "checkpoint-20" and (where / "optimizer.pt").read_bytes() != b"changed"
+    assert list(finished_candidates(root, byo.MARKER_HF)) == ["checkpoint-20"]
+
+
+def test_in_place_without_a_resume_point_the_directory_starts_empty(tmp_path, s3_prefix):
+    root = tmp_path / "ck"
+    first = CheckpointSync(root=root, marker="ckpt-*/DONE", prefix=s3_prefix, attempt=1, uploads=False)
+    (root / "ckpt-5").mkdir(parents=True)
+    (root / "ckpt-5" / "DONE").write_text("")
+    second = CheckpointSync(root=root, marker="ckpt-*/DONE", prefix=s3_prefix, attempt=2, uploads=False)
+    assert hand_over(first, second, None, "attempt-1") is None
+    assert [p.name for p in root.iterdir()] == [ASIDE] and finished_candidates(root, "ckpt-*/DONE") == {}

@@ -19,9 +19,8 @@ from typing import Any
 import httpx
 import psutil
 
-from aerie_contracts import byo
 from devtools.harness.control_plane import ControlPlane
-from devtools.harness.jobs import FAST_HEALTH
+from devtools.harness.jobs import FAST_HEALTH, attempt_step_records
 from tests.helpers.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,11 +69,10 @@ class ByoRun:
     series: dict[str, Any]  # the dashboard's series.json
 
     def rank0_steps(self, cp: ControlPlane, attempt: int) -> list[dict[str, Any]]:
-        """Rank 0's metrics-stream records of one attempt that the agent parsed from its log (the
-        in-process probe writes the same stream: its records, a rank's own local loss, left out)."""
-        path = next((cp.home / "jobs" / self.job_id).glob(f"attempt-{attempt}/*/output/metrics/rank-00000.jsonl"))
-        records = [json.loads(line) for line in path.read_text().splitlines()]
-        return [r for r in records if r.get(byo.SOURCE_KEY) != byo.SOURCE_PROBE]
+        """Rank 0's step records of one attempt (relaunched or in place) that the agent parsed from
+        its log (the in-process probe writes the same stream: its records, a rank's own local
+        loss, left out)."""
+        return attempt_step_records(cp.home / "jobs" / self.job_id, attempt, rank=0)
 
 
 def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_keys: Any) -> ByoRun:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aerie_contracts.restarts import CAUSE_MODE, RestartMode, mode_of
-from recovery.modes import decide, in_place_streak, may_restart_in_place
+from recovery.modes import decide, in_place_streak, may_restart_in_place, memory_tier_off
 
 NODES = [{"host": "algo-1"}, {"host": "algo-2"}]
 
@@ -46,9 +46,15 @@ def test_node_loss_an_excluded_node_and_other_backends_relaunch():
     assert decide(job, {**failed, "nodes": []}, {"kind": "exit.nonzero"}, [])[0] == RestartMode.RELAUNCH
     netns = {**job, "spec": {"backend_options": {"netns": True}}}
     assert decide(netns, failed, {"kind": "exit.nonzero"}, [])[0] == RestartMode.RELAUNCH
-    byo = {**job, "spec": {"checkpoint": {"s3_uri": "s3://b/c", "marker": "trainer_state.json"}}}
-    mode, why = decide(byo, failed, {"kind": "exit.nonzero"}, [])
-    assert mode == RestartMode.RELAUNCH and "checkpoint.marker" in why
+    # A third-party trainer's own checkpoint directory restarts in place too (its agent sets the
+    # last group's files aside and keeps the resume point), but takes no memory snapshots.
+    byo_spec = {
+        "checkpoint": {"s3_uri": "s3://b/c", "marker": "trainer_state.json"},
+        "resources": {"instance_count": 2},
+    }
+    byo = {**job, "spec": byo_spec}
+    assert decide(byo, failed, {"kind": "exit.nonzero"}, [])[0] == RestartMode.IN_PLACE
+    assert "checkpoint.marker" in (memory_tier_off({**byo_spec, "retry": {"max_restarts": 1}}, "local") or "")
 
 
 def test_the_in_place_budget_counts_consecutive_in_place_restarts():
