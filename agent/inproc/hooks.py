@@ -30,8 +30,10 @@ bookkeeping under `_guard`: the first error turns the probe off (runtime.Probe.f
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
+import sys
 import time
 import weakref
 from typing import Any
@@ -249,11 +251,33 @@ def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
                 setattr(module, name, wrapped)
 
     init = c10d.init_process_group
+    failing: list[bool] = []  # an uncaught exception is ending the process (sys.excepthook ran)
+
+    def destroy_at_exit() -> None:
+        """gloo's process group destroyed while the interpreter is whole: left to finalization, its
+        worker threads' pending work drops tensors after the GIL can no longer be taken, and a
+        rank that trained every step aborts (`terminate called without an active exception`,
+        SIGABRT: seen at a Lightning job's end, which never destroys it). Not on NCCL (its destroy
+        may wait on a hung peer), not inside a collective, not when an exception ends the rank."""
+        if failing or depth[0] > 0 or not c10d.is_initialized() or str(c10d.get_backend()) != "gloo":
+            return
+        c10d.destroy_process_group()
+
+    def note_failure(hook):
+        def excepthook(*exc_info):
+            failing.append(True)
+            return hook(*exc_info)
+
+        return excepthook
 
     @functools.wraps(init)
     def init_process_group(*args, **kwargs):
         out = init(*args, **kwargs)
         _guard(lambda: probe.claim(int(dist.get_rank())))  # the rank is known now
+        if not getattr(init_process_group, "registered", False):
+            init_process_group.registered = True  # type: ignore[attr-defined]
+            sys.excepthook = note_failure(sys.excepthook)
+            atexit.register(lambda: _guard(destroy_at_exit))  # before finalization
         return out
 
     for module in (c10d, dist):

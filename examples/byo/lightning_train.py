@@ -5,14 +5,20 @@ installed, tqdm otherwise) and default logger, and `trainer.fit(..., ckpt_path="
 resumes from `last.ckpt` in the checkpoint directory when there is one. Without
 `--checkpoint-dir` the default `ModelCheckpoint` saves `epoch=E-step=S.ckpt` at each epoch's end
 under `<root-dir>/lightning_logs/version_N/checkpoints/`; with it, into that directory every
-`--save-steps` steps, with `last.ckpt` beside it.
+`--save-steps` steps, with `last.ckpt` beside it. Its one brush with Aerie is the default of
+`--checkpoint-dir`, as in hf_train.py: the node's directory that Aerie exports as
+AERIE_CHECKPOINT_DIR (`/opt/ml/checkpoints` in a container), when set. On several nodes, as
+Lightning users write it: `--devices` per node and `--num-nodes` (DDP; under torchrun Lightning
+takes the ranks torchrun started).
 
     python examples/byo/lightning_train.py --root-dir /opt/ml/output --checkpoint-dir /opt/ml/checkpoints
+    torchrun --nnodes 2 --nproc-per-node 2 ... examples/byo/lightning_train.py --devices 2 --num-nodes 2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import lightning as L
 import torch
@@ -46,10 +52,12 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("AERIE_CHECKPOINT_DIR"))
     parser.add_argument("--save-steps", type=int, default=None)
     parser.add_argument("--tqdm", action="store_true", help="tqdm's bar even where rich is installed")
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--devices", default="auto", help="processes per node (Trainer(devices=...))")
+    parser.add_argument("--num-nodes", type=int, default=1)
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -68,6 +76,9 @@ def main() -> None:
         default_root_dir=args.root_dir,
         log_every_n_steps=1,
         accelerator="cpu",
+        devices=int(args.devices) if args.devices.isdigit() else args.devices,
+        num_nodes=args.num_nodes,
+        strategy="ddp" if args.num_nodes > 1 or args.devices not in ("auto", "1") else "auto",
         callbacks=callbacks or None,
     )
     trainer.fit(Regressor(args.step_sleep_s), loader, ckpt_path="last")

@@ -36,6 +36,7 @@ class ByoScript:
     steps: int
     save_steps: int
     step_sleep: float
+    args: tuple[str, ...] = ()  # the script's own further arguments
 
 
 def byo_spec(run: ByoScript, health: dict | None = None, **more: Any) -> dict[str, Any]:
@@ -52,6 +53,7 @@ def byo_spec(run: ByoScript, health: dict | None = None, **more: Any) -> dict[st
             str(run.save_steps),
             "--step-sleep",
             str(run.step_sleep),
+            *run.args,
         ],
         "resources": {"instance_count": 2, "procs_per_node": 2},
         "retry": {"max_restarts": 1},
@@ -68,15 +70,19 @@ class ByoRun:
     resume_step: int
     series: dict[str, Any]  # the dashboard's series.json
 
-    def rank0_steps(self, cp: ControlPlane, attempt: int) -> list[dict[str, Any]]:
+    def rank0_steps(self, cp: ControlPlane, attempt: int, probe: bool = False) -> list[dict[str, Any]]:
         """Rank 0's step records of one attempt (relaunched or in place) that the agent parsed from
         its log (the in-process probe writes the same stream: its records, a rank's own local
-        loss, left out)."""
-        return attempt_step_records(cp.home / "jobs" / self.job_id, attempt, rank=0)
+        loss, left out unless `probe`)."""
+        return attempt_step_records(cp.home / "jobs" / self.job_id, attempt, rank=0, probe=probe)
 
 
-def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_keys: Any) -> ByoRun:
-    """The rehearsal of `run`'s job (`byo_spec(run, **spec_keys)`), checked as the module says."""
+def hang_restart_resume(
+    cp: ControlPlane, run: ByoScript, work: Path, steps_from_probe: bool = False, **spec_keys: Any
+) -> ByoRun:
+    """The rehearsal of `run`'s job (`byo_spec(run, **spec_keys)`), checked as the module says.
+    `steps_from_probe`: the script's log says nothing per step (Rich's bar in a pipe): its steps
+    are the in-process probe's."""
     spec = byo_spec(run, **spec_keys)
     name, steps, save_steps = run.name, run.steps, run.save_steps
     (work / "spec.json").write_text(json.dumps(spec))
@@ -129,7 +135,7 @@ def hang_restart_resume(cp: ControlPlane, run: ByoScript, work: Path, **spec_key
     assert [(a["host"], a["rank"], a["fault"]) for a in audit] == [("algo-1", 1, "sigstop")]
     result = ByoRun(job_id=job_id, attempts=attempts, resume_step=resume_step, series=series)
     # Attempt 2 really resumed: its first step is the one after the restored checkpoint's.
-    assert min(r["step"] for r in result.rank0_steps(cp, 2)) == resume_step + 1
+    assert min(r["step"] for r in result.rank0_steps(cp, 2, probe=steps_from_probe)) == resume_step + 1
     return result
 
 

@@ -65,3 +65,33 @@ def test_two_ranks_report_their_collectives(run):
         assert [r[contract.COLLECTIVES] for r in steps] == [0, 1, 1, 1]
         state = json.loads((run.ranks / contract.STATE_FILE.format(rank=rank)).read_text())
         assert state[contract.STATE_COLLECTIVES] == 5 and state[contract.STATE_IN_COLLECTIVE] is None
+
+
+LEFT_INITIALIZED = """
+import atexit, sys, torch, torch.distributed as dist
+atexit.register(lambda: print(f"initialized at exit: {dist.is_initialized()}", flush=True))
+dist.init_process_group("gloo")
+t = torch.ones(2)
+dist.all_reduce(t)
+if sys.argv[1:] == ["fail"]:
+    raise RuntimeError("the script fails")
+# no destroy_process_group(), as Lightning leaves it
+"""
+
+
+def test_gloo_left_initialized_is_destroyed_at_exit_unless_an_exception_ends_the_rank(run):
+    """pytorch/pytorch#179291: a gloo group left for finalization can abort a rank (SIGABRT) after
+    all its work; the probe destroys it at exit (an exit handler registered before
+    init_process_group runs after the probe's, and sees it destroyed). An exception ends the rank:
+    left as it is (a destroy could wait on a peer)."""
+    env = run.env(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", SM_CURRENT_HOST="algo-1", GLOO_SOCKET_IFNAME="lo")
+    for mode, expect, code in (("ok", "False", 0), ("fail", "True", 1)):
+        script = run.script(LEFT_INITIALIZED)
+        argv = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
+        argv += ["--master-port", str(_free_port()), "--no-python"]
+        argv += [sys.executable, "-m", "agent.rank", "--", "python", str(script), mode]
+        proc = run.python(argv, env, inject=False, timeout=120)
+        out = proc.stdout + proc.stderr
+        assert (proc.returncode == 0) == (code == 0), out[-3000:]
+        assert "initialized at exit: " + expect in out, out[-3000:]
+        assert "initialized at exit: " + ("True" if expect == "False" else "False") not in out, out[-3000:]
