@@ -89,8 +89,10 @@ def diagnose(ranks_dir: Path, answer_wait_s: float = ANSWER_WAIT_S) -> dict[str,
     for rank, (pid, spy) in spied.items():
         text = _spy_result(spy, pid, max(0.0, spy_deadline - time.monotonic()))
         if text:
-            # `answered` stays False: a rank that did not answer its signal is still the finding.
-            found[rank].update(stack=text[-MAX_STACK_CHARS:], stack_by=SPY)
+            # A running rank read by py-spy (no probe) says where it is as a dump would; a stopped
+            # one has not answered, and that is the finding.
+            answered = found[rank]["process_state"] != ProcessState.STOPPED
+            found[rank].update(stack=text[-MAX_STACK_CHARS:], stack_by=SPY, answered=answered)
     return found
 
 

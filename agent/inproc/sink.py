@@ -73,6 +73,9 @@ class Sink:
             ranks.mkdir(parents=True, exist_ok=True)
             self._open_state(ranks / contract.STATE_FILE.format(rank=rank))
             self._register_stacks(ranks / contract.STACKS_FILE.format(rank=rank))
+            # The pid at once: the diagnosis signals only a rank whose state names it, and a rank
+            # whose collectives are all C++ (DDP's broadcast and all-reduces) may never update it.
+            self.state(0, None, None)
         except OSError:
             pass  # the diagnosis loses this rank's state; its progress is still reported
 
