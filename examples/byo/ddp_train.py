@@ -84,6 +84,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="slow each step down (seconds)")
+    p.add_argument("--quiet", action="store_true", help="print nothing: a loop that logs nowhere")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -96,7 +97,7 @@ def main() -> None:
         path = os.path.join(args.output_dir, f"ckpt-{start}")
         model.load_state_dict(torch.load(os.path.join(path, "model.pt")))
         optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt")))
-        if rank == 0:
+        if rank == 0 and not args.quiet:
             print(f"resumed from {path}", flush=True)
     ddp = DistributedDataParallel(model)
 
@@ -115,7 +116,8 @@ def main() -> None:
         if rank == 0:
             lr, ms = optimizer.param_groups[0]["lr"], (time.time() - t0) * 1000
             mean = mean_loss.item() / world
-            print(f"step {step}/{args.max_steps} | loss {mean:.4f} | lr {lr:.2e} | {ms:.0f} ms", flush=True)
+            if not args.quiet:
+                print(f"step {step}/{args.max_steps} | loss {mean:.4f} | lr {lr:.2e} | {ms:.0f} ms", flush=True)
             if step % args.save_steps == 0 or step == args.max_steps:
                 save_checkpoint(args.output_dir, step, model, optimizer, args.keep)
 

@@ -48,3 +48,17 @@ def test_plain_ddp_script_hang_restart_resume(s3_plane, tmp_path):
     step = run.resume_step + 1
     assert step in first, sorted(first)  # attempt 1 trained past the checkpoint before the hang
     assert second[step] == pytest.approx(first[step], abs=1e-4), (first, second)
+
+
+QUIET = ByoScript("byo-ddp-quiet", "ddp_train.py", steps=90, save_steps=30, step_sleep=0.4, args=("--quiet",))
+
+
+def test_a_ddp_loop_that_prints_nothing_is_seen_blamed_and_resumed(s3_plane, tmp_path):
+    """Issue 33, acceptance 1: the same loop printing nothing, with no `metrics` in the spec. Its
+    steps and losses are the in-process probe's; the SIGSTOP is called from them and the job resumes
+    and completes as above (`hang_restart_resume`: every step once in the loss curve)."""
+    checkpoint = {"s3_uri": "s3://aerie/byo-ddp-quiet", "marker": "ckpt-*/DONE"}
+    run = hang_restart_resume(s3_plane, QUIET, tmp_path, steps_from_probe=True, checkpoint=checkpoint)
+    assert not run.rank0_steps(s3_plane, 1), "the script printed steps"  # nothing from its log
+    described = s3_plane.cli("describe", run.job_id, check=True).stdout
+    assert "rank 1: stopped" in described and "ddp_train.py" in described, described
