@@ -47,3 +47,7 @@ def test_stock_lightning_script_hang_restart_resume(s3_plane, tmp_path):
     described = s3_plane.cli("describe", run.job_id, check=True).stdout
     assert "rank 1: stopped" in described and "lightning_train.py" in described, described
     assert hangs, hangs
+    # Acceptance 5: the learned limit for a stopped rank, max(stopped_floor_s 10 s, 5 x p95 of the
+    # step), not the 12 s hang floor of these tests' health settings.
+    ev = hangs[0]["evidence"]
+    assert ev["limit_s"] == pytest.approx(max(10.0, 5 * ev["step_time_p95"]), abs=0.01), ev["limit_s"]

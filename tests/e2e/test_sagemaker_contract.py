@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 
+from aerie_contracts import byo
 from devtools.harness.control_plane import event_story, job_story
 from tests.helpers.sagemaker_jobs import sagemaker_job
 
@@ -79,6 +80,6 @@ def test_two_instances_train_with_only_sagemakers_contract(tmp_path, s3_bucket, 
         steps = [
             json.loads(line) for line in (ml / "output" / "metrics" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
         ]
-        trained = [r["step"] for r in steps if r.get("event") is None and r.get("source") != "probe"]
+        trained = [r["step"] for r in steps if r.get("event") is None and r.get(byo.SOURCE_KEY) != byo.SOURCE_PROBE]
         assert trained[0] == resume_step + 1 and trained[-1] == STEPS, (host, trained)
         assert json.loads((ml / "agent" / "exit.json").read_text())["exit_code"] == 0

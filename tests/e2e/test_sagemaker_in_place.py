@@ -22,7 +22,7 @@ import signal
 import psutil
 import pytest
 
-from aerie_contracts import FailureKind
+from aerie_contracts import FailureKind, byo
 from aerie_contracts import env as E
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from agent.proctree import kill_subtree
@@ -108,7 +108,7 @@ def test_a_rank_crash_restarts_inside_the_training_job_and_a_lost_instance_relau
     trained = [
         r["step"]
         for r in map(json.loads, (ml / "output" / "metrics" / "rank-00000.jsonl").read_text().splitlines())
-        if r.get("event") is None and r.get("source") != "probe"  # the trainer's own
+        if r.get("event") is None and r.get(byo.SOURCE_KEY) != byo.SOURCE_PROBE  # the trainer's own
     ]
     resumed = int(second["resume_from"].split("/step_")[1][:8]) if second["resume_from"] else 0
     assert trained[0] == resumed + 1, (second["resume_from"], trained)
@@ -204,6 +204,8 @@ def test_a_rank_crash_resumes_in_place_from_the_memory_tier_inside_the_training_
         records = [json.loads(line) for line in stream.read_text().splitlines()]
         restored = [r for r in records if r.get("event") == "restored"]
         assert [r.get("uri") for r in restored] == [second["resume_from"]], (host, restored)
-        own = [r for r in records if r.get("source") != "probe"]  # the trainer's (the probe writes here too)
+        own = [
+            r for r in records if r.get(byo.SOURCE_KEY) != byo.SOURCE_PROBE
+        ]  # the trainer's (the probe writes here too)
         trained = [r["step"] for r in own if r.get("event") is None and r.get("step") is not None]
         assert trained[0] == resumed + 1 and trained[-1] == steps, (host, trained[:3], trained[-1:])

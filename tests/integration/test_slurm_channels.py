@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from aerie_contracts import byo
 from tests.helpers.data_jobs import SHARDS, STEPS, files, prepare_dataset, submit
 from tests.helpers.slurm_plane import slurm_control_plane
 
@@ -56,7 +57,7 @@ def test_a_two_node_slurm_job_trains_on_its_s3_channels(cp, bucket, tmp_path, co
         assert record["channels"]["train"]["objects"] == 2
     metrics = (root / "node1" / "output" / "metrics" / "rank-00000.jsonl").read_text().splitlines()
     steps = [json.loads(line) for line in metrics]
-    own = [r for r in steps if r.get("event") is None and r.get("source") != "probe"]  # the trainer's (not the probe's)
+    own = [r for r in steps if r.get("event") is None and r.get(byo.SOURCE_KEY) != byo.SOURCE_PROBE]  # the trainer's
     assert [r["step"] for r in own] == list(range(1, STEPS + 1))
     # Both emulated nodes share this host's cache: every object left S3 once.
     gets = counting_s3.object_gets(bucket, mark)

@@ -12,6 +12,7 @@ import json
 import pytest
 import yaml
 
+from aerie_contracts import byo
 from devtools.harness.control_plane import REPO, ControlPlane
 
 STEPS = 6
@@ -35,7 +36,9 @@ def _losses(cp: ControlPlane, job: dict, host: str) -> dict[int, float]:
     path = cp.home / "jobs" / job["id"] / "attempt-1" / host / "output" / "metrics" / "rank-00000.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     # The trainer's own records (the in-process probe writes the same stream, with rank 0's own loss).
-    return {r["step"]: r["loss"] for r in records if r.get("event") is None and r.get("source") != "probe"}
+    return {
+        r["step"]: r["loss"] for r in records if r.get("event") is None and r.get(byo.SOURCE_KEY) != byo.SOURCE_PROBE
+    }
 
 
 def test_pythia_tiny_gives_the_same_losses_on_local_and_slurm(cp, tmp_path, s3_bucket):
