@@ -140,7 +140,7 @@ class CommitGate:
         return {str(r["uri"]).rstrip("/"): r["state"] for r in rows}
 
 
-def commit(uri: str, gate: CommitGate | None, *, step: int, **fields: Any) -> dict:
+def commit(uri: str, gate: CommitGate | None, *, step: int, **fields: Any) -> dict[str, Any]:
     """Commit a finished save: ask, write the manifest, record it (see the module's docstring).
 
     Raises `Superseded` when the attempt is no longer current: then nothing counts (no manifest,

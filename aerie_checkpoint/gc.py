@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from aerie_checkpoint import manifest
 from aerie_checkpoint.storage import open_store
@@ -28,7 +29,7 @@ from aerie_s3.settings import is_s3, parse_uri
 
 
 def prune(
-    prefix: str | os.PathLike,
+    prefix: str | os.PathLike[str],
     keep_last: int = 3,
     keep_every: int = 0,
     protect: Iterable[str | int] = (),
@@ -82,7 +83,7 @@ def _failpoint(name: str) -> None:
 # --- incomplete multipart uploads (a save that died mid-upload) ----------------------
 
 
-def list_incomplete_uploads(prefix: str | os.PathLike) -> list[dict]:
+def list_incomplete_uploads(prefix: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Multipart uploads started under `prefix` and never completed: [{key, upload_id, initiated}]."""
     if not is_s3(prefix):
         return []
@@ -95,7 +96,7 @@ def list_incomplete_uploads(prefix: str | os.PathLike) -> list[dict]:
     return out
 
 
-def abort_incomplete_uploads(prefix: str | os.PathLike, older_than_s: float = 0.0) -> list[dict]:
+def abort_incomplete_uploads(prefix: str | os.PathLike[str], older_than_s: float = 0.0) -> list[dict[str, Any]]:
     """Abort the incomplete multipart uploads under `prefix` (their parts cost storage).
 
     `older_than_s` spares uploads started recently, which may belong to a save still
@@ -123,13 +124,13 @@ def collect(
     prefix: str,
     keep_last: int = 3,
     keep_every: int = 0,
-    protect: list[str | int] = (),
+    protect: Iterable[str | int] = (),
     abort_uploads_older_than_s: float | None = 3600.0,
     dry_run: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Delete what the policy lets go; returns {"deleted": [...], "aborted_uploads": [...]}."""
     deleted = prune(prefix, keep_last=keep_last, keep_every=keep_every, protect=protect, dry_run=dry_run)
-    aborted: list[dict] = []
+    aborted: list[dict[str, Any]] = []
     if abort_uploads_older_than_s is not None:
         if dry_run:
             aborted = list_incomplete_uploads(prefix)

@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from aerie_checkpoint.storage import ObjectStat, join_uri, open_store
 from aerie_contracts import checkpoints as layout
@@ -59,7 +60,7 @@ class CheckpointRef:
         return (self.step, -1 if self.attempt is None else self.attempt)
 
 
-def parse_uri(uri: str | os.PathLike) -> CheckpointRef | None:
+def parse_uri(uri: str | os.PathLike[str]) -> CheckpointRef | None:
     """(prefix, step, attempt) of a checkpoint URI, or None if it does not name one."""
     text = str(uri).rstrip("/")
     head, _, name = text.rpartition("/")
@@ -77,18 +78,18 @@ def parse_uri(uri: str | os.PathLike) -> CheckpointRef | None:
 
 
 def commit(
-    checkpoint_uri: str | os.PathLike,
+    checkpoint_uri: str | os.PathLike[str],
     *,
     step: int,
     tokens: int = 0,
-    world: dict | None = None,
+    world: dict[str, Any] | None = None,
     config_hash: str = "",
     code_version: str = "",
-    metrics: dict | None = None,
-    extra: dict | None = None,
+    metrics: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
     attempt: int | None = None,
     attempt_id: str = "",
-) -> dict:
+) -> dict[str, Any]:
     """Record every object of a finished checkpoint, then write `manifest.json` last.
 
     Call once, on rank 0, after all ranks finished writing (a barrier). `attempt` / `attempt_id`
@@ -102,7 +103,7 @@ def commit(
         objects.append({"key": rel, "size": stat.size, **store.checksum(rel, stat)})
     if not objects:
         raise FileNotFoundError(f"nothing to commit under {checkpoint_uri}")
-    manifest = {
+    manifest: dict[str, Any] = {
         "format": FORMAT,
         "step": int(step),
         "tokens": int(tokens),
@@ -121,12 +122,12 @@ def commit(
     return manifest
 
 
-def read_manifest(checkpoint_uri: str | os.PathLike) -> dict | None:
+def read_manifest(checkpoint_uri: str | os.PathLike[str]) -> dict[str, Any] | None:
     data = open_store(checkpoint_uri).read(MANIFEST)
     if data is None:
         return None
     try:
-        return json.loads(data)
+        return cast("dict[str, Any] | None", json.loads(data))
     except ValueError:
         return None
 
@@ -143,7 +144,7 @@ class Verification:
         return self.good
 
 
-def _check(manifest: dict | None, listing: dict[str, ObjectStat], bad: bytes | None) -> list[str]:
+def _check(manifest: dict[str, Any] | None, listing: dict[str, ObjectStat], bad: bytes | None) -> list[str]:
     """The shallow checks, against one listing of the checkpoint."""
     if bad is not None:
         reason = _bad_reason(bad)
@@ -164,12 +165,12 @@ def _check(manifest: dict | None, listing: dict[str, ObjectStat], bad: bytes | N
 
 def _bad_reason(data: bytes) -> str:
     try:
-        return json.loads(data).get("reason", "")
+        return cast(str, json.loads(data).get("reason", ""))
     except ValueError:
         return data.decode(errors="replace")
 
 
-def verify(checkpoint_uri: str | os.PathLike, deep: bool = False) -> Verification:
+def verify(checkpoint_uri: str | os.PathLike[str], deep: bool = False) -> Verification:
     """Is this checkpoint good? `deep` also re-reads every object and compares checksums."""
     store = open_store(checkpoint_uri)
     listing = store.list()
@@ -177,6 +178,7 @@ def verify(checkpoint_uri: str | os.PathLike, deep: bool = False) -> Verificatio
     bad = store.read(BAD_MARKER) if BAD_MARKER in listing else None
     reasons = _check(manifest, listing, bad)
     if deep and not reasons:
+        assert manifest is not None  # no reasons: `_check` found a manifest
         for obj in manifest["objects"]:
             if reason := store.deep_check(obj["key"], obj):
                 reasons.append(reason)
@@ -192,7 +194,7 @@ class CheckpointInfo:
     step: int
     state: str  # a CheckpointState: good | bad | incomplete (no manifest, or unrecorded) | corrupt | deleted
     reasons: list[str] = field(default_factory=list)
-    manifest: dict | None = None
+    manifest: dict[str, Any] | None = None
     bytes: int = 0  # what is stored now
     attempt: int | None = None  # the epoch of the attempt that saved it (None: saved outside Aerie)
     keys: list[str] = field(default_factory=list)  # its objects, relative to the prefix
@@ -218,6 +220,7 @@ def _group(listing: dict[str, ObjectStat]) -> dict[tuple[int, int | None], tuple
         if step is None:
             continue
         attempt = ATTEMPT_RE.match(parts[1]) if len(parts) >= 3 else None
+        key: tuple[int, int | None]
         if attempt is not None:
             key, base, rest = (int(step.group(1)), int(attempt.group(1))), "/".join(parts[:2]), "/".join(parts[2:])
         else:
@@ -241,7 +244,7 @@ def _apply_record(state: str, reasons: list[str], uri: str, recorded: Recorded |
     return (rec if rec in known else CheckpointState.INCOMPLETE), [f"{rec} in the control plane's record"]
 
 
-def list_checkpoints(prefix: str | os.PathLike, recorded: Recorded | None = None) -> list[CheckpointInfo]:
+def list_checkpoints(prefix: str | os.PathLike[str], recorded: Recorded | None = None) -> list[CheckpointInfo]:
     """Every checkpoint under `prefix`, oldest first (by step, then attempt), with its (shallow)
     state. `recorded`: the control plane's record, which a good checkpoint must be in (fencing).
 
@@ -257,7 +260,7 @@ def list_checkpoints(prefix: str | os.PathLike, recorded: Recorded | None = None
         bad = store.read(f"{base}/{BAD_MARKER}") if BAD_MARKER in listing else None
         reasons = _check(manifest, listing, bad)
         if bad is not None:
-            state = CheckpointState.BAD
+            state: str = CheckpointState.BAD
         elif manifest is None:
             state = CheckpointState.INCOMPLETE
         else:
@@ -269,7 +272,7 @@ def list_checkpoints(prefix: str | os.PathLike, recorded: Recorded | None = None
     return out
 
 
-def last_good(prefix: str | os.PathLike, deep: bool = False, recorded: Recorded | None = None) -> str | None:
+def last_good(prefix: str | os.PathLike[str], deep: bool = False, recorded: Recorded | None = None) -> str | None:
     """URI of the newest good checkpoint under `prefix` (None if there is none). With `recorded`,
     only one the control plane recorded as good (a superseded attempt's commit never is)."""
     for info in reversed(list_checkpoints(prefix, recorded)):
@@ -278,7 +281,7 @@ def last_good(prefix: str | os.PathLike, deep: bool = False, recorded: Recorded 
     return None
 
 
-def mark_bad(checkpoint_uri: str | os.PathLike, reason: str) -> None:
+def mark_bad(checkpoint_uri: str | os.PathLike[str], reason: str) -> None:
     """Flag a checkpoint as not to be resumed from. Writes a `BAD` object; deletes nothing."""
     body = json.dumps({"reason": reason, "marked_at": time.time()}).encode()
     open_store(checkpoint_uri).write(BAD_MARKER, body)

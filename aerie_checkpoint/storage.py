@@ -18,6 +18,7 @@ import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from aerie_s3.clients import boto3_client
 from aerie_s3.settings import is_s3, parse_uri
@@ -27,13 +28,13 @@ __all__ = ["FileStore", "ObjectStat", "S3Store", "etag_of", "is_s3", "join_uri",
 _CHUNK = 8 * 1024 * 1024
 
 
-def local_path(uri: str | os.PathLike) -> str:
+def local_path(uri: str | os.PathLike[str]) -> str:
     """The filesystem path of a `file://` URI or a plain path."""
     text = str(uri)
     return urllib.parse.urlparse(text).path if text.startswith("file://") else text
 
 
-def join_uri(base: str | os.PathLike, name: str) -> str:
+def join_uri(base: str | os.PathLike[str], name: str) -> str:
     return f"{str(base).rstrip('/')}/{name}"
 
 
@@ -73,7 +74,7 @@ class S3Store:
 
     def read(self, rel: str) -> bytes | None:
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(rel))["Body"].read()
+            return cast(bytes, self.client.get_object(Bucket=self.bucket, Key=self._key(rel))["Body"].read())
         except self.client.exceptions.NoSuchKey:
             return None
 
@@ -87,10 +88,10 @@ class S3Store:
         for i in range(0, len(keys), 1000):
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i : i + 1000], "Quiet": True})
 
-    def checksum(self, rel: str, stat: ObjectStat) -> dict:
+    def checksum(self, rel: str, stat: ObjectStat) -> dict[str, Any]:
         return {"etag": stat.etag} if stat.etag else {}
 
-    def deep_check(self, rel: str, entry: dict) -> str | None:
+    def deep_check(self, rel: str, entry: dict[str, Any]) -> str | None:
         """Re-read the object and recompute its ETag; a reason string when it differs."""
         etag = entry.get("etag")
         if not etag or not re.fullmatch(r"[0-9a-f]{32}(-\d+)?", etag):
@@ -169,7 +170,7 @@ class FileStore:
         os.replace(tmp, path)  # atomic: a reader sees the whole manifest or none
 
     def delete(self, rels: Iterable[str]) -> None:
-        dirs = set()
+        dirs: set[Path] = set()
         for rel in rels:
             (self.root / rel).unlink(missing_ok=True)
             dirs.update((self.root / rel).parents)
@@ -187,15 +188,15 @@ class FileStore:
                 h.update(chunk)
         return h.hexdigest()
 
-    def checksum(self, rel: str, stat: ObjectStat) -> dict:
+    def checksum(self, rel: str, stat: ObjectStat) -> dict[str, Any]:
         return {"sha256": self._sha256(rel)}
 
-    def deep_check(self, rel: str, entry: dict) -> str | None:
+    def deep_check(self, rel: str, entry: dict[str, Any]) -> str | None:
         if "sha256" not in entry:
             return None
         got = self._sha256(rel)
         return None if got == entry["sha256"] else f"{rel}: checksum mismatch (sha256 {got} != {entry['sha256']})"
 
 
-def open_store(uri: str | os.PathLike) -> S3Store | FileStore:
+def open_store(uri: str | os.PathLike[str]) -> S3Store | FileStore:
     return S3Store(str(uri)) if is_s3(uri) else FileStore(str(uri))

@@ -36,6 +36,7 @@ import importlib
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .runtime import Probe
@@ -61,7 +62,7 @@ SCAN_PARAMS = 64  # how many params the step count is looked for in (frozen ones
 PROBE: Probe | None = None
 
 
-def _guard(fn, *args: Any) -> Any:
+def _guard(fn: Callable[..., Any], *args: Any) -> Any:
     probe = PROBE
     if probe is None or not probe.on:
         return None
@@ -72,7 +73,7 @@ def _guard(fn, *args: Any) -> Any:
         return None
 
 
-def install(torch: Any, when_imported=None) -> Probe:
+def install(torch: Any, when_imported: Callable[[str, Callable[[Any], None]], None] | None = None) -> Probe:
     """Install every hook (once per process); `when_imported(name, fn)` defers the hooks of a
     module the script has not imported yet (the sitecustomize's import watch)."""
     global PROBE
@@ -164,10 +165,10 @@ def _optimizer_hooks(torch: Any, probe: Probe, first_forward: _FirstForward) -> 
     optim = importlib.import_module("torch.optim.optimizer")
     started: dict[int, float] = {}
 
-    def pre(optimizer, _args, _kwargs):
+    def pre(optimizer: Any, _args: Any, _kwargs: Any) -> None:
         started[id(optimizer)] = time.perf_counter()
 
-    def post(optimizer, _args, _kwargs):
+    def post(optimizer: Any, _args: Any, _kwargs: Any) -> None:
         seconds = time.perf_counter() - started.pop(id(optimizer), time.perf_counter())
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         lr = float(lr) if isinstance(lr, (int, float)) else None  # a tensor lr may live on a device
@@ -180,7 +181,7 @@ def _optimizer_hooks(torch: Any, probe: Probe, first_forward: _FirstForward) -> 
     optim.register_optimizer_step_post_hook(lambda o, a, k: _guard(post, o, a, k))
 
 
-def _loss_into(torch: Any, probe: Probe, rec: dict) -> None:
+def _loss_into(torch: Any, probe: Probe, rec: dict[str, Any]) -> None:
     """Fill the step's loss: at once from the CPU, a step later from a CUDA device, else none."""
     losses, probe.losses = probe.losses, []
     if not losses:
@@ -203,13 +204,13 @@ def _backward_hook(torch: Any, probe: Probe, first_forward: _FirstForward) -> No
     autograd = torch.autograd
     original = autograd.backward
 
-    def seen(tensors, seconds):
+    def seen(tensors: Any, seconds: float) -> None:
         loss = tensors.detach() if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 else None
         probe.on_backward(loss, seconds)
         first_forward.arm()
 
     @functools.wraps(original)
-    def backward(tensors, *args, **kwargs):
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         _guard(probe.on_backward_begin)
         t0 = time.perf_counter()
         out = original(tensors, *args, **kwargs)
@@ -220,12 +221,12 @@ def _backward_hook(torch: Any, probe: Probe, first_forward: _FirstForward) -> No
 
 
 def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
-    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    c10d: Any = importlib.import_module("torch.distributed.distributed_c10d")
     depth = [0]
 
-    def wrap(name: str, original):
+    def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
-        def collective(*args, **kwargs):
+        def collective(*args: Any, **kwargs: Any) -> Any:
             outer = depth[0] == 0
             depth[0] += 1
             if outer:
@@ -263,15 +264,15 @@ def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
             return
         c10d.destroy_process_group()
 
-    def note_failure(hook):
-        def excepthook(*exc_info):
+    def note_failure(hook: Callable[..., Any]) -> Callable[..., Any]:
+        def excepthook(*exc_info: Any) -> Any:
             failing.append(True)
             return hook(*exc_info)
 
         return excepthook
 
     @functools.wraps(init)
-    def init_process_group(*args, **kwargs):
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
         out = init(*args, **kwargs)
         _guard(lambda: probe.claim(int(dist.get_rank())))  # the rank is known now
         if not getattr(init_process_group, "registered", False):
@@ -285,15 +286,16 @@ def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
             module.init_process_group = init_process_group
 
 
-def _sectioned(original, staged: bool = False):
+def _sectioned(original: Callable[..., Any], staged: bool = False) -> Callable[..., Any]:
     """`original` (a save) inside a checkpoint section."""
 
     @functools.wraps(original)
-    def save(*args, **kwargs):
+    def save(*args: Any, **kwargs: Any) -> Any:
         probe = PROBE
         opened = bool(_guard(probe.save_begin)) if probe is not None else False
         if not opened:
             return original(*args, **kwargs)
+        assert probe is not None  # opened: there is a probe
         target = args[1] if len(args) > 1 else kwargs.get("f", kwargs.get("checkpoint_id", kwargs.get("filename")))
         uri = str(target) if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__") else None
         t0, ok = time.perf_counter(), False
@@ -316,18 +318,19 @@ def _async_done(probe: Probe, future: Any, t0: float, uri: str | None) -> None:
 
     total = time.perf_counter() - t0
     ok = future.exception() is None
-    probe.event(MetricEvent.CHECKPOINT_END, **{keys.OK: ok, keys.URI: uri, keys.SAVE_S: round(total, 4)})
+    fields: dict[str, Any] = {keys.OK: ok, keys.URI: uri, keys.SAVE_S: round(total, 4)}
+    probe.event(MetricEvent.CHECKPOINT_END, **fields)
 
 
 def _save_hooks(torch: Any) -> None:
     if not getattr(torch.save, "__aerie_probe__", False):
         torch.save = _sectioned(torch.save)
-        serialization = importlib.import_module("torch.serialization")
+        serialization: Any = importlib.import_module("torch.serialization")
         serialization.save = torch.save
 
 
 def _dcp_hooks(dcp: Any) -> None:
-    def patch():
+    def patch() -> None:
         for name, staged in (("save", False), ("async_save", True)):
             original = getattr(dcp, name, None)
             if original is not None and not getattr(original, "__aerie_probe__", False):
@@ -339,7 +342,7 @@ def _dcp_hooks(dcp: Any) -> None:
 def _safetensors_hooks(st: Any) -> None:
     """`safetensors.torch.save_file` (HF's model files): a save like `torch.save`."""
 
-    def patch():
+    def patch() -> None:
         original = getattr(st, "save_file", None)
         if original is not None and not getattr(original, "__aerie_probe__", False):
             st.save_file = _sectioned(original)
@@ -350,13 +353,13 @@ def _safetensors_hooks(st: Any) -> None:
 def _priming_hooks(state_dict: Any) -> None:
     """Steps inside DCP's optimizer-state priming are not training steps (see the docstring)."""
 
-    def patch():
+    def patch() -> None:
         original = getattr(state_dict, "_init_optim_state", None)
         if original is None or getattr(original, "__aerie_probe__", False):
             return
 
         @functools.wraps(original)
-        def _init_optim_state(*args, **kwargs):
+        def _init_optim_state(*args: Any, **kwargs: Any) -> Any:
             probe = PROBE
             if probe is None:
                 return original(*args, **kwargs)
@@ -379,7 +382,7 @@ def _data_hook(torch: Any) -> None:
     probe = PROBE
 
     @functools.wraps(original)
-    def __next__(self):
+    def __next__(self: Any) -> Any:
         t0 = time.perf_counter()
         out = original(self)
         if probe is not None:

@@ -56,11 +56,11 @@ TICK_S = 0.25
 
 
 class Probe:
-    def __init__(self, rank_of=None) -> None:
+    def __init__(self, rank_of: Callable[[], int] | None = None) -> None:
         self.on = True
         self.sink = Sink()
         self.rank_of = rank_of or (lambda: int(os.environ.get("RANK", "0")))
-        self.primary: weakref.ref | None = None
+        self.primary: weakref.ref[Any] | None = None
         self.train_thread = threading.main_thread().ident
         self.count = 0  # primary optimizer steps in this process
         self._own_read_at: int | None = None  # the count when the optimizer's own step was last read
@@ -74,7 +74,7 @@ class Probe:
         self.collectives = 0
         self.in_collective: str | None = None
         self.losses: list[Any] = []
-        self.pending: tuple[dict, Any, Any] | None = None  # (record, host copy of the loss, its event)
+        self.pending: tuple[dict[str, Any], Any, Any] | None = None  # (record, host copy of the loss, its event)
         self._pending_lock = threading.Lock()
         self.fwd_first = 0.0  # wall time of the first forward since the last backward/step
         self.fwd_last = 0.0  # wall time of the last forward begun (a root module's, hooks._FirstForward)
@@ -170,12 +170,16 @@ class Probe:
         self.saving = 0
         self.acc["save_s"] += seconds
         if staged:  # an async save's synchronous part is over; its end comes from its future
-            self.event(MetricEvent.CHECKPOINT_STAGED, **{keys.STALL_S: round(seconds, 4), keys.URI: uri})
+            staged_fields: dict[str, Any] = {keys.STALL_S: round(seconds, 4), keys.URI: uri}
+            self.event(MetricEvent.CHECKPOINT_STAGED, **staged_fields)
         else:
             times = {keys.STALL_S: round(seconds, 4), keys.SAVE_S: round(seconds, 4)}
-            self.event(MetricEvent.CHECKPOINT_END, **{keys.OK: ok, keys.URI: uri, **times})
+            end_fields: dict[str, Any] = {keys.OK: ok, keys.URI: uri, **times}
+            self.event(MetricEvent.CHECKPOINT_END, **end_fields)
 
-    def on_step(self, optimizer: Any, seconds: float, own_step: Callable[[], int | None], lr: Any) -> dict | None:
+    def on_step(
+        self, optimizer: Any, seconds: float, own_step: Callable[[], int | None], lr: Any
+    ) -> dict[str, Any] | None:
         """An optimizer step ended. Returns the step's record (its loss still to be filled in when
         the hooks copy it from a device), or None for a step that is not counted. `own_step()` reads
         the optimizer's own count (Adam's restored `state["step"]`): read at the first step and every
@@ -228,11 +232,11 @@ class Probe:
         self.sink.state(self.collectives, self.in_collective, self.step)
         return rec
 
-    def emit_step(self, rec: dict, loss: float | None) -> None:
+    def emit_step(self, rec: dict[str, Any], loss: float | None) -> None:
         rec[keys.LOSS] = rec[keys.LOCAL_LOSS] = loss
         self.sink.add(rec)
 
-    def defer_step(self, rec: dict, host: Any, done: Any) -> None:
+    def defer_step(self, rec: dict[str, Any], host: Any, done: Any) -> None:
         """A step whose loss is still being copied from the device: written once `done.query()`."""
         self.resolve(force=True)
         with self._pending_lock:

@@ -21,8 +21,18 @@ Standard library only, and nothing imported at start-up beyond what `site` alrea
 import os
 import sys
 
+# typing.TYPE_CHECKING without importing `typing` (not loaded at start-up): the names below are
+# for mypy only, in annotations Python never evaluates (strings, and local variables').
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
 _HERE = os.path.dirname(os.path.realpath(__file__))
-_CALLBACKS: dict = {}  # module name -> [callable(module)] run once that module has executed
+# module name -> [callable(module)] run once that module has executed
+_CALLBACKS: "dict[str, list[Callable[[ModuleType], object]]]" = {}
 
 
 def _chain() -> None:
@@ -55,7 +65,7 @@ def _chain() -> None:
         return
 
 
-def when_imported(name: str, callback) -> None:
+def when_imported(name: str, callback: "Callable[[ModuleType], object]") -> None:
     """Call `callback(module)` once `name` has been imported (now, if it already was)."""
     module = sys.modules.get(name)
     if module is not None:
@@ -68,10 +78,12 @@ class _Watch:
     """A finder that finds nothing: for a watched module it asks the finders after it for the
     spec, and has the module's loader run the callbacks once the module has executed."""
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self, fullname: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+    ) -> "ModuleSpec | None":
         if fullname not in _CALLBACKS:
             return None
-        spec = None
+        spec: ModuleSpec | None = None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:
@@ -79,13 +91,13 @@ class _Watch:
             spec = find(fullname, path, target)
             if spec is not None:
                 break
-        loader = getattr(spec, "loader", None)
+        loader: Any = getattr(spec, "loader", None)
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return spec
         callbacks = _CALLBACKS.pop(fullname)
 
-        def exec_then_call(module):
+        def exec_then_call(module: "ModuleType") -> None:
             try:
                 del loader.exec_module  # this instance's own method again
             except AttributeError:
@@ -101,7 +113,7 @@ class _Watch:
         return spec
 
 
-def _activate(torch) -> None:
+def _activate(torch: "ModuleType") -> None:
     """torch is imported: load the probe's package by path and install its hooks."""
     try:
         import importlib
