@@ -52,6 +52,10 @@ SUMMARY_RANKS = "ranks"
 SUMMARY_COMPUTE_P50 = "compute_p50"
 SUMMARY_WAIT_P50 = "wait_p50"
 SUMMARY_SLOWEST_RANK = "slowest_rank"
+# ... and each rank's newest step as the node saw it (the API shows every rank's progress, from
+# the probe where the log says nothing): `rank_steps: {rank: {step, loss, t}}`, `loss` null when
+# it was not a finite number.
+SUMMARY_RANK_STEPS = "rank_steps"
 
 
 def merge_learned(

@@ -17,6 +17,7 @@ from statistics import median
 from aerie_contracts import FailureKind
 from aerie_contracts.health import (
     SUMMARY_COMPUTE_P50,
+    SUMMARY_RANK_STEPS,
     SUMMARY_RANKS,
     SUMMARY_SECTIONS,
     SUMMARY_SLOWEST_RANK,
@@ -219,6 +220,7 @@ class Monitor:
             "in_eval": prog.in_pause("eval"),
             "in_upload": bool(prog.uploads),
             SUMMARY_RANKS: ranks,
+            SUMMARY_RANK_STEPS: prog.rank_steps(),
             SUMMARY_COMPUTE_P50: ranks[slowest][SUMMARY_COMPUTE_P50] if slowest is not None else None,
             SUMMARY_SLOWEST_RANK: slowest,
             # The job's section history as this node knows it: the next attempt starts from it.

@@ -260,6 +260,7 @@ def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
         rank that trained every step aborts (`terminate called without an active exception`,
         SIGABRT: seen at a Lightning job's end, which never destroys it). Not on NCCL (its destroy
         may wait on a hung peer), not inside a collective, not when an exception ends the rank."""
+        probe.exiting(failed=bool(failing))  # first: what follows is the rank's wind-down
         if failing or depth[0] > 0 or not c10d.is_initialized() or str(c10d.get_backend()) != "gloo":
             return
         c10d.destroy_process_group()

@@ -67,6 +67,7 @@ class Probe:
         self._own_offset = 0  # its own step minus the count then (none kept, e.g. SGD: the resumed step)
         self.priming = 0  # inside DCP's optimizer-state priming (hooks._priming_hooks): no step
         self.step: int | None = None
+        self._exited = False  # `exiting` ran
         self.last_end = time.monotonic()
         self.last_step_s = 0.0
         self.acc = dict.fromkeys(("backward_s", "optimizer_s", "data_s", "collective_s", "save_s"), 0.0)
@@ -292,10 +293,24 @@ class Probe:
             except Exception as exc:
                 self.fail(exc)
 
+    def exiting(self, failed: bool = False) -> None:
+        """The script's code is done (its interpreter exits): after a rank that trained, a
+        `train_end` event (once), so the agent judges what follows (a final save, the process
+        group's teardown, the interpreter's finalization: over 12 s on a loaded host) as a
+        wind-down with its own limit, not as a hang between steps. Not when an exception ends it."""
+        if self._exited or not self.on or os.getpid() != self.sink.pid:
+            return
+        self._exited = True
+        if failed or self.step is None:
+            return
+        self.resolve(force=True, wait=True)  # the last step's record before the event
+        self.event(MetricEvent.TRAIN_END, **{keys.STEP: self.step})
+
     def close(self) -> None:
         if not self.on or os.getpid() != self.sink.pid:
             return
         try:
+            self.exiting(failed=sys.exc_info()[0] is not None or getattr(sys, "last_value", None) is not None)
             self.resolve(force=True, wait=True)
             if self.in_eval:
                 self._end_eval()

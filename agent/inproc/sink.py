@@ -91,8 +91,11 @@ class Sink:
         signum = contract.stack_signal()
         if signum is None:
             return
+        before = self._stacks
         self._stacks = open(path, "w")  # kept open: faulthandler writes to it for the process's life
         faulthandler.register(signum, file=self._stacks, all_threads=True, chain=False)
+        if before is not None:
+            before.close()  # a regrouped rank's old file, no longer registered
 
     def state(self, collectives: int, inside: str | None, step: int | None) -> None:
         """Rewrite the state file in place (a memory copy)."""
@@ -131,9 +134,6 @@ class Sink:
         if self._state is not None:
             self._state.close()
             self._state = None
-        if self._stacks is not None:
-            signum = contract.stack_signal()
-            if signum is not None:
-                faulthandler.unregister(signum)
-            self._stacks.close()
-            self._stacks = None
+        # The stack handler stays registered (its file open) to the process's end: the state file
+        # still names this pid, and a diagnosis during the interpreter's finalization must get a
+        # dump, not the signal's default action (it killed a rank that had trained every step).

@@ -43,6 +43,7 @@ import re
 from collections import deque
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 from aerie_contracts import byo
 from aerie_contracts import metrics as keys
@@ -268,6 +269,16 @@ class ProgressProbe:
                 loss = self.steps[rank][-1][2]
                 return loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None
         return None
+
+    def rank_steps(self) -> dict[str, dict[str, Any]]:
+        """Per rank, its newest step, that step's loss (None unless a finite number) and when."""
+        out: dict[str, dict[str, Any]] = {}
+        for rank, series in sorted(self.steps.items()):
+            if series:
+                t, step, loss, _step_s = series[-1]
+                finite = isinstance(loss, (int, float)) and math.isfinite(loss)
+                out[str(rank)] = {"step": step, "loss": loss if finite else None, "t": round(t, 3)}
+        return out
 
     def rank_timing(self) -> dict[str, dict[str, float]]:
         """Per rank, the median compute and wait time of its last `TIMING_STEPS` steps."""

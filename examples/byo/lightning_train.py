@@ -7,7 +7,8 @@ resumes from `last.ckpt` in the checkpoint directory when there is one. Without
 under `<root-dir>/lightning_logs/version_N/checkpoints/`; with it, into that directory every
 `--save-steps` steps, with `last.ckpt` beside it. Its one brush with Aerie is the default of
 `--checkpoint-dir`, as in hf_train.py: the node's directory that Aerie exports as
-AERIE_CHECKPOINT_DIR (`/opt/ml/checkpoints` in a container), when set. On several nodes, as
+AERIE_CHECKPOINT_DIR (`/opt/ml/checkpoints` in a container), when set; `--root-dir` (Lightning's
+logs) defaults to SageMaker's SM_OUTPUT_DATA_DIR where it is set. On several nodes, as
 Lightning users write it: `--devices` per node and `--num-nodes` (DDP; under torchrun Lightning
 takes the ranks torchrun started).
 
@@ -48,7 +49,7 @@ class Regressor(L.LightningModule):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--root-dir", default=".")
+    parser.add_argument("--root-dir", default=os.environ.get("SM_OUTPUT_DATA_DIR", "."))  # logs, as on SageMaker
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=8)

@@ -114,7 +114,9 @@ def test_summary_follows_the_heartbeat_contract(node):
         "processes",
         "in_checkpoint",
         "in_eval",
+        "rank_steps",
     } <= set(s)
+    assert {"0", "1"} <= set(s["rank_steps"]) and all(r["step"] >= 3 for r in s["rank_steps"].values()), s["rank_steps"]
     assert sorted(a["index"] for a in s["accelerators"]) == [0, 1]
     assert all({"index", "util", "mem_used"} <= set(a) for a in s["accelerators"])
     assert s["nics"][0]["name"] == "lo" and s["nics"][0]["rx_bps"] > 0  # the all-reduce crosses lo

@@ -251,6 +251,8 @@ def test_the_probe_reports_each_ranks_compute_and_wait_medians():
     probe.ingest({"t": 16, "rank": 1, "step": 16, "loss": float("nan"), "local_loss": float("nan"), "event": None})
     probe.ingest({"t": 17, "rank": 1, "step": 17, "loss": float("nan"), "local_loss": float("nan"), "event": None})
     assert probe.first_nan[1]["step"] == 16 and 0 not in probe.first_nan
+    # Each rank's newest step for the API (`rank_steps`): a non-finite loss is null (JSON).
+    assert probe.rank_steps() == {"0": {"step": 15, "loss": 3.0, "t": 15}, "1": {"step": 17, "loss": None, "t": 17}}
 
 
 # ----------------------------------------------------------------------------- wind-down

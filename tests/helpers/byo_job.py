@@ -12,6 +12,7 @@ is the one after the resumed checkpoint's. The caller adds what is particular to
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,17 @@ class ByoRun:
 
 
 def hang_restart_resume(
-    cp: ControlPlane, run: ByoScript, work: Path, steps_from_probe: bool = False, **spec_keys: Any
+    cp: ControlPlane,
+    run: ByoScript,
+    work: Path,
+    steps_from_probe: bool = False,
+    while_training: Callable[[ControlPlane, str], None] | None = None,
+    **spec_keys: Any,
 ) -> ByoRun:
     """The rehearsal of `run`'s job (`byo_spec(run, **spec_keys)`), checked as the module says.
     `steps_from_probe`: the script's log says nothing per step (Rich's bar in a pipe): its steps
-    are the in-process probe's."""
+    are the in-process probe's. `while_training(cp, job_id)` runs once attempt 1 has committed a
+    checkpoint and trained past it, before the stop."""
     spec = byo_spec(run, **spec_keys)
     name, steps, save_steps = run.name, run.steps, run.save_steps
     (work / "spec.json").write_text(json.dumps(spec))
@@ -102,6 +109,8 @@ def hang_restart_resume(
         timeout_s=60,
         every_s=0.1,
     )
+    if while_training is not None:
+        while_training(cp, job_id)
     cp.cli("chaos", job_id, "--node", "0", "--rank", "1", "--fault", "sigstop", check=True)
     pid_file = next((cp.home / "jobs" / job_id).glob("attempt-1/algo-1/agent/ranks/rank-1.pid"))
     rank1 = psutil.Process(int(pid_file.read_text()))

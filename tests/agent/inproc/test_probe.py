@@ -25,6 +25,16 @@ def test_a_plain_loop_reports_its_steps_and_losses(run):
     state = json.loads((run.ranks / contract.STATE_FILE.format(rank=0)).read_text())
     assert state[contract.STATE_STEP] == 5 and state[contract.STATE_COLLECTIVES] == 0
     assert (run.ranks / contract.STACKS_FILE.format(rank=0)).exists()
+    # Its exit is a wind-down: `train_end` after the last step (the agent's own limit for it).
+    last = run.records()[-1]
+    assert last["event"] == "train_end" and last["step"] == 5 and last["source"] == "probe", run.records()[-2:]
+
+
+def test_a_script_that_fails_ends_with_no_train_end(run):
+    proc = run.python([str(run.script(TRAIN + "\nraise RuntimeError('the loop failed')\n"))])
+    assert proc.returncode == 1 and "the loop failed" in proc.stderr
+    assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5]
+    assert all(r["event"] != "train_end" for r in run.records()), run.records()[-2:]
 
 
 def test_a_resumed_loop_continues_its_numbering_and_its_save_is_a_section(run):
@@ -34,7 +44,7 @@ def test_a_resumed_loop_continues_its_numbering_and_its_save_is_a_section(run):
     proc = run.python([script], env)
     assert proc.returncode == 0, proc.stderr
     assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5, 6]  # Adam's restored step count
-    events = [r for r in run.records() if r["event"] is not None]
+    events = [r for r in run.records() if r["event"] not in (None, "train_end")]
     assert [r["event"] for r in events] == ["checkpoint_begin", "checkpoint_end"] * 2
     assert all(r["ok"] and r["uri"].endswith("ckpt.pt") and r["save_s"] >= 0 for r in events[1::2])
     assert all(r["source"] == "probe" for r in events)
@@ -166,7 +176,7 @@ def test_forward_passes_without_backward_are_an_evaluation(run):
     proc = run.python([str(run.script(EVAL_TRAIN))])
     assert proc.returncode == 0, proc.stderr
     records = run.records()
-    events = [(r["event"], r["step"]) for r in records if r["event"] is not None]
+    events = [(r["event"], r["step"]) for r in records if r["event"] not in (None, "train_end")]
     assert [e for e, _ in events] == ["eval_begin", "eval_end"], events
     assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5]
     begin = next(r for r in records if r["event"] == "eval_begin")
@@ -193,7 +203,7 @@ def test_a_safetensors_save_is_a_checkpoint_section(run):
     `torch.save`, so a long model save is never read as a hang."""
     proc = run.python([str(run.script(SAFETENSORS_TRAIN))])
     assert proc.returncode == 0, proc.stderr
-    events = [r for r in run.records() if r["event"] is not None]
+    events = [r for r in run.records() if r["event"] not in (None, "train_end")]
     assert [r["event"] for r in events] == ["checkpoint_begin", "checkpoint_end"], events
     assert events[1]["ok"] and events[1]["uri"].endswith("model.safetensors")
     assert (run.tmp / "model.safetensors").stat().st_size > 0
@@ -258,5 +268,5 @@ step()
 def test_a_rank_blocked_in_backward_or_in_one_forward_is_no_evaluation(run):
     proc = run.python([str(run.script(BLOCKED_TRAIN))])
     assert proc.returncode == 0, proc.stderr
-    assert [r["event"] for r in run.records() if r["event"] is not None] == []
+    assert [r["event"] for r in run.records() if r["event"] not in (None, "train_end")] == []
     assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5]
