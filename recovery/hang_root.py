@@ -50,6 +50,10 @@ class RankView:
     collectives: int | None  # Python-visible collectives entered so far
     in_collective: str | None
     frame: str | None  # where its main thread is: "file.py:88 func()", the rank's own code first
+    # It answered with no Python frame at all ("Garbage-collecting", "<no Python frame>"): the
+    # interpreter was exiting (a peer node had already stopped its ranks and the collective broke)
+    # or in a C call with no Python above it. Says nothing of where it was stuck: left out.
+    frameless: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ def rank_view(host: str, rank: str, seen: dict[str, Any]) -> RankView:
         collectives=int(count) if isinstance(count, int) and not isinstance(count, bool) else None,
         in_collective=in_collective,
         frame=_describe(frames),
+        frameless=bool(seen.get("answered")) and not frames and not stopped and bool(seen.get("stack")),
     )
 
 
@@ -114,6 +119,7 @@ def views_from_verdicts(verdicts: list[dict[str, Any]]) -> list[RankView]:
 
 def find_root_cause(views: list[RankView]) -> RootCause | None:
     """The rank(s) the others wait for, or None when the views single out none (module docstring)."""
+    views = [r for r in views if not r.frameless]
     if len(views) < 2:
         return None
     silent = [r for r in views if not r.answered]

@@ -148,6 +148,27 @@ def test_a_stopped_rank_and_one_behind_in_its_collectives_are_the_cause():
     assert root is not None and root.hosts == ["algo-2"] and "behind at collective #11" in root.message
 
 
+def test_ranks_that_answered_with_no_python_frame_are_left_out():
+    """CI, 2026-12-03: algo-2's verdict came 1.4 s after algo-1 had stopped its ranks; algo-2's
+    ranks, their collective broken, were exiting and dumped "Garbage-collecting, <no Python
+    frame>". Counted as silent they made both nodes culprits and no rank was singled out."""
+    exiting = "Current thread 0x00007fd9d1fd5b80 (most recent call first):\n  Garbage-collecting\n  <no Python frame>\n"
+    views = [
+        rank_view("algo-1", "0", _rank(_stack(WAIT, USER), collectives=27)),
+        rank_view(
+            "algo-1", "1", {"answered": False, "process_state": "stopped", "collectives": 26, "stack": _stack(USER)}
+        ),
+        rank_view("algo-2", "2", {"answered": True, "process_state": "running", "collectives": 27, "stack": exiting}),
+        rank_view("algo-2", "3", {"answered": True, "process_state": "running", "collectives": 27, "stack": exiting}),
+    ]
+    assert [v.frameless for v in views] == [False, False, True, True]
+    root = find_root_cause(views)
+    assert (
+        root is not None and root.hosts == ["algo-1"] and "rank 1 on algo-1 in job/train.py:88 main()" in root.message
+    )
+    assert "(stopped or gone)" in root.message, root.message
+
+
 def test_every_rank_waiting_alike_or_nothing_known_singles_out_none():
     alike = [rank_view(h, str(r), _rank(_stack(WAIT, USER), collectives=5)) for r, h in enumerate(["a", "a", "b"])]
     assert find_root_cause(alike) is None
