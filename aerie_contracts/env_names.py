@@ -110,6 +110,13 @@ PROBE = define(
     "agent",
     "agent.rank, the probe",
 )
+PROBE_RECORD_S = define(
+    "AERIE_PROBE_RECORD_S",
+    "seconds: the probe writes a step record at most this often (default 0.05; a faster loop's steps "
+    "in between are folded into the next record; 0: every step)",
+    "user",
+    "the probe",
+)
 CHECKPOINT_LOCAL_PATH = define(
     "AERIE_CHECKPOINT_LOCAL_PATH",
     "the spec's checkpoint.local_path (a /opt/ml path lands under the node's ML root)",

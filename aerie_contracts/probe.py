@@ -6,9 +6,9 @@ the probe hooks optimizer steps, `backward()`, the `torch.distributed` collectiv
 
 - appends records to the rank's metrics stream (`aerie_contracts.metrics`), `"source": "probe"`
   (`aerie_contracts.byo.SOURCE_PROBE`): a step record per optimizer step (`step`, `loss` =
-  `local_loss`, `lr`, `step_s`, and the `*_S` keys below), and `checkpoint_begin`/`checkpoint_end`
-  around `torch.save` / `torch.distributed.checkpoint.save`, `eval_begin`/`eval_end` around forward
-  passes with no backward (an evaluation);
+  `local_loss`, `lr`, `step_s`, and the `*_S` keys below; at most one per `RECORD_S`), and
+  `checkpoint_begin`/`checkpoint_end` around `torch.save` / `torch.distributed.checkpoint.save`,
+  `eval_begin`/`eval_end` around forward passes with no backward (an evaluation);
 - keeps `<node dir>/ranks/rank-<R>.probe.json` current (`STATE_FILE`, `STATE_SIZE` bytes, a JSON
   object padded with spaces, rewritten in place at every collective's entry and exit): the
   collective count, the collective the rank is inside (or null) and when it changed;
@@ -46,6 +46,13 @@ OPTIMIZER_S = "optimizer_s"  # time inside optimizer.step()
 DATA_S = "data_s"  # time waiting for the DataLoader's next batch
 COLLECTIVES = "collectives"  # Python-visible collectives during the step (DDP's reducer is C++: not seen)
 COLLECTIVE_S = "collective_s"  # time inside them (for NCCL or async_op: to enqueue them)
+FOLDED = "folded"  # optimizer steps this record stands for (more than 1: see RECORD_S)
+
+# A step record at most every RECORD_S seconds (`AERIE_PROBE_RECORD_S` overrides it; 0: every step).
+# A loop faster than that (a toy model's millisecond steps) folds the steps in between into the next
+# record: `step` is the newest, `step_s` the longest of them, the `*_S` phase keys and `collectives`
+# their mean per step, `loss` the newest step's. A real model's step is longer: every step has its own.
+RECORD_S = 0.05
 
 
 def stack_signal() -> int | None:

@@ -60,6 +60,14 @@ COLLECTIVES = (
 SCAN_PARAMS = 64  # how many params the step count is looked for in (frozen ones have no state)
 
 PROBE: Probe | None = None
+_UNDO: list[Callable[[], object]] = []  # what `uninstall` runs, newest first
+
+
+def _replace(owner: Any, name: str, new: Any) -> None:
+    """`owner.name = new`, undone by `uninstall`."""
+    old = getattr(owner, name)
+    setattr(owner, name, new)
+    _UNDO.append(lambda: setattr(owner, name, old))
 
 
 def _guard(fn: Callable[..., Any], *args: Any) -> Any:
@@ -95,6 +103,7 @@ def install(torch: Any, when_imported: Callable[[str, Callable[[Any], None]], No
     _save_hooks(torch)
     _data_hook(torch)
     first_forward.arm()
+    _UNDO.append(first_forward.disarm)
     if dist is not None:
         _collective_hooks(torch, dist, probe)
         if when_imported is not None:
@@ -103,6 +112,21 @@ def install(torch: Any, when_imported: Callable[[str, Callable[[Any], None]], No
     if when_imported is not None:
         when_imported("safetensors.torch", _safetensors_hooks)
     return probe
+
+
+def uninstall() -> None:
+    """Undo `install`: every hook removed, every function it wrapped restored, the probe closed (its
+    records written, its thread ended); a later `install` starts a new probe. For measuring the
+    probe against its absence inside one process (bench/probe.py): call it between steps, never
+    from inside a hook (torch iterates its hook dictionaries while it calls them)."""
+    global PROBE
+    probe, PROBE = PROBE, None
+    while _UNDO:
+        _UNDO.pop()()
+    if probe is not None:
+        probe._exited = True  # the script goes on: no `train_end`
+        probe.close()
+        probe.on = False  # its thread ends at its next tick
 
 
 class _FirstForward:
@@ -120,10 +144,19 @@ class _FirstForward:
         self._probe = probe
         self._handle: Any = None
         self._roots: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._root_handles: list[Any] = []
 
     def arm(self) -> None:
         if self._handle is None and self._probe.on:
             self._handle = self._register(self._fired)
+
+    def disarm(self) -> None:
+        """Every forward hook of the probe's removed (`uninstall`)."""
+        handles, self._root_handles = [self._handle, *self._root_handles], []
+        self._handle = None
+        for handle in handles:
+            if handle is not None:
+                handle.remove()
 
     def _fired(self, module: Any, _args: Any) -> None:
         handle, self._handle = self._handle, None
@@ -139,7 +172,7 @@ class _FirstForward:
         if module not in self._roots and len(self._roots) < self.ROOTS:
             self._roots.add(module)
             probe = self._probe
-            module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward))
+            self._root_handles.append(module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward)))
 
 
 def own_step(optimizer: Any) -> int | None:
@@ -177,8 +210,8 @@ def _optimizer_hooks(torch: Any, probe: Probe, first_forward: _FirstForward) -> 
         if rec is not None:
             _loss_into(torch, probe, rec)
 
-    optim.register_optimizer_step_pre_hook(lambda o, a, k: _guard(pre, o, a, k))
-    optim.register_optimizer_step_post_hook(lambda o, a, k: _guard(post, o, a, k))
+    _UNDO.append(optim.register_optimizer_step_pre_hook(lambda o, a, k: _guard(pre, o, a, k)).remove)
+    _UNDO.append(optim.register_optimizer_step_post_hook(lambda o, a, k: _guard(post, o, a, k)).remove)
 
 
 def _loss_into(torch: Any, probe: Probe, rec: dict[str, Any]) -> None:
@@ -217,7 +250,7 @@ def _backward_hook(torch: Any, probe: Probe, first_forward: _FirstForward) -> No
         _guard(seen, tensors, time.perf_counter() - t0)
         return out
 
-    autograd.backward = backward
+    _replace(autograd, "backward", backward)
 
 
 def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
@@ -249,7 +282,7 @@ def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
         wrapped = wrap(name, original)
         for module in (c10d, dist):
             if getattr(module, name, None) is original:
-                setattr(module, name, wrapped)
+                _replace(module, name, wrapped)
 
     init = c10d.init_process_group
     failing: list[bool] = []  # an uncaught exception is ending the process (sys.excepthook ran)
@@ -284,7 +317,7 @@ def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
 
     for module in (c10d, dist):
         if getattr(module, "init_process_group", None) is init:
-            module.init_process_group = init_process_group
+            _replace(module, "init_process_group", init_process_group)
 
 
 def _sectioned(original: Callable[..., Any], staged: bool = False) -> Callable[..., Any]:
@@ -325,9 +358,9 @@ def _async_done(probe: Probe, future: Any, t0: float, uri: str | None) -> None:
 
 def _save_hooks(torch: Any) -> None:
     if not getattr(torch.save, "__aerie_probe__", False):
-        torch.save = _sectioned(torch.save)
+        _replace(torch, "save", _sectioned(torch.save))
         serialization: Any = importlib.import_module("torch.serialization")
-        serialization.save = torch.save
+        _replace(serialization, "save", torch.save)
 
 
 def _dcp_hooks(dcp: Any) -> None:
@@ -335,7 +368,7 @@ def _dcp_hooks(dcp: Any) -> None:
         for name, staged in (("save", False), ("async_save", True)):
             original = getattr(dcp, name, None)
             if original is not None and not getattr(original, "__aerie_probe__", False):
-                setattr(dcp, name, _sectioned(original, staged))
+                _replace(dcp, name, _sectioned(original, staged))
 
     _guard(patch)
 
@@ -346,7 +379,7 @@ def _safetensors_hooks(st: Any) -> None:
     def patch() -> None:
         original = getattr(st, "save_file", None)
         if original is not None and not getattr(original, "__aerie_probe__", False):
-            st.save_file = _sectioned(original)
+            _replace(st, "save_file", _sectioned(original))
 
     _guard(patch)
 
@@ -371,7 +404,7 @@ def _priming_hooks(state_dict: Any) -> None:
                 probe.priming -= 1
 
         _init_optim_state.__aerie_probe__ = True  # type: ignore[attr-defined]
-        state_dict._init_optim_state = _init_optim_state
+        _replace(state_dict, "_init_optim_state", _init_optim_state)
 
     _guard(patch)
 
@@ -390,4 +423,4 @@ def _data_hook(torch: Any) -> None:
             _guard(probe.on_data, time.perf_counter() - t0)
         return out
 
-    cls.__next__ = __next__
+    _replace(cls, "__next__", __next__)

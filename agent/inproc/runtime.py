@@ -55,6 +55,15 @@ OWN_STEP_EVERY = 32  # optimizer steps between two reads of the optimizer's own 
 TICK_S = 0.25
 
 
+def _record_s() -> float:
+    """`AERIE_PROBE_RECORD_S` where it is a number >= 0, else the contract's RECORD_S."""
+    try:
+        value = float(os.environ.get(env.PROBE_RECORD_S) or contract.RECORD_S)
+    except ValueError:
+        return contract.RECORD_S
+    return value if value >= 0 else contract.RECORD_S
+
+
 class Probe:
     def __init__(self, rank_of: Callable[[], int] | None = None) -> None:
         self.on = True
@@ -72,6 +81,12 @@ class Probe:
         self.last_step_s = 0.0
         self.acc = dict.fromkeys(("backward_s", "optimizer_s", "data_s", "collective_s", "save_s"), 0.0)
         self.step_collectives = 0
+        self.record_s = _record_s()
+        self.last_record = -float("inf")  # monotonic time of the last step record
+        self.folded = 0  # steps since the last step record (folded into the next one)
+        self.fold_s = [0.0, 0.0]  # their step times: sum, longest
+        self.fold_losses: list[Any] = []  # the newest folded step's losses (for a record forced out)
+        self.fold_lr: Any = None
         self.collectives = 0
         self.in_collective: str | None = None
         self.losses: list[Any] = []
@@ -163,6 +178,7 @@ class Probe:
         if self.saving or threading.get_ident() != self.train_thread or not self.ready():
             return False  # nested in a save already open (dcp.save's own writes), or off the loop
         self.saving = 1
+        self.flush_fold()
         self.sink.flush()
         self.event(MetricEvent.CHECKPOINT_BEGIN)
         return True
@@ -182,10 +198,11 @@ class Probe:
         self, optimizer: Any, seconds: float, own_step: Callable[[], int | None], lr: Any
     ) -> dict[str, Any] | None:
         """An optimizer step ended. Returns the step's record (its loss still to be filled in when
-        the hooks copy it from a device), or None for a step that is not counted. `own_step()` reads
-        the optimizer's own count (Adam's restored `state["step"]`): read at the first step and every
-        `OWN_STEP_EVERY` steps after (a tensor read per step was a third of the probe's cost), the
-        steps between numbered on from it."""
+        the hooks copy it from a device), or None for a step that is not counted or is folded into
+        the next record (`aerie_contracts.probe.RECORD_S`: a loop faster than that pays for one
+        record, not one per step). `own_step()` reads the optimizer's own count (Adam's restored
+        `state["step"]`): read at the first step and every `OWN_STEP_EVERY` steps after (a tensor
+        read per step was a third of the probe's cost), the steps between numbered on from it."""
         if self.priming:
             return None  # a zero-gradient step that fills the optimizer's state before a restore
         primary = self.primary() if self.primary is not None else None
@@ -208,30 +225,66 @@ class Probe:
         # The first step's time since the probe started is the script's setup too: not a step's.
         step_s: float | None = now - self.last_end if self.count > 1 else None
         self.last_end, self.last_step_s = now, step_s or 0.0
+        self.folded += 1
+        if step_s is not None:
+            fold = self.fold_s
+            fold[0] += step_s
+            if step_s > fold[1]:
+                fold[1] = step_s
+        self.fwd_first = 0.0
+        if self.in_eval:
+            self._end_eval()
+        if step_s is not None and now - self.last_record < self.record_s:
+            # Folded: the next record stands for this step too. Its losses are kept only as the
+            # newest folded step's (a record forced out before the next step: `flush_fold`).
+            self.fold_losses, self.losses, self.fold_lr = self.losses, [], lr
+            return None
+        return self._step_record(now, lr)
+
+    def _step_record(self, now: float, lr: Any) -> dict[str, Any]:
+        """The record of the steps since the last one (the newest step's number; see RECORD_S)."""
+        n, (total_s, longest_s) = self.folded, self.fold_s
+        timed = n if self.count > n else n - 1  # the first step has no step time
         acc = self.acc
         spent = sum(acc[k] for k in ("backward_s", "optimizer_s", "data_s", "collective_s", "save_s"))
-        rest = None if step_s is None else round(max(0.0, step_s - spent), 6)
+
+        def mean(x: float) -> float:  # a phase's time per step
+            return round(x / n, 6)
+
+        rest = None if timed == 0 else round(max(0.0, total_s / timed - spent / n), 6)
         rec = self._record(
             **{
                 keys.STEP: self.step,
                 keys.LR: lr,
-                keys.STEP_S: None if step_s is None else round(step_s, 6),
+                keys.STEP_S: None if timed == 0 else round(longest_s, 6),
                 contract.FORWARD_S: rest,
-                contract.BACKWARD_S: round(acc["backward_s"], 6),
-                contract.OPTIMIZER_S: round(acc["optimizer_s"], 6),
-                contract.DATA_S: round(acc["data_s"], 6),
-                contract.COLLECTIVES: self.step_collectives,
-                contract.COLLECTIVE_S: round(acc["collective_s"], 6),
+                contract.BACKWARD_S: mean(acc["backward_s"]),
+                contract.OPTIMIZER_S: mean(acc["optimizer_s"]),
+                contract.DATA_S: mean(acc["data_s"]),
+                contract.COLLECTIVES: self.step_collectives if n == 1 else round(self.step_collectives / n, 3),
+                contract.COLLECTIVE_S: mean(acc["collective_s"]),
+                contract.FOLDED: n,
             }
         )
         for k in acc:
             acc[k] = 0.0
         self.step_collectives = 0
-        self.fwd_first = 0.0
-        if self.in_eval:
-            self._end_eval()
+        self.folded, self.fold_s = 0, [0.0, 0.0]
+        self.fold_losses = []
+        self.last_record = now
         self.sink.state(self.collectives, self.in_collective, self.step)
         return rec
+
+    def flush_fold(self) -> None:
+        """Write the record of steps folded since the last one now (a save begins, the rank exits):
+        the agent's last step is the rank's. Their loss from the CPU only (no device read here)."""
+        if not self.folded or self.step is None:
+            return
+        losses, lr = self.fold_losses, self.fold_lr
+        rec = self._step_record(time.monotonic(), lr)
+        cpu = [x for x in losses if getattr(getattr(x, "device", None), "type", None) == "cpu"]
+        loss = sum(float(x.item()) for x in cpu) / len(cpu) if cpu and len(cpu) == len(losses) else None
+        self.emit_step(rec, loss)
 
     def emit_step(self, rec: dict[str, Any], loss: float | None) -> None:
         rec[keys.LOSS] = rec[keys.LOCAL_LOSS] = loss
@@ -304,6 +357,7 @@ class Probe:
         if failed or self.step is None:
             return
         self.resolve(force=True, wait=True)  # the last step's record before the event
+        self.flush_fold()
         self.event(MetricEvent.TRAIN_END, **{keys.STEP: self.step})
 
     def close(self) -> None:
@@ -312,6 +366,7 @@ class Probe:
         try:
             self.exiting(failed=sys.exc_info()[0] is not None or getattr(sys, "last_value", None) is not None)
             self.resolve(force=True, wait=True)
+            self.flush_fold()
             if self.in_eval:
                 self._end_eval()
             self.sink.close()

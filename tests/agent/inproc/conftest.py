@@ -46,8 +46,15 @@ class Run:
     def env(self, **extra: str) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("AERIE_", "SM_"))}
         # The probe on, as the agent exports it (`health.probe: on`, the default).
+        # Every step its own record (AERIE_PROBE_RECORD_S=0): these loops' steps are microseconds
+        # long, and each test reads them one by one (folding has its own test).
         base.update(
-            {"AERIE_METRICS_PATH": str(self.metrics), "AERIE_NODE_DIR": str(self.tmp / "agent"), "AERIE_PROBE": "on"}
+            {
+                "AERIE_METRICS_PATH": str(self.metrics),
+                "AERIE_NODE_DIR": str(self.tmp / "agent"),
+                "AERIE_PROBE": "on",
+                "AERIE_PROBE_RECORD_S": "0",
+            }
         )
         base.update(extra)
         return base

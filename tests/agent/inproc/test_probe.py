@@ -30,6 +30,24 @@ def test_a_plain_loop_reports_its_steps_and_losses(run):
     assert last["event"] == "train_end" and last["step"] == 5 and last["source"] == "probe", run.records()[-2:]
 
 
+def test_a_loop_faster_than_record_s_folds_its_steps_into_fewer_records(run):
+    """The default `RECORD_S` (no `AERIE_PROBE_RECORD_S`): 400 sub-millisecond steps give far fewer
+    records, the first step's at once and the last one's before `train_end` (so the agent's last
+    step is the rank's); each record says how many steps it stands for, and they add up."""
+    env = run.env(STEPS="400")
+    del env["AERIE_PROBE_RECORD_S"]
+    proc = run.python([str(run.script(TRAIN))], env=env)
+    assert proc.returncode == 0, proc.stderr
+    steps = run.steps()
+    assert steps[0]["step"] == 1 and steps[0][contract.FOLDED] == 1
+    assert steps[-1]["step"] == 400 and len(steps) < 200, [r["step"] for r in steps]
+    assert sum(r[contract.FOLDED] for r in steps) == 400
+    assert [r["step"] for r in steps] == sorted({r["step"] for r in steps})  # increasing, none twice
+    assert all(math.isfinite(r["loss"]) for r in steps)  # a folded record still has its newest step's loss
+    assert all(r["step_s"] >= r["backward_s"] >= 0 for r in steps[1:])  # the longest step, the mean phases
+    assert run.records()[-1]["event"] == "train_end" and run.records()[-1]["step"] == 400
+
+
 def test_a_script_that_fails_ends_with_no_train_end(run):
     proc = run.python([str(run.script(TRAIN + "\nraise RuntimeError('the loop failed')\n"))])
     assert proc.returncode == 1 and "the loop failed" in proc.stderr
@@ -270,3 +288,35 @@ def test_a_rank_blocked_in_backward_or_in_one_forward_is_no_evaluation(run):
     assert proc.returncode == 0, proc.stderr
     assert [r["event"] for r in run.records() if r["event"] not in (None, "train_end")] == []
     assert [r["step"] for r in run.steps()] == [1, 2, 3, 4, 5]
+
+
+UNINSTALL = """
+import sys, torch
+import torch.optim.optimizer as optim
+import torch.utils.data.dataloader as loader
+hooks = sys.modules["_aerie_inproc.hooks"]  # the probe the site installed at `import torch`
+originals = {"backward": torch.autograd.backward.__wrapped__, "save": torch.save.__wrapped__}
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def steps(n):
+    for _ in range(n):
+        opt.zero_grad(); model(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()
+steps(3)
+hooks.uninstall()
+assert torch.autograd.backward is originals["backward"] and torch.save is originals["save"]
+assert not optim._global_optimizer_pre_hooks and not optim._global_optimizer_post_hooks
+assert not torch.nn.modules.module._global_forward_pre_hooks and not model._forward_pre_hooks
+assert not hasattr(loader._BaseDataLoaderIter.__next__, "__wrapped__")
+steps(3)  # not seen
+hooks.install(torch, sys.modules["sitecustomize"].when_imported)
+steps(2)
+"""
+
+
+def test_uninstall_restores_everything_and_a_new_install_reports_again(run):
+    """`hooks.uninstall` (bench/probe.py's in-process comparison): every hook and wrapper gone, so
+    the steps in between cost the trainer nothing and are not seen; `install` again reports on."""
+    proc = run.python([str(run.script(UNINSTALL))])
+    assert proc.returncode == 0, proc.stderr
+    assert [r["step"] for r in run.steps()] == [1, 2, 3, 1, 2]  # a new probe counts from 1
+    assert [r["event"] for r in run.records() if r["event"]] == ["train_end"]  # the new probe's, at exit
