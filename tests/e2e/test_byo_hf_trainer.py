@@ -10,14 +10,17 @@ and `checkpoint.marker: hf-trainer`, against the real control plane and the loop
 3. `aerie chaos JOB --node 0 --rank 1 --fault sigstop` has the node's agent stop the real rank
    process (audited as an event); the agent sees no new step in the log and calls `silent.hang`;
 4. attempt 2 restores the last committed checkpoint into every node's directory, the unchanged
-   script resumes from it, the job completes, and rank 0's loss curve in the API is continuous.
+   script resumes from it, the job completes, and rank 0's loss curve in the API is continuous;
+5. (issue 33, acceptance 1) while it trains, the API shows each rank's step and loss within 5 s
+   of the step (the in-process probe's records, in the heartbeat's `rank_steps`), and `aerie
+   describe` names the stopped rank and its frame in the script.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers.byo_job import ByoScript, hang_restart_resume
+from tests.helpers.byo_job import ByoScript, every_rank_in_the_api, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("accelerate")
@@ -30,10 +33,11 @@ HF = ByoScript("byo-hf", "hf_train.py", steps=60, save_steps=10, step_sleep=0.4)
 
 def test_unmodified_hf_trainer_hang_restart_resume(s3_plane, tmp_path):
     # The shared checks include attempt 2 starting at the restored step (HF's own bar resumes there).
-    hang_restart_resume(
+    run = hang_restart_resume(
         s3_plane,
         HF,
         tmp_path,
+        while_training=every_rank_in_the_api,  # issue 33, acceptance 1: each rank's step within 5 s
         # Hang after 20 s without a step: HF's periodic saves are invisible pauses between steps
         # (the tail after the last step, "N/N", is a wind-down with a limit of its own).
         health={"hang_floor_s": 20},
@@ -41,3 +45,7 @@ def test_unmodified_hf_trainer_hang_restart_resume(s3_plane, tmp_path):
         checkpoint={"s3_uri": "s3://aerie/byo", "marker": "hf-trainer"},
         env={"TOKENIZERS_PARALLELISM": "false"},
     )
+    # Issue 33, acceptance 1: the verdict's evidence names the stopped rank and its frame (py-spy
+    # read the stopped rank's stack; the frame is the script's own innermost one).
+    described = s3_plane.cli("describe", run.job_id, check=True).stdout
+    assert "rank 1: stopped" in described and "hf_train.py" in described, described

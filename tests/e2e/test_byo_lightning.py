@@ -16,15 +16,9 @@ completes with every step once in the loss curve.
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 
-from aerie_contracts import byo
-from aerie_contracts.health import SUMMARY_RANK_STEPS
-from devtools.harness.control_plane import ControlPlane
-from tests.helpers.byo_job import ByoScript, hang_restart_resume
+from tests.helpers.byo_job import ByoScript, every_rank_in_the_api, hang_restart_resume
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("lightning")
@@ -38,41 +32,6 @@ LIGHTNING = ByoScript(
     step_sleep=0.4,
     args=("--devices", "2", "--num-nodes", "2"),
 )
-
-
-API_WITHIN_S = 5.0  # acceptance 1: each rank's step and loss are in the API this soon after the step
-
-
-def every_rank_in_the_api(cp: ControlPlane, job_id: str, watch_s: float = 6.0) -> None:
-    """For `watch_s`, every 0.5 s: each rank's newest step in the API (the nodes' heartbeat summary,
-    `rank_steps`). Then, from each rank's own stream (the probe's records, with their times): at
-    each look, every step taken over API_WITHIN_S before it was shown, with a loss."""
-    looks: list[tuple[float, str, dict]] = []
-    deadline = time.time() + watch_s
-    while time.time() < deadline:
-        job = cp.get(f"/v1/jobs/{job_id}")
-        first = next(a for a in job["attempt_list"] if a["number"] == 1)  # type: ignore[index]
-        for node in first["nodes"]:
-            looks.append((time.time(), node["host"], (node.get("summary") or {}).get(SUMMARY_RANK_STEPS) or {}))
-        time.sleep(0.5)
-    root = cp.home / "jobs" / job_id / "attempt-1"
-    for host in ("algo-1", "algo-2"):
-        for stream in (root / host / "output" / "metrics").glob("rank-*.jsonl"):
-            rank = str(int(stream.stem.split("-")[1]))
-            records = [json.loads(line) for line in stream.read_text().splitlines() if line.strip()]
-            taken = {r["step"]: r["t"] for r in records if r.get(byo.SOURCE_KEY) == byo.SOURCE_PROBE and r.get("step")}
-            for at, seen_host, ranks in looks:
-                due = [s for s, t in taken.items() if t <= at - API_WITHIN_S]
-                if seen_host != host or not due:
-                    continue
-                shown = ranks.get(rank)
-                assert shown and shown["step"] >= max(due) and shown["loss"] is not None, (
-                    host,
-                    rank,
-                    at,
-                    shown,
-                    max(due),
-                )
 
 
 def test_stock_lightning_script_hang_restart_resume(s3_plane, tmp_path):

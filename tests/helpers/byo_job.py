@@ -12,6 +12,7 @@ is the one after the resumed checkpoint's. The caller adds what is particular to
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 import httpx
 import psutil
 
+from aerie_contracts import byo
+from aerie_contracts.health import SUMMARY_RANK_STEPS
 from devtools.harness.control_plane import ControlPlane
 from devtools.harness.jobs import FAST_HEALTH, attempt_step_records
 from tests.helpers.wait import wait_for
@@ -163,3 +166,38 @@ def _logged_steps(cp: ControlPlane, job_id: str, attempt: int) -> int:
             except (ValueError, AttributeError):
                 continue  # a line still being written
     return max(steps)
+
+
+API_WITHIN_S = 5.0  # acceptance 1: each rank's step and loss are in the API this soon after the step
+
+
+def every_rank_in_the_api(cp: ControlPlane, job_id: str, watch_s: float = 6.0) -> None:
+    """For `watch_s`, every 0.5 s: each rank's newest step in the API (the nodes' heartbeat summary,
+    `rank_steps`). Then, from each rank's own stream (the probe's records, with their times): at
+    each look, every step taken over API_WITHIN_S before it was shown, with a loss."""
+    looks: list[tuple[float, str, dict]] = []
+    deadline = time.time() + watch_s
+    while time.time() < deadline:
+        job = cp.get(f"/v1/jobs/{job_id}")
+        first = next(a for a in job["attempt_list"] if a["number"] == 1)  # type: ignore[index]
+        for node in first["nodes"]:
+            looks.append((time.time(), node["host"], (node.get("summary") or {}).get(SUMMARY_RANK_STEPS) or {}))
+        time.sleep(0.5)
+    root = cp.home / "jobs" / job_id / "attempt-1"
+    for host in ("algo-1", "algo-2"):
+        for stream in (root / host / "output" / "metrics").glob("rank-*.jsonl"):
+            rank = str(int(stream.stem.split("-")[1]))
+            records = [json.loads(line) for line in stream.read_text().splitlines() if line.strip()]
+            taken = {r["step"]: r["t"] for r in records if r.get(byo.SOURCE_KEY) == byo.SOURCE_PROBE and r.get("step")}
+            for at, seen_host, ranks in looks:
+                due = [s for s, t in taken.items() if t <= at - API_WITHIN_S]
+                if seen_host != host or not due:
+                    continue
+                shown = ranks.get(rank)
+                assert shown and shown["step"] >= max(due) and shown["loss"] is not None, (
+                    host,
+                    rank,
+                    at,
+                    shown,
+                    max(due),
+                )
