@@ -12,11 +12,13 @@ Two workloads, each run as its users run it, with the probe injected as `agent.r
 With and without the probe in the same process, in alternating blocks of `--block` steps: a
 wrapper (the bench's, not the probe's) imports torch (the probe installs itself then), registers
 one more optimizer step post-hook that appends `time.perf_counter()`, and at every block's end
-removes the probe entirely (`agent.inproc.hooks.uninstall`: every hook and wrapper gone, as if it
-had never been injected) or installs it again (`hooks.install`, as at `import torch`). The switch
-is made in `Optimizer.zero_grad` (between two steps' hooks; inside Lightning's closure, after the
-step's pre-hooks and before its post-hooks), and the step that holds it is left out, as are the
-first `SETTLE` of each block. Alternating blocks inside one process is what makes a 1 % figure
+removes the probe entirely (`agent.inproc.hooks.uninstall(keep=True)`: every hook and wrapper
+gone, as if it had never been injected; its thread idle) or puts it back (`hooks.install(...,
+resume=it)`: the same probe, its step count, files and known models as they were, so each block
+measures the steady state, not a new probe's first steps). The switch is made in
+`Optimizer.zero_grad` (between two steps' hooks; inside Lightning's closure, after the step's
+pre-hooks and before its post-hooks), and the step that holds it is left out, as are the first
+`SETTLE` of each block. Alternating blocks inside one process is what makes a 1 % figure
 readable on a shared 2-core machine: separate processes' medians differed by up to 25 % with the
 same configuration (2026-12-03), a drift of the host that hits neighbouring blocks alike.
 
@@ -69,6 +71,7 @@ site = sys.modules.get("sitecustomize")
 if hooks is None or hooks.PROBE is None:
     raise SystemExit("bench: the probe was not installed at `import torch`")
 pending = [False]
+kept = [None]  # the probe while it is removed: put back with its state (its count, files, known models)
 def stamp(*_):
     stamps.append(time.perf_counter())
     n = len(stamps)
@@ -81,14 +84,14 @@ def switching_zero_grad(self, *args, **kwargs):
     if pending[0]:
         pending[0] = False
         if control:  # the same switch, the probe in both blocks: what the method reads when nothing differs
-            hooks.uninstall()
-            hooks.install(torch, site.when_imported)
+            kept[0] = hooks.uninstall(keep=True)
+            hooks.install(torch, site.when_imported, resume=kept[0])
             marks.append([len(stamps), len(marks) % 2 == 1])
         else:
             if hooks.PROBE is not None:
-                hooks.uninstall()
+                kept[0] = hooks.uninstall(keep=True)
             else:
-                hooks.install(torch, site.when_imported)
+                hooks.install(torch, site.when_imported, resume=kept[0])
             marks.append([len(stamps), hooks.PROBE is not None])
     return zero_grad(self, *args, **kwargs)
 torch.optim.Optimizer.zero_grad = switching_zero_grad

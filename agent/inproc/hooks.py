@@ -34,6 +34,7 @@ import atexit
 import functools
 import importlib
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -58,6 +59,13 @@ COLLECTIVES = (
     "scatter",
 )
 SCAN_PARAMS = 64  # how many params the step count is looked for in (frozen ones have no state)
+# Steps after which the global forward hook is no longer armed at every step (the models are
+# known by then, each with a hook of its own); after them the probe's thread arms it only when the
+# loop has gone quiet (an evaluation of a module never seen before is found that way). Armed at
+# every step it cost Lightning's millisecond step about 3 %: a hook call, a registration and a
+# removal, each a few microseconds with the caches cold (bench/probe.py, 2026-12-03).
+DISCOVER_STEPS = 32
+QUIET_WATCH_S = 1.0
 
 PROBE: Probe | None = None
 _UNDO: list[Callable[[], object]] = []  # what `uninstall` runs, newest first
@@ -81,9 +89,12 @@ def _guard(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
-def install(torch: Any, when_imported: Callable[[str, Callable[[Any], None]], None] | None = None) -> Probe:
+def install(
+    torch: Any, when_imported: Callable[[str, Callable[[Any], None]], None] | None = None, resume: Probe | None = None
+) -> Probe:
     """Install every hook (once per process); `when_imported(name, fn)` defers the hooks of a
-    module the script has not imported yet (the sitecustomize's import watch)."""
+    module the script has not imported yet (the sitecustomize's import watch). `resume`: a probe
+    `uninstall(keep=True)` returned, on again with its state (its count, files, known models)."""
     global PROBE
     if PROBE is not None:
         return PROBE
@@ -96,8 +107,14 @@ def install(torch: Any, when_imported: Callable[[str, Callable[[Any], None]], No
 
         return int(os.environ.get("RANK", "0"))
 
-    PROBE = probe = Probe(rank_of)
-    first_forward = _FirstForward(torch, probe)
+    if resume is not None:
+        PROBE = probe = resume
+        probe.on = True
+        first_forward = probe.forwards if isinstance(probe.forwards, _FirstForward) else _FirstForward(torch, probe)
+        first_forward.rewatch()
+    else:
+        PROBE = probe = Probe(rank_of)
+        first_forward = _FirstForward(torch, probe)
     _optimizer_hooks(torch, probe, first_forward)
     _backward_hook(torch, probe, first_forward)
     _save_hooks(torch)
@@ -114,19 +131,23 @@ def install(torch: Any, when_imported: Callable[[str, Callable[[Any], None]], No
     return probe
 
 
-def uninstall() -> None:
+def uninstall(keep: bool = False) -> Probe | None:
     """Undo `install`: every hook removed, every function it wrapped restored, the probe closed (its
-    records written, its thread ended); a later `install` starts a new probe. For measuring the
-    probe against its absence inside one process (bench/probe.py): call it between steps, never
-    from inside a hook (torch iterates its hook dictionaries while it calls them)."""
+    records written) and off; a later `install` starts a new probe, or with `keep` goes on with
+    this one (returned: `install(..., resume=it)`, its state and files as they were, its thread
+    idle meanwhile). For measuring the probe against its absence inside one process
+    (bench/probe.py): call it between steps, never from inside a hook (torch iterates its hook
+    dictionaries while it calls them)."""
     global PROBE
     probe, PROBE = PROBE, None
     while _UNDO:
         _UNDO.pop()()
     if probe is not None:
-        probe._exited = True  # the script goes on: no `train_end`
-        probe.close()
-        probe.on = False  # its thread ends at its next tick
+        if not keep:
+            probe._exited = True  # the script goes on: no `train_end`
+            probe.close()
+        probe.on = False
+    return probe
 
 
 class _FirstForward:
@@ -145,10 +166,15 @@ class _FirstForward:
         self._handle: Any = None
         self._roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self._root_handles: list[Any] = []
+        self._lock = threading.Lock()  # the probe's thread arms too (`Probe.rearm`)
+        probe.rearm = self.arm
+        probe.forwards = self
 
     def arm(self) -> None:
-        if self._handle is None and self._probe.on:
-            self._handle = self._register(self._fired)
+        """Register the global hook unless it is (the loop's thread, or the probe's: `Probe.rearm`)."""
+        with self._lock:
+            if self._handle is None and self._probe.on:
+                self._handle = self._register(self._fired)
 
     def disarm(self) -> None:
         """Every forward hook of the probe's removed (`uninstall`)."""
@@ -158,15 +184,28 @@ class _FirstForward:
             if handle is not None:
                 handle.remove()
 
+    def rewatch(self) -> None:
+        """The known models' own hooks again (after `disarm`: a resumed probe)."""
+        probe = self._probe
+        for module in list(self._roots):
+            self._root_handles.append(module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward)))
+
     def _fired(self, module: Any, _args: Any) -> None:
-        handle, self._handle = self._handle, None
+        with self._lock:
+            handle, self._handle = self._handle, None
         try:
             if handle is not None:
                 handle.remove()
         except Exception:  # never into the trainer; the hook is off the path either way
             pass
-        _guard(self._watch, module)
-        _guard(self._probe.on_forward)
+        # A module is watched while the models are being found, or later when none of the known
+        # ones began a forward for a second (the probe's thread armed the hook in a quiet loop):
+        # then it is a model never seen (an evaluation's own). Not a known model's child, which a
+        # hook armed in the middle of its forward finds first.
+        probe = self._probe
+        if probe.count <= DISCOVER_STEPS or time.time() - probe.fwd_last > QUIET_WATCH_S:
+            _guard(self._watch, module)
+        _guard(probe.on_forward)
 
     def _watch(self, module: Any) -> None:
         if module not in self._roots and len(self._roots) < self.ROOTS:
@@ -203,10 +242,9 @@ def _optimizer_hooks(torch: Any, probe: Probe, first_forward: _FirstForward) -> 
 
     def post(optimizer: Any, _args: Any, _kwargs: Any) -> None:
         seconds = time.perf_counter() - started.pop(id(optimizer), time.perf_counter())
-        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
-        lr = float(lr) if isinstance(lr, (int, float)) else None  # a tensor lr may live on a device
-        rec = probe.on_step(optimizer, seconds, lambda: own_step(optimizer), lr)
-        first_forward.arm()
+        rec = probe.on_step(optimizer, seconds, own_step)
+        if probe.count <= DISCOVER_STEPS:
+            first_forward.arm()
         if rec is not None:
             _loss_into(torch, probe, rec)
 
@@ -222,9 +260,11 @@ def _loss_into(torch: Any, probe: Probe, rec: dict[str, Any]) -> None:
         return
     device = losses[0].device.type
     if device == "cpu":
-        probe.emit_step(rec, sum(float(x.item()) for x in losses) / len(losses))
+        probe.emit_step(rec, sum(float(x.detach().item()) for x in losses) / len(losses))
     elif device == "cuda":
-        mean = torch.stack([x.float() for x in losses]).mean() if len(losses) > 1 else losses[0].float()
+        mean = (
+            torch.stack([x.detach().float() for x in losses]).mean() if len(losses) > 1 else losses[0].detach().float()
+        )
         host = mean.to("cpu", non_blocking=True)
         done = torch.cuda.Event()
         done.record()
@@ -238,9 +278,12 @@ def _backward_hook(torch: Any, probe: Probe, first_forward: _FirstForward) -> No
     original = autograd.backward
 
     def seen(tensors: Any, seconds: float) -> None:
-        loss = tensors.detach() if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 else None
+        # The loss kept as it is (its graph is freed by now) and detached only when it is read: a
+        # detach per backward is a new tensor per step, for a record that may fold it away.
+        loss = tensors if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 else None
         probe.on_backward(loss, seconds)
-        first_forward.arm()
+        if probe.count < DISCOVER_STEPS:
+            first_forward.arm()
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:

@@ -86,7 +86,9 @@ class Probe:
         self.folded = 0  # steps since the last step record (folded into the next one)
         self.fold_s = [0.0, 0.0]  # their step times: sum, longest
         self.fold_losses: list[Any] = []  # the newest folded step's losses (for a record forced out)
-        self.fold_lr: Any = None
+        self.rearm: Callable[[], None] | None = None  # arms the global forward hook (hooks._FirstForward)
+        self.forwards: Any = None  # that hook's keeper (hooks._FirstForward), kept for a resumed install
+        self._stopped = False  # closed: the thread ends
         self.collectives = 0
         self.in_collective: str | None = None
         self.losses: list[Any] = []
@@ -102,6 +104,7 @@ class Probe:
     # ------------------------------------------------------------------ plumbing
 
     def fail(self, exc: BaseException) -> None:
+        self._stopped = True
         if self.on:
             self.on = False
             print(f"aerie probe: off after an error in a hook ({type(exc).__name__}: {exc})", file=sys.stderr)
@@ -194,13 +197,11 @@ class Probe:
             end_fields: dict[str, Any] = {keys.OK: ok, keys.URI: uri, **times}
             self.event(MetricEvent.CHECKPOINT_END, **end_fields)
 
-    def on_step(
-        self, optimizer: Any, seconds: float, own_step: Callable[[], int | None], lr: Any
-    ) -> dict[str, Any] | None:
+    def on_step(self, optimizer: Any, seconds: float, own_step: Callable[[Any], int | None]) -> dict[str, Any] | None:
         """An optimizer step ended. Returns the step's record (its loss still to be filled in when
         the hooks copy it from a device), or None for a step that is not counted or is folded into
         the next record (`aerie_contracts.probe.RECORD_S`: a loop faster than that pays for one
-        record, not one per step). `own_step()` reads the optimizer's own count (Adam's restored
+        record, not one per step). `own_step(optimizer)` reads the optimizer's own count (Adam's restored
         `state["step"]`): read at the first step and every `OWN_STEP_EVERY` steps after (a tensor
         read per step was a third of the probe's cost), the steps between numbered on from it."""
         if self.priming:
@@ -215,7 +216,7 @@ class Probe:
         now = time.monotonic()
         self.count += 1
         if self._own_read_at is None or self.count - self._own_read_at >= OWN_STEP_EVERY:
-            own = own_step()
+            own = own_step(optimizer)
             self._own_read_at = self.count
             # Read now, not when torch was imported: a warm rank (agent.warm) imported it before
             # the go file gave it this attempt's environment.
@@ -237,11 +238,11 @@ class Probe:
         if step_s is not None and now - self.last_record < self.record_s:
             # Folded: the next record stands for this step too. Its losses are kept only as the
             # newest folded step's (a record forced out before the next step: `flush_fold`).
-            self.fold_losses, self.losses, self.fold_lr = self.losses, [], lr
+            self.fold_losses, self.losses = self.losses, []
             return None
-        return self._step_record(now, lr)
+        return self._step_record(now, optimizer)
 
-    def _step_record(self, now: float, lr: Any) -> dict[str, Any]:
+    def _step_record(self, now: float, optimizer: Any) -> dict[str, Any]:
         """The record of the steps since the last one (the newest step's number; see RECORD_S)."""
         n, (total_s, longest_s) = self.folded, self.fold_s
         timed = n if self.count > n else n - 1  # the first step has no step time
@@ -252,20 +253,22 @@ class Probe:
             return round(x / n, 6)
 
         rest = None if timed == 0 else round(max(0.0, total_s / timed - spent / n), 6)
-        rec = self._record(
-            **{
-                keys.STEP: self.step,
-                keys.LR: lr,
-                keys.STEP_S: None if timed == 0 else round(longest_s, 6),
-                contract.FORWARD_S: rest,
-                contract.BACKWARD_S: mean(acc["backward_s"]),
-                contract.OPTIMIZER_S: mean(acc["optimizer_s"]),
-                contract.DATA_S: mean(acc["data_s"]),
-                contract.COLLECTIVES: self.step_collectives if n == 1 else round(self.step_collectives / n, 3),
-                contract.COLLECTIVE_S: mean(acc["collective_s"]),
-                contract.FOLDED: n,
-            }
-        )
+        groups = getattr(optimizer, "param_groups", None)
+        raw_lr = groups[0].get("lr") if groups else None
+        lr = float(raw_lr) if isinstance(raw_lr, (int, float)) else None  # a tensor lr may live on a device
+        fields: dict[str, Any] = {
+            keys.STEP: self.step,
+            keys.LR: lr,
+            keys.STEP_S: None if timed == 0 else round(longest_s, 6),
+            contract.FORWARD_S: rest,
+            contract.BACKWARD_S: mean(acc["backward_s"]),
+            contract.OPTIMIZER_S: mean(acc["optimizer_s"]),
+            contract.DATA_S: mean(acc["data_s"]),
+            contract.COLLECTIVES: self.step_collectives if n == 1 else round(self.step_collectives / n, 3),
+            contract.COLLECTIVE_S: mean(acc["collective_s"]),
+            contract.FOLDED: n,
+        }
+        rec = self._record(**fields)
         for k in acc:
             acc[k] = 0.0
         self.step_collectives = 0
@@ -280,10 +283,10 @@ class Probe:
         the agent's last step is the rank's. Their loss from the CPU only (no device read here)."""
         if not self.folded or self.step is None:
             return
-        losses, lr = self.fold_losses, self.fold_lr
-        rec = self._step_record(time.monotonic(), lr)
+        losses = self.fold_losses
+        rec = self._step_record(time.monotonic(), self.primary() if self.primary is not None else None)
         cpu = [x for x in losses if getattr(getattr(x, "device", None), "type", None) == "cpu"]
-        loss = sum(float(x.item()) for x in cpu) / len(cpu) if cpu and len(cpu) == len(losses) else None
+        loss = sum(float(x.detach().item()) for x in cpu) / len(cpu) if cpu and len(cpu) == len(losses) else None
         self.emit_step(rec, loss)
 
     def emit_step(self, rec: dict[str, Any], loss: float | None) -> None:
@@ -333,14 +336,18 @@ class Probe:
     def tick(self) -> None:
         if not self.on:
             return
+        if self.rearm is not None and self.count and time.monotonic() - self.last_end > 2 * TICK_S:
+            self.rearm()  # the loop went quiet: a forward of a module never seen before is found
         self.resolve()
         self._maybe_eval()
         if time.monotonic() - self.sink.last_flush >= FLUSH_S:
             self.sink.flush()
 
     def _run(self) -> None:
-        while self.on:
+        while not self._stopped:  # idle while off but not stopped (hooks.uninstall(keep))
             time.sleep(TICK_S)
+            if not self.on:
+                continue
             try:
                 self.tick()
             except Exception as exc:
@@ -363,6 +370,7 @@ class Probe:
     def close(self) -> None:
         if not self.on or os.getpid() != self.sink.pid:
             return
+        self._stopped = True
         try:
             self.exiting(failed=sys.exc_info()[0] is not None or getattr(sys, "last_value", None) is not None)
             self.resolve(force=True, wait=True)

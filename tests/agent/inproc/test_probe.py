@@ -202,6 +202,32 @@ def test_forward_passes_without_backward_are_an_evaluation(run):
     assert begin["t"] >= third["t"] - 0.5  # it began at the evaluation's first forward, after step 3
 
 
+# Past the probe's discovery steps (`hooks.DISCOVER_STEPS`: the global forward hook is no longer
+# armed at every step), an evaluation by the trained model, then one by a model never called in
+# training (an EMA copy, a reward model): the first is seen through the model's own hook, the
+# second because the probe's thread arms the global hook once the loop has gone quiet.
+LATE_EVAL_TRAIN = EVAL_TRAIN.replace("train(3)", "train(40)").replace(
+    "train(2)\n",
+    """train(2)
+other = torch.nn.Linear(8, 1)
+with torch.no_grad():
+    end = time.time() + 4.5
+    while time.time() < end:
+        other(x)
+        time.sleep(0.01)
+train(2)
+""",
+)
+
+
+def test_an_evaluation_after_the_discovery_steps_and_one_by_an_unseen_model_are_evaluations(run):
+    proc = run.python([str(run.script(LATE_EVAL_TRAIN))])
+    assert proc.returncode == 0, proc.stderr
+    events = [(r["event"], r["step"]) for r in run.records() if r["event"] not in (None, "train_end")]
+    assert [e for e, _ in events] == ["eval_begin", "eval_end"] * 2, events
+    assert [r["step"] for r in run.steps()] == list(range(1, 45))
+
+
 SAFETENSORS_TRAIN = """
 import os, torch
 from safetensors.torch import save_file
@@ -310,6 +336,12 @@ assert not hasattr(loader._BaseDataLoaderIter.__next__, "__wrapped__")
 steps(3)  # not seen
 hooks.install(torch, sys.modules["sitecustomize"].when_imported)
 steps(2)
+kept = hooks.uninstall(keep=True)  # bench/probe.py's switch: the same probe back, its count on
+assert not optim._global_optimizer_post_hooks and not model._forward_pre_hooks
+steps(1)
+hooks.install(torch, sys.modules["sitecustomize"].when_imported, resume=kept)
+assert len(model._forward_pre_hooks) == 1  # the known model watched again
+steps(2)
 """
 
 
@@ -318,5 +350,5 @@ def test_uninstall_restores_everything_and_a_new_install_reports_again(run):
     the steps in between cost the trainer nothing and are not seen; `install` again reports on."""
     proc = run.python([str(run.script(UNINSTALL))])
     assert proc.returncode == 0, proc.stderr
-    assert [r["step"] for r in run.steps()] == [1, 2, 3, 1, 2]  # a new probe counts from 1
+    assert [r["step"] for r in run.steps()] == [1, 2, 3, 1, 2, 3, 4]  # a new probe counts from 1; a kept one on
     assert [r["event"] for r in run.records() if r["event"]] == ["train_end"]  # the new probe's, at exit
