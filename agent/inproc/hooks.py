@@ -65,7 +65,6 @@ SCAN_PARAMS = 64  # how many params the step count is looked for in (frozen ones
 # every step it cost Lightning's millisecond step about 3 %: a hook call, a registration and a
 # removal, each a few microseconds with the caches cold (bench/probe.py, 2026-12-03).
 DISCOVER_STEPS = 32
-QUIET_WATCH_S = 1.0
 
 PROBE: Probe | None = None
 _UNDO: list[Callable[[], object]] = []  # what `uninstall` runs, newest first
@@ -198,14 +197,15 @@ class _FirstForward:
                 handle.remove()
         except Exception:  # never into the trainer; the hook is off the path either way
             pass
-        # A module is watched while the models are being found, or later when none of the known
-        # ones began a forward for a second (the probe's thread armed the hook in a quiet loop):
-        # then it is a model never seen (an evaluation's own). Not a known model's child, which a
-        # hook armed in the middle of its forward finds first.
+        # A module is watched while the models are being found, or later when no forward began
+        # since the last step (the probe's thread armed the hook in a quiet loop): then it is a
+        # model never seen (an evaluation's own), not a known model's child (a known model's own
+        # hook, which runs after the global ones, would have noted a forward already: such a
+        # child's call is no forward of its own either).
         probe = self._probe
-        if probe.count <= DISCOVER_STEPS or time.time() - probe.fwd_last > QUIET_WATCH_S:
+        if probe.count <= DISCOVER_STEPS or not probe.fwd_first or module in self._roots:
             _guard(self._watch, module)
-        _guard(probe.on_forward)
+            _guard(probe.on_forward)
 
     def _watch(self, module: Any) -> None:
         if module not in self._roots and len(self._roots) < self.ROOTS:

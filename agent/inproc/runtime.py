@@ -89,6 +89,7 @@ class Probe:
         self.rearm: Callable[[], None] | None = None  # arms the global forward hook (hooks._FirstForward)
         self.forwards: Any = None  # that hook's keeper (hooks._FirstForward), kept for a resumed install
         self._stopped = False  # closed: the thread ends
+        self.in_backward = False  # inside backward() (activation checkpointing calls modules there)
         self.collectives = 0
         self.in_collective: str | None = None
         self.losses: list[Any] = []
@@ -150,10 +151,12 @@ class Probe:
         """A backward began: training, not an evaluation (and a rank blocked in DDP's all-reduce is
         blocked inside it, with no forward after)."""
         self.fwd_first = 0.0
+        self.in_backward = True
         if self.in_eval:
             self._end_eval()
 
     def on_backward(self, loss: Any, seconds: float) -> None:
+        self.in_backward = False
         self.acc["backward_s"] += seconds
         self.fwd_first = 0.0
         if loss is not None:
@@ -336,8 +339,13 @@ class Probe:
     def tick(self) -> None:
         if not self.on:
             return
-        if self.rearm is not None and self.count and time.monotonic() - self.last_end > 2 * TICK_S:
-            self.rearm()  # the loop went quiet: a forward of a module never seen before is found
+        quiet = time.monotonic() - self.last_end > 2 * TICK_S
+        if self.rearm is not None and self.count and quiet and not (self.fwd_first or self.in_backward):
+            # No step for a while and no known model's forward since the last one, not inside a
+            # backward: the first module called next is a model never seen (an evaluation's own).
+            # Never armed in the middle of a forward or of a backward's recomputation, where the
+            # first module called would be a known model's child.
+            self.rearm()
         self.resolve()
         self._maybe_eval()
         if time.monotonic() - self.sink.last_flush >= FLUSH_S:

@@ -3,6 +3,7 @@ own sitecustomize; a hook's error; `health.probe: off`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -40,8 +41,14 @@ def test_a_loop_faster_than_record_s_folds_its_steps_into_fewer_records(run):
     assert proc.returncode == 0, proc.stderr
     steps = run.steps()
     assert steps[0]["step"] == 1 and steps[0][contract.FOLDED] == 1
-    assert steps[-1]["step"] == 400 and len(steps) < 200, [r["step"] for r in steps]
+    assert steps[-1]["step"] == 400 and any(r[contract.FOLDED] > 1 for r in steps), [r["step"] for r in steps]
     assert sum(r[contract.FOLDED] for r in steps) == 400
+    # The rate: a record that stands for more than one step comes RECORD_S after the one before it
+    # (`t` is rounded to the millisecond), however fast or slow the host ran the loop; all but the
+    # last, flushed at exit with the steps since.
+    for before, rec in itertools.pairwise(steps[:-1]):
+        if rec[contract.FOLDED] > 1:
+            assert rec["t"] - before["t"] >= contract.RECORD_S - 0.002, (before, rec)
     assert [r["step"] for r in steps] == sorted({r["step"] for r in steps})  # increasing, none twice
     assert all(math.isfinite(r["loss"]) for r in steps)  # a folded record still has its newest step's loss
     assert all(r["step_s"] >= r["backward_s"] >= 0 for r in steps[1:])  # the longest step, the mean phases
@@ -211,7 +218,7 @@ LATE_EVAL_TRAIN = EVAL_TRAIN.replace("train(3)", "train(40)").replace(
     """train(2)
 other = torch.nn.Linear(8, 1)
 with torch.no_grad():
-    end = time.time() + 4.5
+    end = time.time() + 6.0
     while time.time() < end:
         other(x)
         time.sleep(0.01)
@@ -224,7 +231,8 @@ def test_an_evaluation_after_the_discovery_steps_and_one_by_an_unseen_model_are_
     proc = run.python([str(run.script(LATE_EVAL_TRAIN))])
     assert proc.returncode == 0, proc.stderr
     events = [(r["event"], r["step"]) for r in run.records() if r["event"] not in (None, "train_end")]
-    assert [e for e, _ in events] == ["eval_begin", "eval_end"] * 2, events
+    story = [(r["event"] or r["step"], round(r["t"] % 1000, 2)) for r in run.records()[38:]]
+    assert [e for e, _ in events] == ["eval_begin", "eval_end"] * 2, story
     assert [r["step"] for r in run.steps()] == list(range(1, 45))
 
 
