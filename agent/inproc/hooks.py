@@ -185,9 +185,13 @@ class _FirstForward:
 
     def rewatch(self) -> None:
         """The known models' own hooks again (after `disarm`: a resumed probe)."""
-        probe = self._probe
         for module in list(self._roots):
-            self._root_handles.append(module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward)))
+            self._hook(module)
+
+    def _hook(self, module: Any) -> None:
+        """A known model's own forward pre-hook: every forward of it is seen."""
+        probe = self._probe
+        self._root_handles.append(module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward)))
 
     def _fired(self, module: Any, _args: Any) -> None:
         with self._lock:
@@ -210,8 +214,7 @@ class _FirstForward:
     def _watch(self, module: Any) -> None:
         if module not in self._roots and len(self._roots) < self.ROOTS:
             self._roots.add(module)
-            probe = self._probe
-            self._root_handles.append(module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward)))
+            self._hook(module)
 
 
 def own_step(optimizer: Any) -> int | None:

@@ -240,8 +240,9 @@ class Probe:
             self._end_eval()
         if step_s is not None and now - self.last_record < self.record_s:
             # Folded: the next record stands for this step too. Its losses are kept only as the
-            # newest folded step's (a record forced out before the next step: `flush_fold`).
-            self.fold_losses, self.losses = self.losses, []
+            # newest folded step's (a record forced out before the next step: `flush_fold`),
+            # detached: kept into the next step, a loss's graph (`retain_graph=True`) would be too.
+            self.fold_losses, self.losses = [x.detach() for x in self.losses], []
             return None
         return self._step_record(now, optimizer)
 
