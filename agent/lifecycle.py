@@ -20,6 +20,7 @@ import psutil
 from aerie_contracts import env as E
 from aerie_contracts.container import write_json
 from aerie_contracts.failures import FailureKind
+from agent.byo_checkpoints import local_dir
 from agent.config import AgentConfig, rank_command
 from agent.diagnose import diagnose
 from agent.node_state import TERM_GRACE_S, VERDICT_GRACE_S, NodeState
@@ -114,8 +115,15 @@ class NodeLifecycle(NodeState):
         env.update(trainer_env(cfg.node_identity, env))
         env.update({E.NODE_DIR: str(cfg.node_dir), E.METRICS_PATH: str(cfg.metrics_dir)})
         env[E.PROBE] = cfg.health.probe  # agent.rank injects the in-process probe unless `off`
-        if self.checkpoints is not None:
-            env[E.CHECKPOINT_DIR] = str(self.checkpoints.root)
+        # Always the node's own directory (/opt/ml/checkpoints under its ML root, as a container
+        # has it), synced or not: a script that defaults to /opt/ml/checkpoints must never write
+        # into the host's, where another job (or the next run) would resume from it.
+        root = (
+            self.checkpoints.root
+            if self.checkpoints is not None
+            else local_dir(E.CHECKPOINT_LOCAL_PATH.get(environ=env), cfg.ml_root)
+        )
+        env[E.CHECKPOINT_DIR] = str(root)
         if self.tb_progress is not None:
             env.setdefault("TENSORBOARD_LOGGING_DIR", str(self.tb_progress.directory))
         env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its banner

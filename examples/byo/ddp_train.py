@@ -15,6 +15,7 @@ node's directory that Aerie exports as AERIE_CHECKPOINT_DIR on a local node.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shutil
 import time
@@ -62,11 +63,47 @@ def latest_checkpoint(output_dir: str) -> int:
     return max(steps, default=0)
 
 
-def save_checkpoint(output_dir: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, keep: int) -> None:
+class SlowDisk(io.FileIO):
+    """A file on slow storage (a network filesystem writing `rate` bytes/s): each write waits its
+    time, so `torch.save` into it is slow the way a large state's save is."""
+
+    def __init__(self, path: str, rate: float):
+        super().__init__(path, "w")
+        self.rate = rate
+
+    def write(self, b) -> int:  # type: ignore[no-untyped-def]
+        time.sleep(len(b) / self.rate)
+        return super().write(b)
+
+
+def state_bytes(*states: dict) -> int:
+    """The tensor bytes in (nested) state dicts: what `torch.save` writes, less its framing."""
+
+    def walk(x) -> int:  # type: ignore[no-untyped-def]
+        if isinstance(x, torch.Tensor):
+            return x.numel() * x.element_size()
+        if isinstance(x, dict):
+            return sum(walk(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return sum(walk(v) for v in x)
+        return 0
+
+    return sum(walk(s) for s in states)
+
+
+def save_checkpoint(
+    output_dir: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, keep: int, seconds: float = 0.0
+) -> None:
     path = os.path.join(output_dir, f"ckpt-{step}")
     os.makedirs(path, exist_ok=True)
-    torch.save(model.state_dict(), os.path.join(path, "model.pt"))
-    torch.save(optimizer.state_dict(), os.path.join(path, "optimizer.pt"))
+    states = {"model.pt": model.state_dict(), "optimizer.pt": optimizer.state_dict()}
+    rate = state_bytes(*states.values()) / seconds if seconds else 0.0
+    for name, state in states.items():
+        if rate:
+            with SlowDisk(os.path.join(path, name), rate) as f:
+                torch.save(state, f)
+        else:
+            torch.save(state, os.path.join(path, name))
     with open(os.path.join(path, "DONE"), "w") as f:  # last: marks the checkpoint complete
         f.write(f"{step}\n")
     for s in sorted(int(n.split("-")[1]) for n in os.listdir(output_dir) if n.startswith("ckpt-"))[:-keep]:
@@ -84,6 +121,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="slow each step down (seconds)")
+    p.add_argument(
+        "--save-seconds", type=float, default=0.0, help="each save takes about this long (storage this slow)"
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing: a loop that logs nowhere")
     args = p.parse_args()
 
@@ -119,7 +159,7 @@ def main() -> None:
             if not args.quiet:
                 print(f"step {step}/{args.max_steps} | loss {mean:.4f} | lr {lr:.2e} | {ms:.0f} ms", flush=True)
             if step % args.save_steps == 0 or step == args.max_steps:
-                save_checkpoint(args.output_dir, step, model, optimizer, args.keep)
+                save_checkpoint(args.output_dir, step, model, optimizer, args.keep, args.save_seconds)
 
     dist.destroy_process_group()  # gloo aborts a process that exits with its group still up
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import time
 
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Trainer, TrainingArguments
@@ -21,8 +22,9 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven cats watch quietl
 
 
 class TextDataset(torch.utils.data.Dataset):
-    def __init__(self, n: int, seq_len: int, seed: int = 0):
+    def __init__(self, n: int, seq_len: int, seed: int = 0, read_s: float = 0.0):
         rng = random.Random(seed)
+        self.read_s = read_s  # each row's read time: a large evaluation set on slow storage
         text = " ".join(rng.choice(WORDS) for _ in range(n * seq_len))
         ids = list(text.encode())
         self.rows = [ids[i * seq_len : (i + 1) * seq_len] for i in range(n)]
@@ -31,6 +33,8 @@ class TextDataset(torch.utils.data.Dataset):
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict:
+        if self.read_s:
+            time.sleep(self.read_s)
         ids = torch.tensor(self.rows[i])
         return {"input_ids": ids, "labels": ids.clone()}
 
@@ -42,6 +46,9 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=10)
     p.add_argument("--logging-steps", type=int, default=1)
     p.add_argument("--step-sleep", type=float, default=0.0, help="slow each step down (seconds)")
+    p.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps (0: never)")
+    p.add_argument("--eval-rows", type=int, default=64, help="rows of the evaluation set")
+    p.add_argument("--eval-read-s", type=float, default=0.0, help="read time of one evaluation row (seconds)")
     p.add_argument("--report-to", default="none", help="transformers' report_to: none | tensorboard | ...")
     args = p.parse_args()
 
@@ -67,11 +74,13 @@ def main() -> None:
         use_cpu=True,
         dataloader_num_workers=0,
         seed=0,
+        eval_strategy="steps" if args.eval_steps else "no",
+        eval_steps=args.eval_steps or None,
+        per_device_eval_batch_size=4,
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=TextDataset(512, 32))
+    evaluation = TextDataset(args.eval_rows, 32, seed=1, read_s=args.eval_read_s) if args.eval_steps else None
+    trainer = Trainer(model=model, args=training_args, train_dataset=TextDataset(512, 32), eval_dataset=evaluation)
     if args.step_sleep:
-        import time
-
         from transformers import TrainerCallback
 
         class Slow(TrainerCallback):
