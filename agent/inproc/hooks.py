@@ -25,7 +25,10 @@
   Under `torch.compile` the hook is traced like any module hook.
 
 Every wrapper calls the original first-class (its exceptions propagate untouched) and runs its own
-bookkeeping under `_guard`: the first error turns the probe off (runtime.Probe.fail).
+bookkeeping guarded: the first error turns the probe off (runtime.Probe.fail). The hooks a step
+always passes (optimizer, backward, input, a model's forward) guard inline and call the probe
+directly, one call each where they can: with `_guard` and a lambda around each, a step paid about
+25 calls, which measurably slowed Lightning's millisecond step (bench/probe.py, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -190,8 +193,16 @@ class _FirstForward:
 
     def _hook(self, module: Any) -> None:
         """A known model's own forward pre-hook: every forward of it is seen."""
+        self._root_handles.append(module.register_forward_pre_hook(self._root_forward))
+
+    def _root_forward(self, _module: Any, _args: Any) -> None:
+        # On every forward of a model: `Probe.on_forward` inline, one call on the step path.
         probe = self._probe
-        self._root_handles.append(module.register_forward_pre_hook(lambda _m, _a: _guard(probe.on_forward)))
+        if probe.on:
+            now = time.time()
+            probe.fwd_last = now
+            if not probe.fwd_first:
+                probe.fwd_first = now
 
     def _fired(self, module: Any, _args: Any) -> None:
         with self._lock:
@@ -240,19 +251,27 @@ def _optimizer_hooks(torch: Any, probe: Probe, first_forward: _FirstForward) -> 
     optim = importlib.import_module("torch.optim.optimizer")
     started: dict[int, float] = {}
 
+    # Registered as they are, each guarded inline: a step pays two calls, not six (a wrapper and
+    # `_guard` around each cost Lightning's millisecond step a measurable share, bench/probe.py).
     def pre(optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        started[id(optimizer)] = time.perf_counter()
+        if probe.on:
+            started[id(optimizer)] = time.perf_counter()
 
     def post(optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        seconds = time.perf_counter() - started.pop(id(optimizer), time.perf_counter())
-        rec = probe.on_step(optimizer, seconds, own_step)
-        if probe.count <= DISCOVER_STEPS:
-            first_forward.arm()
-        if rec is not None:
-            _loss_into(torch, probe, rec)
+        if not probe.on:
+            return
+        try:
+            seconds = time.perf_counter() - started.pop(id(optimizer), time.perf_counter())
+            rec = probe.on_step(optimizer, seconds, own_step)
+            if probe.count <= DISCOVER_STEPS:
+                first_forward.arm()
+            if rec is not None:
+                _loss_into(torch, probe, rec)
+        except Exception as exc:
+            probe.fail(exc)
 
-    _UNDO.append(optim.register_optimizer_step_pre_hook(lambda o, a, k: _guard(pre, o, a, k)).remove)
-    _UNDO.append(optim.register_optimizer_step_post_hook(lambda o, a, k: _guard(post, o, a, k)).remove)
+    _UNDO.append(optim.register_optimizer_step_pre_hook(pre).remove)
+    _UNDO.append(optim.register_optimizer_step_post_hook(post).remove)
 
 
 def _loss_into(torch: Any, probe: Probe, rec: dict[str, Any]) -> None:
@@ -280,20 +299,28 @@ def _backward_hook(torch: Any, probe: Probe, first_forward: _FirstForward) -> No
     autograd = torch.autograd
     original = autograd.backward
 
-    def seen(tensors: Any, seconds: float) -> None:
-        # The loss kept as it is (its graph is freed by now) and detached only when it is read: a
-        # detach per backward is a new tensor per step, for a record that may fold it away.
-        loss = tensors if isinstance(tensors, torch.Tensor) and tensors.numel() == 1 else None
-        probe.on_backward(loss, seconds)
-        if probe.count < DISCOVER_STEPS:
-            first_forward.arm()
+    tensor = torch.Tensor
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        _guard(probe.on_backward_begin)
+        if not probe.on:
+            return original(tensors, *args, **kwargs)
+        try:
+            probe.on_backward_begin()
+        except Exception as exc:
+            probe.fail(exc)
         t0 = time.perf_counter()
         out = original(tensors, *args, **kwargs)
-        _guard(seen, tensors, time.perf_counter() - t0)
+        if probe.on:
+            try:
+                # The loss kept as it is (its graph is freed by now) and detached only when it is
+                # read: a detach per backward is a new tensor per step, for a record that may fold it.
+                loss = tensors if isinstance(tensors, tensor) and tensors.numel() == 1 else None
+                probe.on_backward(loss, time.perf_counter() - t0)
+                if probe.count < DISCOVER_STEPS:
+                    first_forward.arm()
+            except Exception as exc:
+                probe.fail(exc)
         return out
 
     _replace(autograd, "backward", backward)
@@ -308,15 +335,21 @@ def _collective_hooks(torch: Any, dist: Any, probe: Probe) -> None:
         def collective(*args: Any, **kwargs: Any) -> Any:
             outer = depth[0] == 0
             depth[0] += 1
-            if outer:
-                _guard(probe.on_collective, name)
+            if outer and probe.on:
+                try:
+                    probe.on_collective(name)
+                except Exception as exc:
+                    probe.fail(exc)
             t0 = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 depth[0] -= 1
-                if outer:
-                    _guard(probe.on_collective, None, time.perf_counter() - t0)
+                if outer and probe.on:
+                    try:
+                        probe.on_collective(None, time.perf_counter() - t0)
+                    except Exception as exc:
+                        probe.fail(exc)
 
         collective.__aerie_probe__ = True  # type: ignore[attr-defined]
         return collective
@@ -465,8 +498,8 @@ def _data_hook(torch: Any) -> None:
     def __next__(self: Any) -> Any:
         t0 = time.perf_counter()
         out = original(self)
-        if probe is not None:
-            _guard(probe.on_data, time.perf_counter() - t0)
+        if probe is not None and probe.on:
+            probe.acc["data_s"] += time.perf_counter() - t0  # `Probe.on_data`, inline: no call more
         return out
 
     _replace(cls, "__next__", __next__)

@@ -64,6 +64,12 @@ def _record_s() -> float:
     return value if value >= 0 else contract.RECORD_S
 
 
+def _off_in_child(ref: weakref.ref[Probe]) -> None:
+    probe = ref()
+    if probe is not None:
+        probe.on = False
+
+
 class Probe:
     def __init__(self, rank_of: Callable[[], int] | None = None) -> None:
         self.on = True
@@ -101,6 +107,10 @@ class Probe:
         self.saving = 0
         self._thread: threading.Thread | None = None
         atexit.register(self.close)
+        # Off in a forked child (a DataLoader worker) at once: the hooks then never ask for the pid
+        # (a system call) on the step path. Weakly: a process that makes many probes keeps none.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _off_in_child(ref))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -112,11 +122,14 @@ class Probe:
 
     def ready(self) -> bool:
         """Files open for this rank (claimed by the process with something to say); False in a
-        forked child (a DataLoader worker): the probe stays out of it."""
-        if os.getpid() != self.sink.pid:
-            self.on = False
+        forked child (a DataLoader worker): the probe stays out of it (`_off_in_child` turned it
+        off at the fork; the pid is compared here only off the step path)."""
+        if not self.on:
             return False
         if self.sink.rank is None:
+            if os.getpid() != self.sink.pid:
+                self.on = False
+                return False
             self.claim()
         return True
 
@@ -242,7 +255,12 @@ class Probe:
             # Folded: the next record stands for this step too. Its losses are kept only as the
             # newest folded step's (a record forced out before the next step: `flush_fold`),
             # detached: kept into the next step, a loss's graph (`retain_graph=True`) would be too.
-            self.fold_losses, self.losses = [x.detach() for x in self.losses], []
+            losses = self.losses
+            if losses:
+                self.fold_losses = [losses[0].detach()] if len(losses) == 1 else [x.detach() for x in losses]
+                self.losses = []
+            else:
+                self.fold_losses = []
             return None
         return self._step_record(now, optimizer)
 
