@@ -27,6 +27,9 @@ from aerie_contracts import metrics as keys
 from aerie_contracts.metrics import MetricEvent
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # torchtitan colours its metrics line
+# tqdm draws a nested bar (position >= 1: HF's evaluation and prediction bars, under the training
+# bar) and then moves the cursor back up: such a segment ends in "cursor up". Never the training bar.
+_NESTED_BAR_END = "\x1b[A"
 _NUM = r"[-+]?(?:\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf)"
 
 # Named groups: step, total, epoch (+ total: a per-epoch bar), loss, grad_norm, lr, step_ms, tps, mfu.
@@ -162,6 +165,8 @@ class LogParser:
                 found[name] = m.group(1)
         if not found:
             return []
+        if "total" in found and "loss" not in found and segment.rstrip().endswith(_NESTED_BAR_END):
+            return []  # a nested bar's N/M (an evaluation's batches), whatever its total
         step = self._step_of(found)
         values = {}
         for key, value in found.items():

@@ -32,8 +32,7 @@ def parse(parser: LogParser, data: bytes) -> list[dict]:
     return [r for seg in split.push(data + b"\n") for r in parser.feed(seg, now=1.0)]
 
 
-@pytest.fixture(scope="module")
-def hf_output(tmp_path_factory) -> bytes:
+def run_hf_train(out_dir: Path, *args: str) -> bytes:
     """A tiny transformers.Trainer run (the example user script), its stdout and stderr as printed."""
     pytest.importorskip("accelerate")
     sys.path.insert(0, str(ROOT / "examples" / "byo"))
@@ -43,21 +42,18 @@ def hf_output(tmp_path_factory) -> bytes:
         sys.path.pop(0)
     out = io.StringIO()  # one stream, as the rank wrapper reads them (stderr into stdout)
     argv = sys.argv
-    sys.argv = [
-        "hf_train.py",
-        "--output-dir",
-        str(tmp_path_factory.mktemp("hf")),
-        "--max-steps",
-        "4",
-        "--save-steps",
-        "2",
-    ]
+    sys.argv = ["hf_train.py", "--output-dir", str(out_dir), *args]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             hf_train.main()
     finally:
         sys.argv = argv
     return out.getvalue().encode()
+
+
+@pytest.fixture(scope="module")
+def hf_output(tmp_path_factory) -> bytes:
+    return run_hf_train(tmp_path_factory.mktemp("hf"), "--max-steps", "4", "--save-steps", "2")
 
 
 def test_hf_trainer_preset_on_real_output(hf_output):
@@ -73,6 +69,19 @@ def test_hf_trainer_preset_on_real_output(hf_output):
     assert all(r["event"] is None and r[byo.SOURCE_KEY] == byo.SOURCE_LOG for r in recs)
     assert b"train_runtime" in hf_output  # the summary dict (train_loss) is not a step
     assert max(r["step"] for r in recs) == 4
+
+
+def test_hf_evaluation_bar_is_no_training_step(tmp_path):
+    """HF's evaluation bar (tqdm position 1, under the training bar) counts eval batches: here 10,
+    the same total as the training bar's 10 steps. Read as the training bar, the evaluation at step
+    4 made the step jump to 10 and ended the run (`train_end`) mid-training. A nested bar's segment
+    ends in tqdm's cursor-up; it is never a step."""
+    out = run_hf_train(tmp_path, "--max-steps", "10", "--save-steps", "100", "--eval-steps", "4", "--eval-rows", "40")
+    assert b"/10 [" in out and b"\x1b[A" in out  # the evaluation bar, drawn nested, as HF prints it
+    recs = parse(LogParser(preset=byo.PRESET_HF_TRAINER), out)
+    steps = [r["step"] for r in recs if r["event"] is None]
+    assert sorted(set(steps)) == list(range(1, 11)) and steps == sorted(steps), steps
+    assert [r["step"] for r in recs if r["event"] == MetricEvent.TRAIN_END] == [10]
 
 
 def test_hf_logs_dict_belongs_to_the_bar_drawn_after_it():
