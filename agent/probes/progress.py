@@ -66,6 +66,10 @@ def _non_finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isfinite(x)
 
 
+def _finite(x: object) -> bool:
+    return _number(x) and math.isfinite(x)  # type: ignore[arg-type]
+
+
 class _Tail:
     __slots__ = ("offset", "partial", "path")
 
@@ -271,11 +275,16 @@ class ProgressProbe:
         return None
 
     def rank_steps(self) -> dict[str, dict[str, Any]]:
-        """Per rank, its newest step, that step's loss (None unless a finite number) and when."""
+        """Per rank, its newest step, that step's loss (None unless a finite number) and when. A
+        newest step whose loss is not known yet (HF's bar drawn before its logs dict, the probe's
+        record still unflushed; a loss still on its device) gives way to the step before it when
+        that one has its loss: step and loss always belong together, and the loss is shown."""
         out: dict[str, dict[str, Any]] = {}
         for rank, series in sorted(self.steps.items()):
             if series:
                 t, step, loss, _step_s = series[-1]
+                if loss is None and len(series) > 1 and _finite(series[-2][2]):
+                    t, step, loss, _step_s = series[-2]
                 finite = isinstance(loss, (int, float)) and math.isfinite(loss)
                 out[str(rank)] = {"step": step, "loss": loss if finite else None, "t": round(t, 3)}
         return out

@@ -253,6 +253,12 @@ def test_the_probe_reports_each_ranks_compute_and_wait_medians():
     assert probe.first_nan[1]["step"] == 16 and 0 not in probe.first_nan
     # Each rank's newest step for the API (`rank_steps`): a non-finite loss is null (JSON).
     assert probe.rank_steps() == {"0": {"step": 15, "loss": 3.0, "t": 15}, "1": {"step": 17, "loss": None, "t": 17}}
+    # HF's bar of step 16 is read before the step's logs dict (and before the probe's record, which
+    # its thread flushes every 0.5 s): the step before it, with its loss, until the loss comes.
+    probe.ingest({"t": 18, "rank": 0, "step": 16, "event": None, "source": "log"})
+    assert probe.rank_steps()["0"] == {"step": 15, "loss": 3.0, "t": 15}
+    probe.ingest({"t": 18.03, "rank": 0, "step": 16, "loss": 2.5, "event": None, "source": "log"})
+    assert probe.rank_steps()["0"] == {"step": 16, "loss": 2.5, "t": 18.03}
 
 
 # ----------------------------------------------------------------------------- wind-down
