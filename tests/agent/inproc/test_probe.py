@@ -240,32 +240,23 @@ def test_an_evaluation_after_the_discovery_steps_and_one_by_an_unseen_model_are_
 # unwrapped one (`self.model`), a module inside the known model. Past the discovery steps, that
 # evaluation must still be seen (found 2026-12-04: a rule "a known model's module is never a
 # forward of its own" missed every such evaluation and the 60-s evaluation was called a hang).
-WRAPPED_EVAL_TRAIN = """
-import time, torch
-class Wrapper(torch.nn.Module):  # stands for DistributedDataParallel(model)
+WRAPPED_EVAL_TRAIN = (
+    EVAL_TRAIN.replace(
+        "model = torch.nn.Sequential(",
+        """class Wrapper(torch.nn.Module):  # stands for DistributedDataParallel(model)
     def __init__(self, module):
         super().__init__()
         self.module = module
     def forward(self, x):
         return self.module(x)
-inner = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-model = Wrapper(inner)
-opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-x = torch.randn(64, 8)
-def train(n):
-    for _ in range(n):
-        loss = model(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-train(40)
-with torch.no_grad():
-    end = time.time() + 6.0
-    while time.time() < end:
-        inner(x)
-        time.sleep(0.01)
-train(2)
-"""
+inner = torch.nn.Sequential(""",
+    )
+    .replace("torch.nn.Linear(16, 1))\n", "torch.nn.Linear(16, 1))\nmodel = Wrapper(inner)\n", 1)
+    .replace("train(3)", "train(40)")
+    .replace("time.time() + 3.5", "time.time() + 6.0")
+    .replace("        model(x)\n", "        inner(x)\n")
+)
+assert "model = Wrapper(inner)" in WRAPPED_EVAL_TRAIN and "        inner(x)" in WRAPPED_EVAL_TRAIN
 
 
 def test_an_evaluation_by_the_unwrapped_model_inside_the_trained_wrapper_is_an_evaluation(run):
