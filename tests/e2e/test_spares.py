@@ -3,7 +3,7 @@
 A 2-node x 2-rank job of the tiny trainer on the local backend with `resources.spare_nodes: 1`:
 algo-1 and algo-2 train, algo-3's agent waits without ranks. The spare dies first (its tree
 SIGKILLed): the backend's poll starts algo-4 in its place (`Aerie Spare Replaced`). Once attempt
-1's memory checkpoint of step 10 is good, algo-2's whole tree (agent and ranks) is killed with
+1's memory checkpoint of step 10 (or newer) is good, algo-2's whole tree (agent and ranks) is killed with
 SIGKILL and its shared-memory folder removed (the machine is gone) -> `node.lost`, algo-2 blamed
 and excluded -> attempt 2 runs **in place** on algo-1 and algo-4 (algo-4 in algo-2's rank slot):
 algo-1's agent is the same process, algo-4's agent is the spare's, already running; algo-4
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from aerie_contracts import env as aerie_env
+from aerie_contracts.checkpoints import step_of_uri
 from aerie_contracts.events import DetailType
 from aerie_contracts.restarts import CAUSE_MODE, CAUSE_REPLACED_NODES, RestartMode
 from devtools.harness.jobs import attempt_step_records, s3_spec
@@ -89,7 +90,11 @@ def test_a_hot_spare_takes_a_lost_node_s_slot_in_place_and_restores_its_shards(s
         check=lambda: switched.exists() and attempt_step_records(cp.home / "jobs" / job_id, 2),
         timeout_s=120,
     )[0]
-    assert first_step["step"] == MEM_EVERY + 1, first_step
+    # The newest good snapshot when the node died: step 10, or 20 where a loaded host let attempt 1
+    # take the next one before the kill landed (the wait above asks for 10 or newer).
+    resumed = step_of_uri(second["resume_from"])
+    assert resumed is not None and resumed >= MEM_EVERY and resumed % MEM_EVERY == 0, second["resume_from"]
+    assert first_step["step"] == resumed + 1, (first_step, second["resume_from"])
     print(f"\nnode death -> first step after: {first_step['t'] - died_at:.1f}s (attempt 2, step {first_step['step']})")
     # In place: no attempt-2 directory; the survivor's and the spare's agents are the same processes.
     assert not (root.parent / "attempt-2").exists()
