@@ -1,9 +1,12 @@
 """Issue #22 acceptance 2: a lost node's ranks come back from the replica its peer holds.
 
 One 2-node x 2-rank job of the tiny trainer on the local backend (a pool of 4 node slots), S3 every
-10 steps, memory checkpoints every 4. The local backend's nodes are folders of one host, so "the
-machine is gone" is played by killing the node's processes (agent and ranks, SIGKILL) *and*
-removing its shared-memory folder:
+20 steps, memory checkpoints every 4 (S3's steps are memory's too, so no S3 checkpoint is ever
+newer than the newest memory one: with S3 every 10, a loaded host let attempt 2 commit S3's step
+30 before algo-3's kill landed, and attempt 3 rightly resumed from it instead of memory's 28).
+
+The local backend's nodes are folders of one host, so "the machine is gone" is played by killing
+the node's processes (agent and ranks, SIGKILL) *and* removing its shared-memory folder:
 
 1. attempt 1, once its memory checkpoint of step 12 is good: algo-2 is lost -> `node.lost`, algo-2
    blamed and excluded -> a **relaunch** on algo-1 and algo-3 from that memory checkpoint. algo-1
@@ -43,7 +46,7 @@ from tests.helpers.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
-STEPS, S3_EVERY, MEM_EVERY = 40, 10, 4
+STEPS, S3_EVERY, MEM_EVERY = 40, 20, 4
 
 
 def test_a_lost_node_is_replaced_from_its_peers_replica_and_from_s3_when_both_copies_are_gone(s3_plane, tmp_path):
