@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -30,6 +31,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_block(count: int, low: int = 20000) -> int:
+    """The first of `count` consecutive ports free now, all below the kernel's ephemeral range
+    (`ip_local_port_range`), for a job whose in-place attempts move its rendezvous port up by one
+    each: a port `free_port` hands out is an ephemeral one, and on a loaded host some process's
+    outgoing connection took base + 1 before the in-place attempt could listen on it (EADDRINUSE,
+    2026-12-04). Below that range only an explicit bind can take one."""
+    try:
+        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(low, max(low + count + 1, high - count))
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports in [{low}, {high})")
 
 
 class ControlPlane:

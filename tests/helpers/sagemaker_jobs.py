@@ -8,10 +8,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from devtools.harness.control_plane import REPO, ControlPlane, free_port, write_spec
+from devtools.harness.control_plane import REPO, ControlPlane, free_port_block, write_spec
 from devtools.harness.jobs import FAST_HEALTH
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/aerie/trainer:0.1.0"
+# Ports kept free for a job's rendezvous: its own and its in-place attempts' (each one up).
+IN_PLACE_PORTS = 8
 TINY = {"entrypoint": ["python", "-m", "trainer.train"], "args": ["--config", "examples/configs/pythia-tiny.yaml"]}
 
 
@@ -31,8 +33,9 @@ def sagemaker_spec(
     path: Path, name: str, bucket: str, *, instances: int = 2, spare_nodes: int = 0, steps: int | None = None, **fields
 ) -> Path:
     """A `sagemaker` job in the trainer image, one rank per ml.m5.xlarge instance, output to
-    `bucket`, the image's code directory this checkout and a rendezvous port of the test's own; the
-    tiny trainer for `steps` unless `fields` name the entrypoint. `fields`: more spec fields (they win)."""
+    `bucket`, the image's code directory this checkout and a rendezvous port of the test's own
+    (below the ephemeral range, its in-place successors' free too); the tiny trainer for `steps`
+    unless `fields` name the entrypoint. `fields`: more spec fields (they win)."""
     resources = {"instance_type": "ml.m5.xlarge", "instance_count": instances, "procs_per_node": 1}
     spec: dict[str, Any] = {
         "name": name,
@@ -42,7 +45,7 @@ def sagemaker_spec(
         "resources": resources | ({"spare_nodes": spare_nodes} if spare_nodes else {}),
         "health": FAST_HEALTH,
         "backend": "sagemaker",
-        "backend_options": {"container_workdir": str(REPO), "master_port": free_port()},
+        "backend_options": {"container_workdir": str(REPO), "master_port": free_port_block(IN_PLACE_PORTS)},
     }
     if steps is not None:
         spec["hyperparameters"] = {"steps": str(steps), "eval_every": "1000000", "seq_len": "64"}
